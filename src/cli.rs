@@ -1,0 +1,217 @@
+//! The binary's commands. The only place that uses `anyhow`: library errors are typed, and here
+//! they become messages for a person at a terminal.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use dedup_worker::config::Settings;
+use dedup_worker::startup::{Application, Overrides};
+use dedup_worker::store::Store;
+use dedup_worker::webhook::stripe::signature_header;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dedup-worker",
+    version,
+    about = "Effectively-once webhook and queue processing"
+)]
+pub struct Cli {
+    /// A TOML file overriding config/default.toml (the environment overrides both).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the roles enabled in configuration (default: ingress, consumer and relay).
+    Serve,
+    /// Run only the HTTP ingress.
+    Ingest,
+    /// Run only the deduplicating consumer.
+    Consume,
+    /// Run only the outbox relay.
+    Relay,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Print a valid Stripe-Signature header for a payload file (`-` for stdin).
+    Sign {
+        /// The webhook secret (`whsec_…`), used whole as the HMAC key.
+        #[arg(long)]
+        secret: String,
+        /// Unix seconds to sign at (default: now).
+        #[arg(long)]
+        timestamp: Option<i64>,
+        /// The payload file, signed byte for byte.
+        file: PathBuf,
+    },
+    /// Inspect and replay dead letters.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Inspect outbox rows that exhausted their delivery attempts.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List dead letters as JSON lines.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Put dead letters back on their queue.
+    Redrive {
+        /// Dead letter ids.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<i64>,
+        /// Redrive every dead letter.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// List failed outbox rows as JSON lines.
+    Failed {
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+}
+
+pub async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    dedup_worker::telemetry::init_tracing();
+    match cli.command {
+        Command::Sign {
+            secret,
+            timestamp,
+            file,
+        } => sign(&secret, timestamp, &file),
+        Command::Serve => serve(cli.config, None).await,
+        Command::Ingest => serve(cli.config, Some((true, false, false))).await,
+        Command::Consume => serve(cli.config, Some((false, true, false))).await,
+        Command::Relay => serve(cli.config, Some((false, false, true))).await,
+        Command::Migrate => {
+            let store = connect(cli.config).await?;
+            store.migrate().await.context("applying migrations")?;
+            println!("migrations applied ({})", store.backend_name());
+            Ok(())
+        }
+        Command::Dlq { command } => {
+            let store = connect(cli.config).await?;
+            match command {
+                DlqCommand::List { limit } => {
+                    for dl in store.dead_letters(limit).await? {
+                        let line = serde_json::json!({
+                            "id": dl.id, "source": dl.source, "event_id": dl.event_id,
+                            "event_type": dl.event_type, "queue": dl.queue, "error": dl.error,
+                            "attempts": dl.attempts, "payload": String::from_utf8_lossy(&dl.payload),
+                        });
+                        println!("{line}");
+                    }
+                }
+                DlqCommand::Redrive { ids, all } => {
+                    let ids = if all { Vec::new() } else { ids };
+                    let moved = store.redrive_dead_letters(&ids).await?;
+                    println!("redriven: {moved}");
+                }
+            }
+            Ok(())
+        }
+        Command::Outbox {
+            command: OutboxCommand::Failed { limit },
+        } => {
+            let store = connect(cli.config).await?;
+            for row in store.failed_outbox(limit).await? {
+                let line = serde_json::json!({
+                    "id": row.id, "event_id": row.event_id, "destination": row.destination,
+                    "idempotency_key": row.idempotency_key, "attempts": row.attempts,
+                });
+                println!("{line}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn sign(secret: &str, timestamp: Option<i64>, file: &PathBuf) -> anyhow::Result<()> {
+    let payload = if file.as_os_str() == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading stdin")?;
+        buf
+    } else {
+        std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let t = timestamp.unwrap_or_else(|| chrono::Utc::now().timestamp());
+    println!("{}", signature_header(secret, t, &payload));
+    Ok(())
+}
+
+/// Loads settings for commands that only need the store (no secret required).
+async fn connect(config: Option<PathBuf>) -> anyhow::Result<Store> {
+    let figment = Settings::figment(config.as_deref()).merge(("roles.ingress", false));
+    let settings = Settings::from_figment(figment)?;
+    Ok(Store::connect(&settings).await?)
+}
+
+async fn serve(config: Option<PathBuf>, roles: Option<(bool, bool, bool)>) -> anyhow::Result<()> {
+    let mut figment = Settings::figment(config.as_deref());
+    if let Some((ingress, consumer, relay)) = roles {
+        figment = figment
+            .merge(("roles.ingress", ingress))
+            .merge(("roles.consumer", consumer))
+            .merge(("roles.relay", relay));
+    }
+    let settings = Settings::from_figment(figment)?;
+    let app = Application::build(settings, Overrides::default()).await?;
+    let addr = app.local_addr()?;
+    // Machine-readable for scripts and tests that bind port 0.
+    println!("dedup-worker listening on http://{addr}");
+    std::io::stdout().flush()?;
+    tracing::info!(%addr, store = app.store().backend_name(), "started");
+
+    let shutdown = CancellationToken::new();
+    let signal_token = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("stop signal received; draining");
+        signal_token.cancel();
+    });
+    app.run(shutdown).await?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,395 @@
+//! Configuration: one typed [`Settings`] struct, loaded in layers and validated before anything
+//! binds or connects.
+//!
+//! Layers, later wins: the embedded `config/default.toml` (which documents every key), the file
+//! given with `--config`, then the environment. The environment has the fixed names of the design
+//! (`DATABASE_URL`, `DEDUP_LISTEN`, …) plus `DEDUP_<SECTION>__<KEY>` for any other key. Every
+//! error names the key it is about.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer};
+
+/// The defaults, compiled in so the binary runs from any directory.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Fixed environment names and the keys they set.
+const FIXED_ENV: &[(&str, &str)] = &[
+    ("DATABASE_URL", "database_url"),
+    ("DEDUP_LISTEN", "http.listen"),
+    ("DEDUP_TRANSPORT", "transport.kind"),
+    ("AMQP_URL", "transport.amqp_url"),
+    ("DEDUP_QUEUE", "transport.queue"),
+    ("STRIPE_WEBHOOK_SECRET", "stripe.secrets"),
+    ("DEDUP_SINK", "outbox.sink"),
+    ("REDIS_URL", "redis.url"),
+];
+
+/// Why the configuration was refused. The message always names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value could not be read or has the wrong type (figment names the key).
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    /// A value was read but is not acceptable.
+    #[error("configuration key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// Everything the process needs to know, validated.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// `postgres://…` or `sqlite://PATH`: the store of processed ids, outbox, dead letters and
+    /// the database queue.
+    pub database_url: String,
+    pub database: DatabaseSettings,
+    pub roles: RoleSettings,
+    pub http: HttpSettings,
+    pub stripe: StripeSettings,
+    pub transport: TransportSettings,
+    pub consumer: ConsumerSettings,
+    pub outbox: OutboxSettings,
+    pub shutdown: ShutdownSettings,
+    pub redis: RedisSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// Pool size; bounds the connections this process holds.
+    pub max_connections: u32,
+    /// Wait for a pooled connection before failing (ingress then answers 503).
+    pub acquire_timeout_ms: u64,
+    /// Whether starting a role applies pending migrations first.
+    pub migrate_on_start: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleSettings {
+    /// Run the HTTP ingress (the health and metrics endpoints always run with it).
+    pub ingress: bool,
+    /// Run the deduplicating consumer.
+    pub consumer: bool,
+    /// Run the outbox relay.
+    pub relay: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Listen address; port 0 picks a free one (the chosen address is printed on start).
+    pub listen: SocketAddr,
+    /// Largest accepted body; larger ones get 413 before any verification work.
+    pub body_limit_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StripeSettings {
+    /// Signing secrets, each tried (rotation). Kept out of `Debug` output by [`Secret`].
+    #[serde(deserialize_with = "comma_separated")]
+    pub secrets: Vec<Secret>,
+    /// Accepted clock difference in both directions.
+    pub tolerance_secs: u64,
+}
+
+/// A secret string whose `Debug` form does not reveal it.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Accepts a list or one comma-separated string (`STRIPE_WEBHOOK_SECRET=whsec_a,whsec_b`).
+fn comma_separated<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s.split(',').map(str::to_owned).collect(),
+        OneOrMany::Many(v) => v,
+    };
+    Ok(items
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(Secret)
+        .collect())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// A queue table in the store (the embedded default).
+    Database,
+    /// RabbitMQ through lapin.
+    Rabbitmq,
+    /// Amazon SQS (or an emulator through `AWS_ENDPOINT_URL`).
+    Sqs,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportSettings {
+    pub kind: TransportKind,
+    /// Queue name (database, RabbitMQ) or URL (SQS).
+    pub queue: String,
+    pub amqp_url: String,
+    /// Most events written by one group commit.
+    pub publish_batch_max: usize,
+    /// Writer tasks doing group commits in parallel.
+    pub publish_writers: usize,
+    /// Ingress requests that may wait for a writer before back-pressure.
+    pub publish_channel_capacity: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    /// Forward each new event to the sink through the outbox.
+    Forward,
+    /// The documented example: record in `event_ledger`, then forward.
+    Ledger,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    pub handler: HandlerKind,
+    /// Source half of the dedup key.
+    pub source: String,
+    /// JSON pointer to the event id for messages without a message id.
+    pub dedup_key_pointer: String,
+    pub batch_size: usize,
+    pub workers: usize,
+    pub lease_secs: u64,
+    pub poll_interval_ms: u64,
+    pub max_attempts: u32,
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    pub dedup_retention_days: u64,
+    pub retention_interval_secs: u64,
+    pub retention_batch: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    /// `log`, `file:PATH` or an http(s) URL.
+    pub sink: String,
+    pub batch_size: usize,
+    pub concurrency: usize,
+    pub poll_interval_ms: u64,
+    pub lease_secs: u64,
+    pub max_attempts: u32,
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    pub http_timeout_ms: u64,
+    pub retention_hours: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    /// Time given to in-flight work after a stop signal.
+    pub grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Empty: no Redis.
+    pub url: String,
+}
+
+impl Settings {
+    /// Loads defaults, then `file`, then the process environment, and validates.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::from_figment(Self::figment(file))
+    }
+
+    /// The layered sources, before extraction (tests add their own layers on top).
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = file {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let fixed = Env::raw()
+            .only(&FIXED_ENV.iter().map(|(name, _)| *name).collect::<Vec<_>>())
+            .map(|name| {
+                let key = FIXED_ENV
+                    .iter()
+                    .find(|(env, _)| name.as_str().eq_ignore_ascii_case(env))
+                    .map(|(_, key)| *key)
+                    .unwrap_or("");
+                key.into()
+            })
+            .lowercase(false);
+        // DEDUP_<SECTION>__<KEY>; the fixed DEDUP_* names have no `__` and are excluded.
+        let nested = Env::prefixed("DEDUP_")
+            .filter(|key| key.as_str().contains("__"))
+            .split("__");
+        figment.merge(fixed).merge(nested)
+    }
+
+    /// Extracts and validates.
+    pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Rejects values that parse but cannot work, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://")
+            || self.database_url.starts_with("sqlite:"))
+        {
+            return Err(invalid(
+                "database_url",
+                "must start with postgres://, postgresql:// or sqlite: (env DATABASE_URL)",
+            ));
+        }
+        if self.roles.ingress && self.stripe.secrets.is_empty() {
+            return Err(invalid(
+                "stripe.secrets",
+                "no Stripe webhook secret configured: set STRIPE_WEBHOOK_SECRET (comma-separated \
+                 for rotation); ingress refuses to start without one",
+            ));
+        }
+        if self.transport.kind != TransportKind::Database {
+            return Err(invalid(
+                "transport.kind",
+                "only `database` is available in this build (env DEDUP_TRANSPORT)",
+            ));
+        }
+        if self.transport.queue.is_empty() {
+            return Err(invalid("transport.queue", "must not be empty"));
+        }
+        positive("http.body_limit_bytes", self.http.body_limit_bytes)?;
+        positive(
+            "database.max_connections",
+            self.database.max_connections as usize,
+        )?;
+        positive(
+            "transport.publish_batch_max",
+            self.transport.publish_batch_max,
+        )?;
+        positive("transport.publish_writers", self.transport.publish_writers)?;
+        positive(
+            "transport.publish_channel_capacity",
+            self.transport.publish_channel_capacity,
+        )?;
+        positive("consumer.batch_size", self.consumer.batch_size)?;
+        positive("consumer.workers", self.consumer.workers)?;
+        positive("consumer.lease_secs", self.consumer.lease_secs as usize)?;
+        positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
+        positive("outbox.batch_size", self.outbox.batch_size)?;
+        positive("outbox.concurrency", self.outbox.concurrency)?;
+        positive("outbox.lease_secs", self.outbox.lease_secs as usize)?;
+        positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
+        if !self.consumer.dedup_key_pointer.starts_with('/') {
+            return Err(invalid(
+                "consumer.dedup_key_pointer",
+                "must be a JSON pointer such as /id",
+            ));
+        }
+        crate::outbox::sink::SinkSpec::parse(&self.outbox.sink)
+            .map_err(|reason| invalid("outbox.sink", format!("{reason} (env DEDUP_SINK)")))?;
+        Ok(())
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.database_url.starts_with("sqlite:")
+    }
+
+    /// The SQLite file path of a `sqlite://PATH` URL, to create its directory.
+    pub fn sqlite_path(&self) -> Option<PathBuf> {
+        let rest = self.database_url.strip_prefix("sqlite:")?;
+        let rest = rest.strip_prefix("//").unwrap_or(rest);
+        let path = rest.split('?').next().unwrap_or(rest);
+        (!path.is_empty() && path != ":memory:").then(|| PathBuf::from(path))
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown.grace_secs)
+    }
+}
+
+fn positive(key: &'static str, value: usize) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(invalid(key, "must be greater than zero"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::Serialized;
+
+    fn with(key: &str, value: &str) -> Figment {
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .merge(Serialized::default("stripe.secrets", "whsec_test"))
+            .merge(Serialized::default(key, value))
+    }
+
+    #[test]
+    fn defaults_need_only_a_secret() {
+        let s = Settings::from_figment(
+            Figment::from(Toml::string(DEFAULT_TOML))
+                .merge(Serialized::default("stripe.secrets", "whsec_a, whsec_b")),
+        )
+        .expect("valid");
+        assert_eq!(s.stripe.secrets.len(), 2);
+        assert_eq!(s.stripe.secrets[1].expose(), "whsec_b");
+        assert!(s.is_sqlite());
+        assert_eq!(s.sqlite_path(), Some(PathBuf::from("data/dedup-worker.db")));
+    }
+
+    #[test]
+    fn missing_secret_names_the_key() {
+        let err = Settings::from_figment(Figment::from(Toml::string(DEFAULT_TOML)))
+            .expect_err("no secret");
+        assert!(err.to_string().contains("stripe.secrets"), "{err}");
+    }
+
+    #[test]
+    fn bad_listen_address_names_the_key() {
+        let err = Settings::from_figment(with("http.listen", "not-an-address")).expect_err("bad");
+        assert!(err.to_string().contains("http.listen"), "{err}");
+    }
+
+    #[test]
+    fn bad_sink_names_the_key() {
+        let err = Settings::from_figment(with("outbox.sink", "ftp://x")).expect_err("bad");
+        assert!(err.to_string().contains("outbox.sink"), "{err}");
+    }
+}

@@ -1,0 +1,388 @@
+//! The deduplicating consumer.
+//!
+//! One step ([`Consumer::try_step`]) takes a batch from the transport and, in ONE database
+//! transaction, records the new `(source, event id)` pairs with `INSERT … ON CONFLICT DO
+//! NOTHING`, runs the [`Handler`] for the new ones only, and writes the outbox rows they
+//! produced. Only after the commit are the deliveries acked. So:
+//! * an event is marked processed only together with its handler's effects: a crash before
+//!   commit leaves nothing, and the redelivery runs the handler;
+//! * a duplicate (in the same batch, a later batch or another worker's) finds the row and is
+//!   acked without running the handler;
+//! * a failing event never blocks its batch: it is rolled back to its savepoint, its dedup row
+//!   removed, and it is retried with backoff or dead-lettered.
+//!
+//! The loop ([`Consumer::run`]) only repeats the step until shutdown.
+
+pub mod handler;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
+
+use crate::event::Event;
+use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
+use crate::retry::backoff_delay;
+use crate::store::{NewDeadLetter, NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
+
+/// Consumer options (see `[consumer]` in config/default.toml).
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// First half of the dedup key.
+    pub source: String,
+    /// Where the event id sits in a payload whose message carries no id.
+    pub dedup_key_pointer: String,
+    pub batch_size: usize,
+    /// How long one receive waits for a first message (also the shutdown latency).
+    pub poll_interval: Duration,
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+}
+
+/// A step failed as a whole; nothing was acked, so the transport redelivers.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What one step did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StepOutcome {
+    /// Deliveries received.
+    pub received: usize,
+    /// Events handled for the first time (committed).
+    pub handled: usize,
+    /// Deliveries acked as duplicates without running the handler.
+    pub duplicates: usize,
+    /// Deliveries that will come back after a backoff.
+    pub retried: usize,
+    /// Events dead-lettered in this step.
+    pub dead_lettered: usize,
+}
+
+/// What happened to one new event in the transaction.
+enum Verdict {
+    Handled(Vec<OutboxMessage>),
+    Failed(HandlerError),
+}
+
+pub struct Consumer {
+    store: Store,
+    transport: Arc<dyn Transport>,
+    handler: Arc<dyn Handler>,
+    wakeups: Arc<Wakeups>,
+    options: ConsumerOptions,
+}
+
+impl Consumer {
+    pub fn new(
+        store: Store,
+        transport: Arc<dyn Transport>,
+        handler: Arc<dyn Handler>,
+        wakeups: Arc<Wakeups>,
+        options: ConsumerOptions,
+    ) -> Self {
+        Consumer {
+            store,
+            transport,
+            handler,
+            wakeups,
+            options,
+        }
+    }
+
+    /// Repeats [`Self::try_step`] until `shutdown`; a batch in flight is finished, committed
+    /// and acked before returning.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut failures = 0u32;
+        while !shutdown.is_cancelled() {
+            match self.try_step().await {
+                Ok(_) => failures = 0,
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    let delay = backoff_delay(
+                        Duration::from_millis(100),
+                        Duration::from_secs(10),
+                        failures,
+                    );
+                    tracing::warn!(%error, ?delay, "consumer step failed; the batch will be redelivered");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+        tracing::debug!("consumer stopped");
+    }
+
+    /// Receives one batch and processes it. See the module docs for the guarantees.
+    pub async fn try_step(&self) -> Result<StepOutcome, ConsumerError> {
+        let deliveries = self
+            .transport
+            .receive(self.options.batch_size, self.options.poll_interval)
+            .await?;
+        if deliveries.is_empty() {
+            return Ok(StepOutcome::default());
+        }
+        let started = Instant::now();
+        let mut outcome = StepOutcome {
+            received: deliveries.len(),
+            ..StepOutcome::default()
+        };
+
+        // Group deliveries by event id: one representative each, the rest are duplicates.
+        let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
+        let mut events: Vec<(Event, Delivery)> = Vec::new();
+        let mut first_index: HashMap<String, usize> = HashMap::new();
+        let mut undecodable: Vec<(Delivery, String)> = Vec::new();
+        for delivery in deliveries {
+            match self.decode(&delivery) {
+                Ok(event) => {
+                    if first_index.contains_key(&event.id) {
+                        outcome.duplicates += 1;
+                        to_ack.push(delivery.tag.clone());
+                    } else {
+                        first_index.insert(event.id.clone(), events.len());
+                        events.push((event, delivery));
+                    }
+                }
+                Err(reason) => undecodable.push((delivery, reason)),
+            }
+        }
+
+        let mut tx = self.store.begin().await?;
+        let pairs: Vec<(String, String)> = events
+            .iter()
+            .map(|(e, _)| (e.id.clone(), e.event_type.clone()))
+            .collect();
+        let new_ids = tx.insert_processed(&self.options.source, &pairs).await?;
+        let new_set: std::collections::HashSet<&str> = new_ids.iter().map(String::as_str).collect();
+        let (mut fresh, seen): (Vec<_>, Vec<_>) = events
+            .iter()
+            .partition(|(e, _)| new_set.contains(e.id.as_str()));
+        outcome.duplicates += seen.len();
+        to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
+
+        // Optimistic pass: all handlers in the transaction with no savepoints (no extra round
+        // trips). If any fails, start over with a savepoint per event so only that one is undone.
+        let mut verdicts = Vec::with_capacity(fresh.len());
+        let mut all_ok = true;
+        for (event, _) in &fresh {
+            match self.handler.handle(event, &mut tx.conn()).await {
+                Ok(messages) => verdicts.push(Verdict::Handled(messages)),
+                Err(_) => {
+                    all_ok = false;
+                    break;
+                }
+            }
+        }
+        if !all_ok {
+            tx.rollback().await?;
+            tx = self.store.begin().await?;
+            // Another worker may have committed some of these meanwhile: ask again.
+            let new_ids = tx.insert_processed(&self.options.source, &pairs).await?;
+            let new_set: std::collections::HashSet<&str> =
+                new_ids.iter().map(String::as_str).collect();
+            let (still_new, taken): (Vec<_>, Vec<_>) = fresh
+                .into_iter()
+                .partition(|(e, _)| new_set.contains(e.id.as_str()));
+            outcome.duplicates += taken.len();
+            to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
+            fresh = still_new;
+            verdicts = self.handle_with_savepoints(&mut tx, &fresh).await?;
+        }
+
+        let mut outbox_rows = Vec::new();
+        let mut retries: Vec<(DeliveryTag, Duration)> = Vec::new();
+        for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
+            match verdict {
+                Verdict::Handled(messages) => {
+                    outcome.handled += 1;
+                    to_ack.push(delivery.tag.clone());
+                    outbox_rows.extend(messages.into_iter().map(|m| NewOutboxRow {
+                        source: event.source.clone(),
+                        event_id: event.id.clone(),
+                        destination: m.destination,
+                        idempotency_key: m.idempotency_key,
+                        event_type: m.event_type,
+                        payload: m.payload.to_vec(),
+                    }));
+                }
+                Verdict::Failed(error) => {
+                    let exhausted = delivery.attempts >= self.options.max_attempts;
+                    if matches!(error, HandlerError::Fatal(_)) || exhausted {
+                        tracing::warn!(event_id = %event.id, attempts = delivery.attempts, %error, "dead-lettering event");
+                        tx.insert_dead_letter(&self.dead_letter(
+                            event,
+                            delivery,
+                            &error.to_string(),
+                        ))
+                        .await?;
+                        outcome.dead_lettered += 1;
+                        to_ack.push(delivery.tag.clone());
+                    } else {
+                        let delay = backoff_delay(
+                            self.options.retry_base,
+                            self.options.retry_max,
+                            delivery.attempts,
+                        );
+                        tracing::info!(event_id = %event.id, attempts = delivery.attempts, %error, ?delay, "handler failed; will retry");
+                        outcome.retried += 1;
+                        retries.push((delivery.tag.clone(), delay));
+                    }
+                }
+            }
+        }
+        for (delivery, reason) in &undecodable {
+            tracing::warn!(%reason, "dead-lettering undecodable message");
+            let event = Event {
+                source: self.options.source.clone(),
+                id: delivery.message_id.clone().unwrap_or_default(),
+                event_type: delivery.message_type.clone().unwrap_or_default(),
+                payload: delivery.payload.clone(),
+            };
+            tx.insert_dead_letter(&self.dead_letter(&event, delivery, reason))
+                .await?;
+            outcome.dead_lettered += 1;
+            to_ack.push(delivery.tag.clone());
+        }
+        tx.insert_outbox(&outbox_rows).await?;
+        tx.commit().await?;
+        if !outbox_rows.is_empty() {
+            self.wakeups.outbox.notify_waiters();
+        }
+
+        // After the commit, and only then: acks and delayed redeliveries. If these fail the
+        // messages come back after their lease and are recognised as duplicates.
+        self.transport.ack(&to_ack).await?;
+        for (tag, delay) in &retries {
+            self.transport.retry_later(tag, *delay).await?;
+        }
+
+        metrics::counter!("dedup_events_received_total").increment(outcome.received as u64);
+        metrics::counter!("dedup_events_handled_total").increment(outcome.handled as u64);
+        metrics::counter!("dedup_events_duplicate_total").increment(outcome.duplicates as u64);
+        metrics::counter!("dedup_events_retried_total").increment(outcome.retried as u64);
+        metrics::counter!("dedup_dead_letters_total").increment(outcome.dead_lettered as u64);
+        metrics::histogram!("dedup_consumer_batch_seconds").record(started.elapsed().as_secs_f64());
+        Ok(outcome)
+    }
+
+    /// The precise pass: each handler in its own savepoint; a failure undoes only its event,
+    /// including its dedup row (never "seen" before success).
+    async fn handle_with_savepoints(
+        &self,
+        tx: &mut StoreTx,
+        fresh: &[&(Event, Delivery)],
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut verdicts = Vec::with_capacity(fresh.len());
+        for (event, _) in fresh {
+            tx.savepoint().await?;
+            match self.handler.handle(event, &mut tx.conn()).await {
+                Ok(messages) => {
+                    tx.release_savepoint().await?;
+                    verdicts.push(Verdict::Handled(messages));
+                }
+                Err(error) => {
+                    tx.rollback_to_savepoint().await?;
+                    tx.release_savepoint().await?;
+                    tx.delete_processed(&event.source, &event.id).await?;
+                    verdicts.push(Verdict::Failed(error));
+                }
+            }
+        }
+        Ok(verdicts)
+    }
+
+    /// The dedup key: the message id when the transport carries one, else the JSON pointer.
+    fn decode(&self, delivery: &Delivery) -> Result<Event, String> {
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(&delivery.payload).ok();
+        let id = match &delivery.message_id {
+            Some(id) if !id.is_empty() => id.clone(),
+            _ => parsed
+                .as_ref()
+                .and_then(|v| v.pointer(&self.options.dedup_key_pointer))
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| {
+                    format!(
+                        "no message id and no string at {}",
+                        self.options.dedup_key_pointer
+                    )
+                })?,
+        };
+        let event_type = match &delivery.message_type {
+            Some(t) => t.clone(),
+            None => parsed
+                .as_ref()
+                .and_then(|v| v.get("type"))
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        Ok(Event {
+            source: self.options.source.clone(),
+            id,
+            event_type,
+            payload: delivery.payload.clone(),
+        })
+    }
+
+    fn dead_letter(&self, event: &Event, delivery: &Delivery, error: &str) -> NewDeadLetter {
+        NewDeadLetter {
+            source: event.source.clone(),
+            event_id: event.id.clone(),
+            event_type: event.event_type.clone(),
+            queue: self.transport.queue_name().to_owned(),
+            payload: delivery.payload.to_vec(),
+            error: error.to_owned(),
+            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
+        }
+    }
+}
+
+/// Retention options.
+#[derive(Debug, Clone, Copy)]
+pub struct RetentionOptions {
+    /// Processed ids younger than this are kept (the dedup window).
+    pub dedup_window: Duration,
+    /// Dispatched outbox rows younger than this are kept.
+    pub outbox_window: Duration,
+    pub interval: Duration,
+    pub batch: i64,
+}
+
+/// Deletes expired processed ids and dispatched outbox rows in bounded batches, every
+/// `interval`, until shutdown.
+pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: CancellationToken) {
+    loop {
+        loop {
+            match store
+                .purge_expired(options.dedup_window, options.outbox_window, options.batch)
+                .await
+            {
+                Ok(n) if n > 0 && !shutdown.is_cancelled() => {
+                    tracing::debug!(deleted = n, "retention");
+                    continue;
+                }
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "retention failed; will try again");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(options.interval) => {}
+        }
+    }
+}

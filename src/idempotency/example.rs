@@ -1,0 +1,361 @@
+//! The checkout example's routers (`cargo run --example checkout`), here so that tests run the
+//! very code the example serves.
+//!
+//! Three layers of idempotency:
+//! 1. the caller uses [`IdempotentClient`]: one key per payment, retried with the same key;
+//! 2. `POST /v1/payments` sits behind [`IdempotencyLayer`], keys scoped by the bearer account;
+//! 3. the checkout handler charges a payment-provider stub with the same key (and the caller's
+//!    account as the provider-side merchant), through the same retrying client; the stub is
+//!    itself behind the layer and records one charge per key.
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::{PgPool, Row};
+
+use super::client::IdempotentClient;
+use super::key::IdempotencyKey;
+use super::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
+
+/// The account named by `Authorization: Bearer <account>`.
+pub fn bearer(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let token = v.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty()).then(|| token.to_owned())
+}
+
+/// Creates the example's own tables (payments and the stub's charges).
+pub async fn setup(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        r#"CREATE TABLE IF NOT EXISTS checkout_payments (
+               id BIGSERIAL PRIMARY KEY,
+               account TEXT NOT NULL,
+               idempotency_key TEXT NOT NULL,
+               amount BIGINT NOT NULL,
+               currency TEXT NOT NULL,
+               charge_id TEXT NOT NULL,
+               created_at TIMESTAMPTZ NOT NULL DEFAULT now())"#,
+    )
+    .execute(pool)
+    .await?;
+    // The unique constraint is the stub's own last line of defence: one charge per key even
+    // if it were deployed without the layer.
+    sqlx::query(
+        r#"CREATE TABLE IF NOT EXISTS provider_charges (
+               id BIGSERIAL PRIMARY KEY,
+               merchant TEXT NOT NULL,
+               idempotency_key TEXT NOT NULL,
+               amount BIGINT NOT NULL,
+               currency TEXT NOT NULL,
+               created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+               UNIQUE (merchant, idempotency_key))"#,
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+async fn require_bearer(req: Request, next: Next) -> Response {
+    if bearer(req.headers()).is_none() {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": {"type": "authentication_error", "message": "send Authorization: Bearer <account>"}})),
+        )
+            .into_response();
+    }
+    next.run(req).await
+}
+
+/// A payment request (checkout) or charge request (provider).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PaymentRequest {
+    /// Amount in minor units.
+    pub amount: i64,
+    /// ISO currency code.
+    pub currency: String,
+    /// Card token; `tok_chargeDeclined` is declined with 402.
+    #[serde(default = "default_source")]
+    pub source: String,
+}
+
+fn default_source() -> String {
+    "tok_visa".into()
+}
+
+fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"type": kind, "code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+fn idem_key(headers: &HeaderMap) -> Option<IdempotencyKey> {
+    IdempotencyKey::from_header(headers.get(IDEMPOTENCY_KEY)?).ok()
+}
+
+// ---------------------------------------------------------------- provider stub
+
+/// The payment-provider stub: `POST /v1/charges`, `GET /v1/charges`, behind `layer` (whose
+/// account extractor should scope by merchant, e.g. [`provider_account`]).
+pub fn provider_router(pool: PgPool, layer: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/v1/charges", post(create_charge).get(list_charges))
+        .layer(layer)
+        .layer(middleware::from_fn(require_bearer))
+        .with_state(pool)
+}
+
+/// The stub's key scope: its merchant, namespaced apart from checkout accounts sharing the table.
+pub fn provider_account(parts: &http::request::Parts) -> Option<String> {
+    bearer(&parts.headers).map(|m| format!("provider/{m}"))
+}
+
+async fn create_charge(
+    State(pool): State<PgPool>,
+    headers: HeaderMap,
+    Json(req): Json<PaymentRequest>,
+) -> Response {
+    let (Some(merchant), Some(key)) = (bearer(&headers), idem_key(&headers)) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "missing",
+            "bearer and key required",
+        );
+    };
+    if req.source == "tok_chargeDeclined" {
+        return error(
+            StatusCode::PAYMENT_REQUIRED,
+            "card_error",
+            "card_declined",
+            "Your card was declined.",
+        );
+    }
+    let res = sqlx::query(
+        r#"WITH ins AS (
+               INSERT INTO provider_charges (merchant, idempotency_key, amount, currency)
+               VALUES ($1, $2, $3, $4)
+               ON CONFLICT (merchant, idempotency_key) DO NOTHING
+               RETURNING id)
+           SELECT id FROM ins
+           UNION ALL
+           SELECT id FROM provider_charges WHERE merchant = $1 AND idempotency_key = $2"#,
+    )
+    .bind(&merchant)
+    .bind(key.as_str())
+    .bind(req.amount)
+    .bind(&req.currency)
+    .fetch_one(&pool)
+    .await;
+    match res {
+        Ok(row) => {
+            let id: i64 = row.get(0);
+            (
+                StatusCode::OK,
+                Json(json!({"id": format!("ch_{id}"), "amount": req.amount, "currency": req.currency})),
+            )
+                .into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "provider stub: insert failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "api_error",
+                "unavailable",
+                "try again",
+            )
+        }
+    }
+}
+
+async fn list_charges(State(pool): State<PgPool>, headers: HeaderMap) -> Response {
+    let merchant = bearer(&headers).unwrap_or_default();
+    let rows = sqlx::query(
+        "SELECT id, idempotency_key, amount, currency FROM provider_charges WHERE merchant = $1 ORDER BY id",
+    )
+    .bind(&merchant)
+    .fetch_all(&pool)
+    .await;
+    match rows {
+        Ok(rows) => {
+            let data: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    json!({"id": format!("ch_{}", r.get::<i64, _>(0)), "idempotency_key": r.get::<String, _>(1),
+                           "amount": r.get::<i64, _>(2), "currency": r.get::<String, _>(3)})
+                })
+                .collect();
+            Json(json!({"data": data})).into_response()
+        }
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            "unavailable",
+            "try again",
+        ),
+    }
+}
+
+// ---------------------------------------------------------------- checkout service
+
+/// State of the checkout service.
+#[derive(Debug, Clone)]
+pub struct CheckoutState {
+    /// Payments table.
+    pub pool: PgPool,
+    /// Base URL of the provider, e.g. `http://127.0.0.1:9000`.
+    pub provider_url: String,
+    /// Client used for the provider (retries with the same key).
+    pub client: IdempotentClient,
+}
+
+/// The checkout service: `POST /v1/payments` (behind `layer`, which should scope keys by
+/// [`checkout_account`]) and `GET /v1/payments`.
+pub fn checkout_router(state: CheckoutState, layer: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/v1/payments", post(create_payment).get(list_payments))
+        .layer(layer)
+        .layer(middleware::from_fn(require_bearer))
+        .with_state(state)
+}
+
+/// The checkout's key scope: the bearer account.
+pub fn checkout_account(parts: &http::request::Parts) -> Option<String> {
+    bearer(&parts.headers)
+}
+
+async fn create_payment(
+    State(st): State<CheckoutState>,
+    headers: HeaderMap,
+    Json(req): Json<PaymentRequest>,
+) -> Response {
+    let (Some(account), Some(key)) = (bearer(&headers), idem_key(&headers)) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "missing",
+            "bearer and key required",
+        );
+    };
+    if req.amount <= 0 || req.currency.len() != 3 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "parameter_invalid",
+            "amount must be positive and currency a 3-letter code",
+        );
+    }
+    // Layer 3: the same key goes downstream, so a re-execution here (after a 5xx released our
+    // key) still charges once at the provider.
+    let url = format!("{}/v1/charges", st.provider_url);
+    let charge = match st
+        .client
+        .post_json_with_key(&url, Some(&account), &req, &key)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "provider unreachable");
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                "provider_unreachable",
+                "payment provider unreachable; retry with the same key",
+            );
+        }
+    };
+    match charge.status {
+        StatusCode::OK => {}
+        StatusCode::PAYMENT_REQUIRED => {
+            return error(
+                StatusCode::PAYMENT_REQUIRED,
+                "card_error",
+                "card_declined",
+                "Your card was declined.",
+            );
+        }
+        other => {
+            tracing::warn!(status = %other, "provider refused");
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "api_error",
+                "provider_error",
+                "payment provider failed; retry with the same key",
+            );
+        }
+    }
+    let charge_id = charge
+        .json::<serde_json::Value>()
+        .ok()
+        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    let row = sqlx::query(
+        r#"INSERT INTO checkout_payments (account, idempotency_key, amount, currency, charge_id)
+           VALUES ($1, $2, $3, $4, $5) RETURNING id"#,
+    )
+    .bind(&account)
+    .bind(key.as_str())
+    .bind(req.amount)
+    .bind(&req.currency)
+    .bind(&charge_id)
+    .fetch_one(&st.pool)
+    .await;
+    match row {
+        Ok(row) => {
+            let id = format!("pay_{}", row.get::<i64, _>(0));
+            (
+                StatusCode::CREATED,
+                [(header::LOCATION, format!("/v1/payments/{id}"))],
+                Json(
+                    json!({"id": id, "amount": req.amount, "currency": req.currency,
+                            "charge": charge_id, "status": "succeeded"}),
+                ),
+            )
+                .into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "recording payment failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "api_error",
+                "unavailable",
+                "retry with the same key",
+            )
+        }
+    }
+}
+
+async fn list_payments(State(st): State<CheckoutState>, headers: HeaderMap) -> Response {
+    let account = bearer(&headers).unwrap_or_default();
+    let rows = sqlx::query(
+        "SELECT id, idempotency_key, amount, currency, charge_id FROM checkout_payments WHERE account = $1 ORDER BY id",
+    )
+    .bind(&account)
+    .fetch_all(&st.pool)
+    .await;
+    match rows {
+        Ok(rows) => {
+            let data: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    json!({"id": format!("pay_{}", r.get::<i64, _>(0)), "idempotency_key": r.get::<String, _>(1),
+                           "amount": r.get::<i64, _>(2), "currency": r.get::<String, _>(3),
+                           "charge": r.get::<String, _>(4)})
+                })
+                .collect();
+            Json(json!({"data": data})).into_response()
+        }
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            "unavailable",
+            "try again",
+        ),
+    }
+}

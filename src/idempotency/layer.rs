@@ -1,0 +1,677 @@
+//! The tower [`Layer`] that gives any axum `Router` Idempotency-Key semantics.
+//!
+//! Per request (for the configured methods, POST and PATCH by default):
+//! 1. parse the key (bare or quoted; 400 if missing where required or invalid);
+//! 2. buffer the body (bounded) and fingerprint the request;
+//! 3. Redis, when configured: a mirrored result is replayed at once (or 422 on another
+//!    fingerprint); a held `SET NX` lock answers 409;
+//! 4. PostgreSQL claim, one statement: a stored result is replayed (422 on another fingerprint),
+//!    a running claim answers 409 with `Retry-After`, otherwise this request holds the key;
+//! 5. the handler runs in its own task, so a client that disconnects does not cancel it half
+//!    way: the result is stored and the client's retry gets the replay. A lease heartbeat keeps
+//!    the claim while a slow handler runs; only a dead process lets the lease lapse;
+//! 6. 2xx/4xx (and 5xx with `keep_5xx`) are stored and mirrored; other 5xx release the key.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use futures::FutureExt;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use tower::{Layer, Service};
+use uuid::Uuid;
+
+use super::fingerprint::Fingerprint;
+use super::key::{IdempotencyKey, KeyError};
+use super::redis::{CachedResponse, RedisCache};
+use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
+
+/// The request header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Set on replayed responses (Stripe's name).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Extracts the account that scopes keys from the request head (e.g. the authenticated
+/// principal). `None` puts the request in the anonymous scope `""`.
+pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// How error responses produced by the layer look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorStyle {
+    /// `application/problem+json` (RFC 9457) with the IETF draft's titles.
+    #[default]
+    Problem,
+    /// Stripe-compatible `{"error":{"type":"idempotency_error",...}}`.
+    Stripe,
+}
+
+/// Configuration, built with [`IdempotencyLayer::builder`].
+#[derive(Clone)]
+pub struct IdempotencyConfig {
+    methods: Vec<Method>,
+    required: bool,
+    ttl: Duration,
+    lease: Duration,
+    account: AccountExtractor,
+    error_style: ErrorStyle,
+    keep_5xx: bool,
+    max_body_bytes: usize,
+}
+
+impl std::fmt::Debug for IdempotencyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyConfig")
+            .field("methods", &self.methods)
+            .field("required", &self.required)
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .field("error_style", &self.error_style)
+            .field("keep_5xx", &self.keep_5xx)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builder for [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayerBuilder {
+    store: PgIdempotencyStore,
+    redis: Option<RedisCache>,
+    config: IdempotencyConfig,
+}
+
+impl IdempotencyLayerBuilder {
+    /// Methods the layer applies to (default POST and PATCH). Others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a request without a key is refused with 400 (default `true`). When `false`, such
+    /// requests pass through without idempotency.
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.config.required = required;
+        self
+    }
+
+    /// How long a key and its stored result live (default 24 h).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// How long a claim survives without a heartbeat, i.e. how long after a crash the key
+    /// stays refused with 409 before a retry may take it over (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The account extractor that scopes keys.
+    pub fn account<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.account = Arc::new(f);
+        self
+    }
+
+    /// Error response style (default problem+json).
+    pub fn error_style(mut self, style: ErrorStyle) -> Self {
+        self.config.error_style = style;
+        self
+    }
+
+    /// Keep and replay 5xx results as Stripe does (default `false`: a 5xx releases the key).
+    pub fn keep_5xx(mut self, keep: bool) -> Self {
+        self.config.keep_5xx = keep;
+        self
+    }
+
+    /// Largest request body buffered for fingerprinting (default 1 MiB; larger → 413).
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.config.max_body_bytes = n;
+        self
+    }
+
+    /// Redis fast path (optional).
+    pub fn redis(mut self, cache: RedisCache) -> Self {
+        self.redis = Some(cache);
+        self
+    }
+
+    /// Builds the layer.
+    pub fn build(self) -> IdempotencyLayer {
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                redis: self.redis,
+                config: self.config,
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: PgIdempotencyStore,
+    redis: Option<RedisCache>,
+    config: IdempotencyConfig,
+}
+
+/// The layer. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl IdempotencyLayer {
+    /// Starts a builder with the defaults described on each method.
+    pub fn builder(store: PgIdempotencyStore) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder {
+            store,
+            redis: None,
+            config: IdempotencyConfig {
+                methods: vec![Method::POST, Method::PATCH],
+                required: true,
+                ttl: Duration::from_secs(24 * 3600),
+                lease: Duration::from_secs(30),
+                account: Arc::new(|_| None),
+                error_style: ErrorStyle::Problem,
+                keep_5xx: false,
+                max_body_bytes: 1024 * 1024,
+            },
+        }
+    }
+
+    /// The PostgreSQL store (e.g. for its query counter or expiry task).
+    pub fn store(&self) -> &PgIdempotencyStore {
+        &self.shared.store
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service produced by [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S> Service<Request<Body>> for IdempotencyService<S>
+where
+    S: Service<Request<Body>> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Error: Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // Take the service that was driven to readiness, leave a clone in its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        let cfg = &shared.config;
+
+        if !cfg.methods.contains(req.method()) {
+            return Box::pin(inner.call(req).map(|r| r.map(IntoResponse::into_response)));
+        }
+        let mut values = req.headers().get_all(&IDEMPOTENCY_KEY).iter();
+        let key = match (values.next(), values.next()) {
+            (None, _) if cfg.required => {
+                let style = cfg.error_style;
+                return Box::pin(async move { Ok(Rejection::Missing.into_response(style)) });
+            }
+            (None, _) => {
+                return Box::pin(inner.call(req).map(|r| r.map(IntoResponse::into_response)));
+            }
+            (Some(_), Some(_)) => Err(KeyError::Repeated),
+            (Some(v), None) => IdempotencyKey::from_header(v),
+        };
+        let key = match key {
+            Ok(k) => k,
+            Err(e) => {
+                let style = cfg.error_style;
+                return Box::pin(async move { Ok(Rejection::Invalid(e).into_response(style)) });
+            }
+        };
+        let style = cfg.error_style;
+        // A task of its own: if the client goes away, hyper drops this future, but the
+        // request still finishes and stores its result for the retry.
+        let task = tokio::spawn(process(shared, inner, req, key));
+        Box::pin(async move {
+            match task.await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "idempotent request task failed");
+                    Ok(Rejection::Internal.into_response(style))
+                }
+            }
+        })
+    }
+}
+
+async fn process<S>(
+    shared: Arc<Shared>,
+    mut inner: S,
+    req: Request<Body>,
+    key: IdempotencyKey,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>> + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Error: Send + 'static,
+    S::Future: Send + 'static,
+{
+    let cfg = &shared.config;
+    let style = cfg.error_style;
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => return Ok(Rejection::TooLarge.into_response(style)),
+    };
+    let fingerprint = Fingerprint::compute(
+        &parts.method,
+        parts.uri.path(),
+        parts.uri.query(),
+        &parts.headers,
+        &bytes,
+    );
+    let account = (cfg.account)(&parts).unwrap_or_default();
+    let k = key.as_str();
+
+    // Redis fast path. Every error falls through to PostgreSQL.
+    let mut lock: Option<String> = None;
+    if let Some(cache) = &shared.redis {
+        match cache.get(&account, k).await {
+            Ok(Some(hit)) if hit.fingerprint == fingerprint => {
+                outcome("replay_redis");
+                return Ok(replay(&hit.response));
+            }
+            Ok(Some(_)) => {
+                outcome("reused");
+                return Ok(Rejection::Reused.into_response(style));
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "redis lookup failed; using PostgreSQL"),
+        }
+        let token = Uuid::new_v4().to_string();
+        match cache.try_lock(&account, k, &token, cfg.lease).await {
+            Ok(true) => lock = Some(token),
+            Ok(false) => {
+                outcome("in_progress");
+                return Ok(Rejection::InProgress(Duration::from_secs(1)).into_response(style));
+            }
+            Err(e) => tracing::warn!(error = %e, "redis lock failed; using PostgreSQL"),
+        }
+    }
+
+    let claim = shared
+        .store
+        .claim(&account, k, &fingerprint, cfg.lease, cfg.ttl)
+        .await;
+    let token = match claim {
+        Ok(Claim::Acquired(token)) => token,
+        Ok(Claim::Completed {
+            fingerprint: stored,
+            response,
+            ttl,
+        }) => {
+            if stored != fingerprint {
+                unlock(&shared, &account, k, lock.as_deref()).await;
+                outcome("reused");
+                return Ok(Rejection::Reused.into_response(style));
+            }
+            // Re-mirror (Redis was empty or flushed) so the next replay skips PostgreSQL.
+            mirror(
+                &shared,
+                &account,
+                k,
+                lock.as_deref(),
+                stored,
+                &response,
+                ttl,
+            )
+            .await;
+            outcome("replay_pg");
+            return Ok(replay(&response));
+        }
+        Ok(Claim::InProgress {
+            fingerprint: other,
+            retry_after,
+        }) => {
+            unlock(&shared, &account, k, lock.as_deref()).await;
+            if other != fingerprint {
+                outcome("reused");
+                return Ok(Rejection::Reused.into_response(style));
+            }
+            outcome("in_progress");
+            return Ok(Rejection::InProgress(retry_after).into_response(style));
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "idempotency claim failed");
+            unlock(&shared, &account, k, lock.as_deref()).await;
+            outcome("store_error");
+            return Ok(Rejection::Unavailable.into_response(style));
+        }
+    };
+
+    // We hold the key: run the handler, with a lease heartbeat while it runs.
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let handler = AssertUnwindSafe(inner.call(req)).catch_unwind();
+    tokio::pin!(handler);
+    let beat = cfg.lease / 3;
+    let result = loop {
+        tokio::select! {
+            r = &mut handler => break r,
+            _ = tokio::time::sleep(beat) => {
+                match shared.store.extend(&account, k, token, cfg.lease).await {
+                    Ok(Ownership::Owned { .. }) => {}
+                    Ok(Ownership::Lost) => tracing::warn!(key = k, "idempotency lease lost while running"),
+                    Err(e) => tracing::warn!(error = %e, "idempotency lease extension failed"),
+                }
+            }
+        }
+    };
+
+    let response = match result {
+        Ok(Ok(r)) => r.into_response(),
+        Ok(Err(e)) => {
+            release(&shared, &account, k, token, lock.as_deref()).await;
+            return Err(e);
+        }
+        Err(_panic) => {
+            tracing::error!(key = k, "handler panicked; idempotency key released");
+            release(&shared, &account, k, token, lock.as_deref()).await;
+            return Ok(Rejection::Internal.into_response(style));
+        }
+    };
+    let (head, body) = response.into_parts();
+    let body = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "response body failed; idempotency key released");
+            release(&shared, &account, k, token, lock.as_deref()).await;
+            return Ok(Rejection::Internal.into_response(style));
+        }
+    };
+
+    if head.status.is_server_error() && !cfg.keep_5xx {
+        release(&shared, &account, k, token, lock.as_deref()).await;
+        outcome("released_5xx");
+        return Ok(Response::from_parts(head, Body::from(body)));
+    }
+
+    let stored = StoredResponse {
+        status: head.status.as_u16(),
+        headers: head
+            .headers
+            .iter()
+            .filter(|(n, _)| keep_header(n))
+            .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect(),
+        body: body.clone(),
+    };
+    // A failed completion would leave the key in progress until the lease ends and then let a
+    // retry run the operation again, so it is worth a few quick retries.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match shared.store.complete(&account, k, token, &stored).await {
+            Ok(Ownership::Owned { ttl }) => {
+                mirror(
+                    &shared,
+                    &account,
+                    k,
+                    lock.as_deref(),
+                    fingerprint,
+                    &stored,
+                    ttl,
+                )
+                .await;
+                outcome("executed");
+                break;
+            }
+            Ok(Ownership::Lost) => {
+                tracing::error!(
+                    key = k,
+                    "idempotency claim was taken over before completion; result not stored"
+                );
+                outcome("lost_claim");
+                break;
+            }
+            Err(e) if attempt < 4 => {
+                tracing::warn!(error = %e, attempt, "storing idempotent result failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "storing idempotent result failed");
+                outcome("store_error");
+                break;
+            }
+        }
+    }
+    Ok(Response::from_parts(head, Body::from(body)))
+}
+
+fn outcome(what: &'static str) {
+    metrics::counter!("idempotency_requests_total", "outcome" => what).increment(1);
+}
+
+async fn mirror(
+    shared: &Shared,
+    account: &str,
+    key: &str,
+    lock: Option<&str>,
+    fingerprint: Fingerprint,
+    response: &StoredResponse,
+    ttl: Duration,
+) {
+    let Some(cache) = &shared.redis else { return };
+    let cached = CachedResponse {
+        fingerprint,
+        response: response.clone(),
+    };
+    if let Err(e) = cache.store(account, key, lock, &cached, ttl).await {
+        tracing::warn!(error = %e, "mirroring idempotent result to redis failed");
+    }
+}
+
+async fn unlock(shared: &Shared, account: &str, key: &str, lock: Option<&str>) {
+    if let (Some(cache), Some(token)) = (&shared.redis, lock) {
+        if let Err(e) = cache.unlock(account, key, token).await {
+            tracing::warn!(error = %e, "redis unlock failed");
+        }
+    }
+}
+
+async fn release(shared: &Shared, account: &str, key: &str, token: ClaimToken, lock: Option<&str>) {
+    match shared.store.release(account, key, token).await {
+        Ok(Ownership::Owned { .. }) => {}
+        Ok(Ownership::Lost) => tracing::warn!(key, "idempotency claim already taken over"),
+        // The lease will end and a retry will take over.
+        Err(e) => tracing::warn!(error = %e, "releasing idempotency key failed"),
+    }
+    unlock(shared, account, key, lock).await;
+}
+
+/// Whether a response header is stored and replayed. Connection-level and per-response
+/// headers (date, length, framing) are regenerated; cookies are not replayed to whoever
+/// retries.
+pub fn keep_header(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "date"
+            | "content-length"
+            | "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "set-cookie"
+            | "idempotent-replayed"
+    )
+}
+
+fn replay(stored: &StoredResponse) -> Response<Body> {
+    let mut resp = Response::new(Body::from(stored.body.clone()));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let headers = resp.headers_mut();
+    for (name, value) in &stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    resp
+}
+
+/// Errors the layer answers itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// 400: no key where one is required.
+    Missing,
+    /// 400: the key is malformed.
+    Invalid(KeyError),
+    /// 422: the key was used with another request.
+    Reused,
+    /// 409: a request with this key is still running; retry after the duration.
+    InProgress(Duration),
+    /// 413: body larger than the buffering limit.
+    TooLarge,
+    /// 503: the PostgreSQL store is unavailable.
+    Unavailable,
+    /// 500: the handler panicked or its body failed.
+    Internal,
+}
+
+const PROBLEM_TYPE: &str =
+    "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-06#section-2.7";
+
+impl Rejection {
+    fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Missing | Rejection::Invalid(_) => StatusCode::BAD_REQUEST,
+            Rejection::Reused => StatusCode::UNPROCESSABLE_ENTITY,
+            Rejection::InProgress(_) => StatusCode::CONFLICT,
+            Rejection::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// (title, detail, stripe code)
+    fn text(&self) -> (&'static str, String, &'static str) {
+        match self {
+            Rejection::Missing => (
+                "Idempotency-Key is missing",
+                "This operation is idempotent and requires an Idempotency-Key header.".into(),
+                "idempotency_key_missing",
+            ),
+            Rejection::Invalid(e) => (
+                "Idempotency-Key is invalid",
+                format!("{e}; use 1 to 255 visible ASCII characters."),
+                "idempotency_key_invalid",
+            ),
+            Rejection::Reused => (
+                "Idempotency-Key is already used",
+                "This Idempotency-Key was used with a different request; use a new key for a different request.".into(),
+                "idempotency_key_reused",
+            ),
+            Rejection::InProgress(_) => (
+                "A request is outstanding for this Idempotency-Key",
+                "Another request with this Idempotency-Key is still being processed; retry later.".into(),
+                "idempotency_key_in_use",
+            ),
+            Rejection::TooLarge => (
+                "Request body too large",
+                "The request body exceeds the limit for idempotent requests.".into(),
+                "request_too_large",
+            ),
+            Rejection::Unavailable => (
+                "Idempotency store unavailable",
+                "The request was not executed; retry with the same Idempotency-Key.".into(),
+                "idempotency_store_unavailable",
+            ),
+            Rejection::Internal => (
+                "Internal error",
+                "The request failed; retry with the same Idempotency-Key.".into(),
+                "internal_error",
+            ),
+        }
+    }
+
+    /// Renders the rejection in the given style.
+    pub fn into_response(self, style: ErrorStyle) -> Response<Body> {
+        let status = self.status();
+        let (title, detail, code) = self.text();
+        let (content_type, body) = match style {
+            ErrorStyle::Problem => (
+                "application/problem+json",
+                serde_json::json!({
+                    "type": PROBLEM_TYPE,
+                    "title": title,
+                    "status": status.as_u16(),
+                    "detail": detail,
+                }),
+            ),
+            ErrorStyle::Stripe => (
+                "application/json",
+                serde_json::json!({
+                    "error": {
+                        "type": "idempotency_error",
+                        "code": code,
+                        "message": format!("{title}. {detail}"),
+                    }
+                }),
+            ),
+        };
+        let mut resp = Response::new(Body::from(body.to_string()));
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let retry_after = match &self {
+            Rejection::InProgress(d) => Some(d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            Rejection::Unavailable => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            // At least one second: `Retry-After: 0` invites a tight retry loop.
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        resp
+    }
+}

@@ -1,0 +1,40 @@
+//! Idempotency-Key layer for synchronous HTTP APIs (IETF
+//! draft-ietf-httpapi-idempotency-key-header and Stripe's documented behaviour).
+//!
+//! Owns: key parsing ([`key`]), request fingerprints ([`fingerprint`]), the tower/axum layer
+//! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth), the optional Redis
+//! fast path ([`redis`]), a retrying client helper ([`client`]) and the checkout example's
+//! routers ([`example`]).
+//!
+//! Guarantees:
+//! - for one `(account, key)`, the wrapped handler runs at most once while the key lives
+//!   (24 h by default), however many requests, processes or Redis failures there are; the
+//!   PostgreSQL primary key decides every race;
+//! - a retry gets the stored status, the headers that matter and the body, with
+//!   `Idempotent-Replayed: true`; 5xx results release the key (unless `keep_5xx`);
+//! - a crashed request's key is refused with 409 until its lease lapses, then one retry takes it
+//!   over; a request whose lease was taken over cannot store its result over the new one;
+//! - reusing a key for a different request is refused with 422 and changes nothing.
+
+pub mod client;
+pub mod example;
+pub mod fingerprint;
+pub mod key;
+pub mod layer;
+pub mod redis;
+pub mod store;
+
+pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError};
+pub use layer::{
+    ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, Rejection,
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+};
+pub use redis::{CacheError, RedisCache};
+pub use store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoreError, StoredResponse};
+
+/// Applies the crate's PostgreSQL migrations, this module's table included.
+pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), StoreError> {
+    PgIdempotencyStore::migrate(pool).await
+}

@@ -1,0 +1,304 @@
+//! Optional Redis fast path in front of the PostgreSQL store.
+//!
+//! - Completed responses are mirrored (after PostgreSQL stored them) under the key's remaining
+//!   TTL, so a replay is answered from Redis without a PostgreSQL query.
+//! - `SET NX PX` is a short lock: a duplicate arriving while the first request holds it is
+//!   answered 409 without touching PostgreSQL.
+//!
+//! Redis is never the authority for "may this run": a miss, an error, a flushed or stopped Redis
+//! all fall through to the PostgreSQL claim, which alone decides. Errors are logged, open a short
+//! circuit breaker (so a dead Redis costs one failed attempt per second, not one per request) and
+//! never fail the request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+use super::fingerprint::Fingerprint;
+use super::store::StoredResponse;
+
+/// Errors from Redis (logged by the layer, never returned to clients).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Redis failed, is unreachable or the breaker is open.
+    #[error("idempotency redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The circuit breaker is open after a recent failure.
+    #[error("idempotency redis: skipped after a recent failure")]
+    Skipped,
+    /// A cached value could not be decoded.
+    #[error("idempotency redis: corrupt cached value")]
+    Corrupt,
+}
+
+/// A cached completed response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedResponse {
+    /// Fingerprint of the request that produced it.
+    pub fingerprint: Fingerprint,
+    /// The response.
+    pub response: StoredResponse,
+}
+
+/// Redis mirror and lock.
+#[derive(Clone)]
+pub struct RedisCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    prefix: String,
+    conn: OnceCell<ConnectionManager>,
+    /// Unix milliseconds until which Redis is skipped after a failure.
+    skip_until_ms: AtomicU64,
+    breaker: Duration,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCache")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+// Store the response under KEYS[1] for ARGV[2] ms, then drop the lock KEYS[2] if we hold it.
+const STORE_SCRIPT: &str = r#"
+if tonumber(ARGV[2]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if redis.call('GET', KEYS[2]) == ARGV[3] then
+  redis.call('DEL', KEYS[2])
+end
+return 1
+"#;
+
+const UNLOCK_SCRIPT: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+impl RedisCache {
+    /// Creates the cache. Does not connect: the first use does, so a Redis that is down at
+    /// start-up does not stop the service. `prefix` namespaces every key (tests and tenants).
+    pub fn new(url: &str, prefix: impl Into<String>) -> Result<Self, CacheError> {
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client: redis::Client::open(url)?,
+                prefix: prefix.into(),
+                conn: OnceCell::new(),
+                skip_until_ms: AtomicU64::new(0),
+                breaker: Duration::from_secs(1),
+                timeout: Duration::from_millis(500),
+            }),
+        })
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, CacheError> {
+        if Self::now_ms() < self.inner.skip_until_ms.load(Ordering::Relaxed) {
+            return Err(CacheError::Skipped);
+        }
+        let res = self
+            .inner
+            .conn
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.inner.timeout)
+                    .set_response_timeout(self.inner.timeout)
+                    .set_number_of_retries(1)
+                    .set_max_delay(100);
+                ConnectionManager::new_with_config(self.inner.client.clone(), config).await
+            })
+            .await;
+        match res {
+            Ok(c) => Ok(c.clone()),
+            Err(e) => Err(self.failed(e.into())),
+        }
+    }
+
+    fn failed(&self, e: CacheError) -> CacheError {
+        if matches!(e, CacheError::Redis(_)) {
+            let until = Self::now_ms() + self.inner.breaker.as_millis() as u64;
+            self.inner.skip_until_ms.store(until, Ordering::Relaxed);
+            metrics::counter!("idempotency_redis_errors_total").increment(1);
+        }
+        e
+    }
+
+    fn id(&self, kind: &str, account: &str, key: &str) -> String {
+        // Length-prefixing the account keeps ("a:b", "c") and ("a", "b:c") apart.
+        format!(
+            "{}:{}:{}:{}:{}",
+            self.inner.prefix,
+            kind,
+            account.len(),
+            account,
+            key
+        )
+    }
+
+    /// The cached response for `(account, key)`, if any.
+    pub async fn get(
+        &self,
+        account: &str,
+        key: &str,
+    ) -> Result<Option<CachedResponse>, CacheError> {
+        let mut conn = self.conn().await?;
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(self.id("resp", account, key))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e.into()))?;
+        match raw {
+            None => Ok(None),
+            Some(raw) => decode(&raw).map(Some).ok_or(CacheError::Corrupt),
+        }
+    }
+
+    /// Tries the short lock; `true` when acquired.
+    pub async fn try_lock(
+        &self,
+        account: &str,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, CacheError> {
+        let mut conn = self.conn().await?;
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(self.id("lock", account, key))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e.into()))?;
+        Ok(ok.is_some())
+    }
+
+    /// Mirrors a completed response for `ttl` and drops our lock, in one round trip.
+    pub async fn store(
+        &self,
+        account: &str,
+        key: &str,
+        lock_token: Option<&str>,
+        cached: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<(), CacheError> {
+        let mut conn = self.conn().await?;
+        redis::Script::new(STORE_SCRIPT)
+            .key(self.id("resp", account, key))
+            .key(self.id("lock", account, key))
+            .arg(encode(cached))
+            .arg(ttl.as_millis() as u64)
+            .arg(lock_token.unwrap_or(""))
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.failed(e.into()))?;
+        Ok(())
+    }
+
+    /// Drops our lock (after a released 5xx).
+    pub async fn unlock(&self, account: &str, key: &str, token: &str) -> Result<(), CacheError> {
+        let mut conn = self.conn().await?;
+        redis::Script::new(UNLOCK_SCRIPT)
+            .key(self.id("lock", account, key))
+            .arg(token)
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.failed(e.into()))?;
+        Ok(())
+    }
+}
+
+// Layout: fingerprint[32] | status u16 | header count u16 | (name len u16, name, value len u32,
+// value)* | body. Binary rather than JSON because replays are the hot path.
+fn encode(c: &CachedResponse) -> Vec<u8> {
+    let r = &c.response;
+    let mut out = Vec::with_capacity(64 + r.body.len());
+    out.extend_from_slice(c.fingerprint.as_bytes());
+    out.extend_from_slice(&r.status.to_be_bytes());
+    out.extend_from_slice(&(r.headers.len() as u16).to_be_bytes());
+    for (name, value) in &r.headers {
+        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.extend_from_slice(&r.body);
+    out
+}
+
+fn decode(raw: &[u8]) -> Option<CachedResponse> {
+    let mut cur = raw;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        if cur.len() < n {
+            return None;
+        }
+        let (head, rest) = cur.split_at(n);
+        cur = rest;
+        Some(head)
+    };
+    let fingerprint = Fingerprint::from_slice(take(32)?)?;
+    let status = u16::from_be_bytes(take(2)?.try_into().ok()?);
+    let count = u16::from_be_bytes(take(2)?.try_into().ok()?);
+    let mut headers = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let n = u16::from_be_bytes(take(2)?.try_into().ok()?) as usize;
+        let name = std::str::from_utf8(take(n)?).ok()?.to_owned();
+        let v = u32::from_be_bytes(take(4)?.try_into().ok()?) as usize;
+        let value = std::str::from_utf8(take(v)?).ok()?.to_owned();
+        headers.push((name, value));
+    }
+    let body = Bytes::copy_from_slice(cur);
+    Some(CachedResponse {
+        fingerprint,
+        response: StoredResponse {
+            status,
+            headers,
+            body,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_round_trips() {
+        let c = CachedResponse {
+            fingerprint: Fingerprint([7; 32]),
+            response: StoredResponse {
+                status: 402,
+                headers: vec![
+                    ("content-type".into(), "application/json".into()),
+                    ("location".into(), "/v1/payments/1".into()),
+                ],
+                body: Bytes::from_static(b"{\"error\":\"card_declined\"}"),
+            },
+        };
+        assert_eq!(decode(&encode(&c)), Some(c));
+        assert_eq!(decode(b"short"), None);
+    }
+}

@@ -1,0 +1,384 @@
+//! PostgreSQL storage of idempotency keys: the source of truth.
+//!
+//! Guarantees:
+//! - a claim is one statement (`INSERT … ON CONFLICT … DO UPDATE … WHERE <takeover> RETURNING`
+//!   plus a read of the existing row in the same statement): a new key, an expired key or an
+//!   in-progress key whose lease ended (same fingerprint) is claimed by exactly one caller, since
+//!   PostgreSQL serialises the conflicting statements on the primary key and re-checks the
+//!   takeover condition on the newest row version;
+//! - completion and release only touch a row still holding the caller's claim token, so a request
+//!   whose lease was taken over cannot overwrite the new holder's result;
+//! - expired rows are deleted in bounded batches.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::types::Json;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use super::fingerprint::Fingerprint;
+
+/// Errors from the PostgreSQL store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or is unreachable.
+    #[error("idempotency store: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The migration failed.
+    #[error("idempotency migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored row does not have the expected shape.
+    #[error("idempotency store: corrupt row: {0}")]
+    Corrupt(&'static str),
+}
+
+/// A response as stored and replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// The headers that matter (see `layer::keep_header`), in order.
+    pub headers: Vec<(String, String)>,
+    /// The full body.
+    pub body: Bytes,
+}
+
+/// What a claim attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller now holds the key and must run the request, then `complete` or `release`.
+    Acquired(ClaimToken),
+    /// Another request holds the key; its lease has `retry_after` left.
+    InProgress {
+        /// Fingerprint of the request holding the key.
+        fingerprint: Fingerprint,
+        /// Time until the lease ends.
+        retry_after: Duration,
+    },
+    /// The key has a stored result.
+    Completed {
+        /// Fingerprint of the request that produced it.
+        fingerprint: Fingerprint,
+        /// The stored response.
+        response: StoredResponse,
+        /// Time until the key expires (for mirroring to Redis with the same TTL).
+        ttl: Duration,
+    },
+}
+
+/// Proof of holding a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimToken(pub Uuid);
+
+/// Result of `complete`, `release` and `extend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// The row still held our claim and was updated; for `complete`, `ttl` is the time the
+    /// stored result has left.
+    Owned {
+        /// Remaining lifetime of the key.
+        ttl: Duration,
+    },
+    /// Our lease had been taken over (or the row deleted): nothing was written.
+    Lost,
+}
+
+/// The PostgreSQL idempotency key store.
+#[derive(Debug, Clone)]
+pub struct PgIdempotencyStore {
+    pool: PgPool,
+    queries: Arc<AtomicU64>,
+}
+
+const CLAIM_SQL: &str = r#"
+WITH claimed AS (
+    INSERT INTO idempotency_keys AS k
+        (account, key, fingerprint, status, claim_token, locked_until, created_at, expires_at)
+    VALUES ($1, $2, $3, 'in_progress', $4::uuid,
+            now() + $5::bigint * interval '1 millisecond', now(),
+            now() + $6::bigint * interval '1 millisecond')
+    ON CONFLICT (account, key) DO UPDATE
+        SET fingerprint = EXCLUDED.fingerprint,
+            status = 'in_progress',
+            claim_token = EXCLUDED.claim_token,
+            locked_until = EXCLUDED.locked_until,
+            response_status = NULL,
+            response_headers = NULL,
+            response_body = NULL,
+            created_at = EXCLUDED.created_at,
+            expires_at = EXCLUDED.expires_at
+        WHERE k.expires_at <= now()
+           OR (k.status = 'in_progress' AND k.locked_until <= now()
+               AND k.fingerprint = EXCLUDED.fingerprint)
+    RETURNING 1
+)
+SELECT true AS claimed, NULL::bytea AS fingerprint, NULL::text AS status,
+       NULL::bigint AS lease_ms, NULL::bigint AS ttl_ms, NULL::int2 AS response_status,
+       NULL::jsonb AS response_headers, NULL::bytea AS response_body
+FROM claimed
+UNION ALL
+SELECT false, k.fingerprint, k.status,
+       GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::bigint,
+       GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint,
+       k.response_status, k.response_headers, k.response_body
+FROM idempotency_keys k
+WHERE k.account = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
+"#;
+
+// Used only when the claim statement's snapshot could not see a row that a concurrent
+// statement committed while we waited on it (READ COMMITTED): a fresh statement sees it.
+const READ_SQL: &str = r#"
+SELECT false AS claimed, k.fingerprint, k.status,
+       GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::bigint AS lease_ms,
+       GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms,
+       k.response_status, k.response_headers, k.response_body
+FROM idempotency_keys k
+WHERE k.account = $1 AND k.key = $2 AND k.expires_at > now()
+"#;
+
+impl PgIdempotencyStore {
+    /// Wraps a pool. The table must exist (see [`migrate`](Self::migrate)).
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            queries: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Applies the crate's PostgreSQL migrations (the lead's and this module's).
+    pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+        sqlx::migrate!("migrations/postgres").run(pool).await?;
+        Ok(())
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// How many statements this store has sent to PostgreSQL (lets tests and metrics show that
+    /// Redis replays do not touch PostgreSQL).
+    pub fn query_count(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    fn count(&self) {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("idempotency_pg_queries_total").increment(1);
+    }
+
+    /// Claims `(account, key)` for a request with `fingerprint`, or reports what holds it.
+    pub async fn claim(
+        &self,
+        account: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        // Bounded: each loop means a concurrent statement changed the row under us, which
+        // cannot keep happening to one caller.
+        for _ in 0..5 {
+            let token = Uuid::new_v4();
+            self.count();
+            let row = sqlx::query(CLAIM_SQL)
+                .bind(account)
+                .bind(key)
+                .bind(&fingerprint.0[..])
+                .bind(token.to_string())
+                .bind(millis(lease))
+                .bind(millis(ttl))
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                return decode(&row, token);
+            }
+            self.count();
+            let row = sqlx::query(READ_SQL)
+                .bind(account)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?;
+            if let Some(row) = row {
+                return decode(&row, token);
+            }
+            // The row was deleted (expired and collected) in between: claim again.
+        }
+        Err(StoreError::Corrupt("claim did not converge"))
+    }
+
+    /// Stores the response of a claimed request.
+    pub async fn complete(
+        &self,
+        account: &str,
+        key: &str,
+        token: ClaimToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        self.count();
+        let row = sqlx::query(
+            r#"UPDATE idempotency_keys
+               SET status = 'completed', claim_token = NULL, locked_until = NULL,
+                   response_status = $4, response_headers = $5, response_body = $6
+               WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'
+               RETURNING GREATEST(0, floor(extract(epoch FROM (expires_at - now())) * 1000))::bigint"#,
+        )
+        .bind(account)
+        .bind(key)
+        .bind(token.0.to_string())
+        .bind(response.status as i16)
+        .bind(Json(&response.headers))
+        .bind(&response.body[..])
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            Some(row) => Ownership::Owned {
+                ttl: duration_ms(row.try_get::<i64, _>(0)?),
+            },
+            None => Ownership::Lost,
+        })
+    }
+
+    /// Gives the key up so that a retry executes again (5xx results, panics).
+    pub async fn release(
+        &self,
+        account: &str,
+        key: &str,
+        token: ClaimToken,
+    ) -> Result<Ownership, StoreError> {
+        self.count();
+        let done = sqlx::query(
+            r#"DELETE FROM idempotency_keys
+               WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,
+        )
+        .bind(account)
+        .bind(key)
+        .bind(token.0.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 1 {
+            Ownership::Owned {
+                ttl: Duration::ZERO,
+            }
+        } else {
+            Ownership::Lost
+        })
+    }
+
+    /// Extends the lease of a claim still held (a heartbeat for handlers slower than the lease).
+    pub async fn extend(
+        &self,
+        account: &str,
+        key: &str,
+        token: ClaimToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.count();
+        let done = sqlx::query(
+            r#"UPDATE idempotency_keys SET locked_until = now() + $4::bigint * interval '1 millisecond'
+               WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,
+        )
+        .bind(account)
+        .bind(key)
+        .bind(token.0.to_string())
+        .bind(millis(lease))
+        .execute(&self.pool)
+        .await?;
+        Ok(if done.rows_affected() == 1 {
+            Ownership::Owned { ttl: lease }
+        } else {
+            Ownership::Lost
+        })
+    }
+
+    /// Deletes at most `batch` expired keys; returns how many were deleted.
+    pub async fn delete_expired_batch(&self, batch: i64) -> Result<u64, StoreError> {
+        self.count();
+        // SKIP LOCKED: a row being taken over right now is left for the next pass, and several
+        // collectors never block each other.
+        let done = sqlx::query(
+            r#"DELETE FROM idempotency_keys
+               WHERE (account, key) IN (
+                   SELECT account, key FROM idempotency_keys
+                   WHERE expires_at <= now()
+                   LIMIT $1
+                   FOR UPDATE SKIP LOCKED)"#,
+        )
+        .bind(batch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes all expired keys, `batch` rows per statement; returns the total.
+    pub async fn delete_expired(&self, batch: i64) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let n = self.delete_expired_batch(batch).await?;
+            total += n;
+            if n < batch.max(1) as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Spawns a task that deletes expired keys every `every`. Abort the handle to stop it.
+    pub fn spawn_expiry_task(&self, every: Duration, batch: i64) -> tokio::task::JoinHandle<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match store.delete_expired(batch).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(deleted = n, "expired idempotency keys deleted"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "deleting expired idempotency keys failed")
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn duration_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn decode(row: &sqlx::postgres::PgRow, token: Uuid) -> Result<Claim, StoreError> {
+    if row.try_get::<bool, _>("claimed")? {
+        return Ok(Claim::Acquired(ClaimToken(token)));
+    }
+    let fp: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = Fingerprint::from_slice(&fp).ok_or(StoreError::Corrupt("fingerprint"))?;
+    let status: String = row.try_get("status")?;
+    if status == "in_progress" {
+        let lease_ms: Option<i64> = row.try_get("lease_ms")?;
+        return Ok(Claim::InProgress {
+            fingerprint,
+            retry_after: duration_ms(lease_ms.unwrap_or(0)),
+        });
+    }
+    let code: Option<i16> = row.try_get("response_status")?;
+    let code = code.ok_or(StoreError::Corrupt("response_status"))?;
+    let headers: Option<Json<Vec<(String, String)>>> = row.try_get("response_headers")?;
+    let body: Option<Vec<u8>> = row.try_get("response_body")?;
+    let ttl_ms: Option<i64> = row.try_get("ttl_ms")?;
+    Ok(Claim::Completed {
+        fingerprint,
+        response: StoredResponse {
+            status: u16::try_from(code).map_err(|_| StoreError::Corrupt("response_status"))?,
+            headers: headers.map(|h| h.0).unwrap_or_default(),
+            body: Bytes::from(body.unwrap_or_default()),
+        },
+        ttl: duration_ms(ttl_ms.unwrap_or(0)),
+    })
+}

@@ -1,0 +1,35 @@
+//! dedup-worker: turn at-least-once deliveries into effects that happen once.
+//!
+//! The data flows through the modules in this order:
+//!
+//! * [`webhook`]: the HTTP ingress. Verifies `Stripe-Signature` on the raw body
+//!   ([`webhook::stripe`]), publishes the event durably through the transport and
+//!   only then answers 2xx.
+//! * [`queue`]: the transport seam ([`queue::Transport`]) and its implementations
+//!   (the embedded database queue, with group commit for ingress).
+//! * [`consumer`]: receives batches, deduplicates on `(source, event id)` with
+//!   `INSERT … ON CONFLICT DO NOTHING`, runs the [`consumer::Handler`] in the same
+//!   transaction, writes outbox rows, commits, and only then acks.
+//! * [`outbox`]: rows written inside the caller's transaction, the relay that
+//!   claims and delivers them, and the sinks (log, file, HTTP).
+//! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
+//!   type; every SQL statement of the pipeline lives here.
+//! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
+//!   Stripe-style `Idempotency-Key` semantics.
+//!
+//! Around them: [`config`] (one typed, validated settings struct), [`startup`]
+//! (wires the roles together and runs them until shutdown), [`telemetry`]
+//! (tracing and Prometheus metrics). The binary's commands live in `src/cli.rs`, beside a
+//! thin `main.rs`; `anyhow` is used only there.
+
+pub mod config;
+pub mod consumer;
+pub mod event;
+pub mod idempotency;
+pub mod outbox;
+pub mod queue;
+pub mod retry;
+pub mod startup;
+pub mod store;
+pub mod telemetry;
+pub mod webhook;

@@ -1,0 +1,14 @@
+//! The transactional outbox: rows written in the handler's transaction, delivered after commit.
+//!
+//! * Writing: the consumer writes the rows its handlers return
+//!   ([`crate::store::StoreTx::insert_outbox`]), in the batch transaction, never committing on
+//!   its own; so a message exists if and only if the event it came from was handled.
+//! * [`relay`]: claims due rows (`FOR UPDATE SKIP LOCKED` on PostgreSQL, never by id order,
+//!   since transactions commit out of order), delivers them through a [`sink::Sink`], marks them
+//!   dispatched, or backs off per row and marks them failed after the limit. Several relays
+//!   may run at once; a row whose relay died is claimed again after its lease, with the same
+//!   idempotency key.
+//! * [`sink`]: where rows go (log, JSON-lines file, HTTP POST with `Idempotency-Key`).
+
+pub mod relay;
+pub mod sink;

@@ -1,0 +1,81 @@
+//! The transport seam: where ingress publishes and the consumer receives.
+//!
+//! [`Transport`] is the one small trait every backend implements. Its contract:
+//! * `publish` returns `Ok` only once the message is durable (database commit, publisher
+//!   confirm, `SendMessage` success); ingress answers 2xx only after that;
+//! * `receive` delivers at least once: a message not acked within its lease comes back;
+//! * `ack` is called only after the consumer's transaction committed.
+
+pub mod database;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use database::DatabaseQueue;
+
+/// A message to publish.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    /// The dedup key carried as a message property (`message_id`, SQS attribute, column).
+    pub message_id: Option<String>,
+    /// The event type, for routing and logs.
+    pub message_type: Option<String>,
+    /// The raw body, byte for byte.
+    pub payload: Bytes,
+}
+
+/// Identifies one delivery for `ack`/`retry_later`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeliveryTag {
+    /// A database queue row id.
+    Row(i64),
+}
+
+/// A received message.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub tag: DeliveryTag,
+    pub message_id: Option<String>,
+    pub message_type: Option<String>,
+    pub payload: Bytes,
+    /// Deliveries so far, this one included (1 on the first).
+    pub attempts: u32,
+}
+
+/// The transport could not do what was asked; the caller retries later (ingress: 503).
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("transport unavailable: {0}")]
+    Unavailable(String),
+    #[error("transport is shutting down")]
+    Closed,
+}
+
+impl From<crate::store::StoreError> for TransportError {
+    fn from(e: crate::store::StoreError) -> Self {
+        TransportError::Unavailable(e.to_string())
+    }
+}
+
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Publishes durably; `Ok` means the message survives a crash of this process.
+    async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError>;
+
+    /// Receives up to `max` messages, waiting up to `wait` for the first one. Empty on timeout.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError>;
+
+    /// Acknowledges deliveries (after the consumer's commit).
+    async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
+
+    /// Makes a delivery come back after `delay` (retryable handler failure).
+    async fn retry_later(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), TransportError>;
+
+    /// Whether the transport can take messages now (for `/readyz`).
+    async fn ready(&self) -> Result<(), TransportError>;
+
+    /// The queue name, recorded with dead letters.
+    fn queue_name(&self) -> &str;
+}

@@ -1,0 +1,38 @@
+//! Backoff delays for redeliveries (consumer) and delivery attempts (outbox relay).
+//!
+//! The delay is stored with the message or row rather than slept in memory, so it survives
+//! restarts; this module only computes it, with `backon`'s exponential builder and jitter.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+/// The delay before attempt `attempt + 1`, after `attempt` failures (1-based): exponential from
+/// `base`, capped at `max`, with jitter so many failures do not retry in lock-step.
+pub fn backoff_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let n = attempt.clamp(1, 64) as usize;
+    ExponentialBuilder::default()
+        .with_min_delay(base)
+        .with_max_delay(max)
+        .with_max_times(n)
+        .with_jitter()
+        .build()
+        .nth(n - 1)
+        .unwrap_or(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_and_is_capped() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(5);
+        let first = backoff_delay(base, max, 1);
+        assert!(first >= base && first <= base * 2, "{first:?}");
+        let fourth = backoff_delay(base, max, 4);
+        assert!(fourth >= base * 8, "{fourth:?}");
+        assert!(backoff_delay(base, max, 40) <= max * 2);
+    }
+}

@@ -1,0 +1,275 @@
+//! Wiring: builds the store, transport, handler, consumer and relay from [`Settings`], binds
+//! the listener, and runs the enabled roles until shutdown.
+//!
+//! [`Application::build`] binds before returning, so tests (and `serve`) learn the real port
+//! when `http.listen` has port 0. [`Application::run`] takes a [`CancellationToken`]: on
+//! cancellation the HTTP server stops accepting and finishes in-flight requests, the consumers
+//! finish and commit their batches, and everything is drained within `shutdown.grace_secs`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{HandlerKind, Settings, TransportKind};
+use crate::consumer::{
+    run_retention, Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler,
+    RetentionOptions,
+};
+use crate::outbox::relay::{Relay, RelayOptions};
+use crate::outbox::sink::SinkSpec;
+use crate::queue::database::GroupCommit;
+use crate::queue::{DatabaseQueue, Transport};
+use crate::store::{Store, StoreError, Wakeups};
+use crate::webhook::{router, Clock, IngressState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+    #[error("invalid sink: {0}")]
+    Sink(String),
+}
+
+/// Things library users and tests may replace.
+#[derive(Clone, Default)]
+pub struct Overrides {
+    /// A custom handler instead of the configured built-in one.
+    pub handler: Option<Arc<dyn Handler>>,
+    /// A fixed clock for signature verification.
+    pub clock: Option<Clock>,
+}
+
+pub struct Application {
+    settings: Settings,
+    store: Store,
+    transport: Arc<dyn Transport>,
+    handler: Arc<dyn Handler>,
+    wakeups: Arc<Wakeups>,
+    listener: TcpListener,
+    clock: Clock,
+}
+
+impl Application {
+    /// Connects, migrates (unless disabled), builds the transport and binds the listener.
+    pub async fn build(settings: Settings, overrides: Overrides) -> Result<Self, StartupError> {
+        let store = Store::connect(&settings).await?;
+        if settings.database.migrate_on_start {
+            store.migrate().await?;
+        }
+        let wakeups = Arc::new(Wakeups::default());
+        let transport: Arc<dyn Transport> = match settings.transport.kind {
+            // Validation refuses the others in this build.
+            TransportKind::Database | TransportKind::Rabbitmq | TransportKind::Sqs => {
+                Arc::new(DatabaseQueue::start(
+                    store.clone(),
+                    settings.transport.queue.clone(),
+                    wakeups.clone(),
+                    GroupCommit {
+                        max_batch: settings.transport.publish_batch_max,
+                        // SQLite has one writer; more writer tasks would only wait on its lock.
+                        writers: if store.backend_name() == "sqlite" {
+                            1
+                        } else {
+                            settings.transport.publish_writers
+                        },
+                        channel_capacity: settings.transport.publish_channel_capacity,
+                        lease: Duration::from_secs(settings.consumer.lease_secs),
+                    },
+                ))
+            }
+        };
+        let handler: Arc<dyn Handler> = match overrides.handler {
+            Some(handler) => handler,
+            None => match settings.consumer.handler {
+                HandlerKind::Forward => Arc::new(ForwardHandler),
+                HandlerKind::Ledger => Arc::new(LedgerHandler),
+            },
+        };
+        let clock = overrides
+            .clock
+            .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp()));
+        let addr = settings.http.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartupError::Bind { addr, source })?;
+        Ok(Application {
+            settings,
+            store,
+            transport,
+            handler,
+            wakeups,
+            listener,
+            clock,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Runs the enabled roles until `shutdown` is cancelled, then drains them.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartupError> {
+        let Application {
+            settings,
+            store,
+            transport,
+            handler,
+            wakeups,
+            listener,
+            clock,
+        } = self;
+        let roles = settings.roles;
+        let listen_task = store.spawn_listener(wakeups.clone());
+        let mut tasks = JoinSet::new();
+
+        let state = IngressState {
+            transport: transport.clone(),
+            store: store.clone(),
+            secrets: Arc::new(
+                settings
+                    .stripe
+                    .secrets
+                    .iter()
+                    .map(|s| s.expose().to_owned())
+                    .collect(),
+            ),
+            tolerance_secs: settings.stripe.tolerance_secs,
+            clock,
+            metrics: crate::telemetry::metrics_handle(),
+        };
+        let app = router(state, roles.ingress, settings.http.body_limit_bytes);
+        let http_shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
+                .await
+                .map_err(StartupError::Serve)
+        });
+
+        if roles.consumer {
+            let c = &settings.consumer;
+            let options = ConsumerOptions {
+                source: c.source.clone(),
+                dedup_key_pointer: c.dedup_key_pointer.clone(),
+                batch_size: c.batch_size,
+                poll_interval: Duration::from_millis(c.poll_interval_ms),
+                max_attempts: c.max_attempts,
+                retry_base: Duration::from_millis(c.retry_base_ms),
+                retry_max: Duration::from_millis(c.retry_max_ms),
+            };
+            let workers = if store.backend_name() == "sqlite" {
+                1
+            } else {
+                c.workers
+            };
+            for _ in 0..workers {
+                let consumer = Consumer::new(
+                    store.clone(),
+                    transport.clone(),
+                    handler.clone(),
+                    wakeups.clone(),
+                    options.clone(),
+                );
+                let token = shutdown.clone();
+                tasks.spawn(async move {
+                    consumer.run(token).await;
+                    Ok(())
+                });
+            }
+            let retention = RetentionOptions {
+                dedup_window: Duration::from_secs(c.dedup_retention_days * 86_400),
+                outbox_window: Duration::from_secs(settings.outbox.retention_hours * 3_600),
+                interval: Duration::from_secs(c.retention_interval_secs.max(1)),
+                batch: c.retention_batch,
+            };
+            let token = shutdown.clone();
+            let retention_store = store.clone();
+            tasks.spawn(async move {
+                run_retention(retention_store, retention, token).await;
+                Ok(())
+            });
+        }
+
+        if roles.relay {
+            let o = &settings.outbox;
+            let options = RelayOptions {
+                default_sink: SinkSpec::parse(&o.sink).map_err(StartupError::Sink)?,
+                batch_size: o.batch_size,
+                concurrency: o.concurrency,
+                poll_interval: Duration::from_millis(o.poll_interval_ms),
+                lease: Duration::from_secs(o.lease_secs),
+                max_attempts: o.max_attempts,
+                retry_base: Duration::from_millis(o.retry_base_ms),
+                retry_max: Duration::from_millis(o.retry_max_ms),
+                http_timeout: Duration::from_millis(o.http_timeout_ms),
+            };
+            let relay = Relay::new(store.clone(), wakeups.clone(), options);
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                relay.run(token).await;
+                Ok(())
+            });
+        }
+        drop(transport);
+
+        // Run until asked to stop (or a task fails), then drain under the grace period.
+        let mut result = Ok(());
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            Some(joined) = tasks.join_next() => {
+                result = flatten(joined);
+                shutdown.cancel();
+            }
+        }
+        let grace = settings.shutdown_grace();
+        let drained = tokio::time::timeout(grace, async {
+            while let Some(joined) = tasks.join_next().await {
+                if let Err(error) = flatten(joined) {
+                    tracing::error!(%error, "task failed during shutdown");
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                ?grace,
+                "shutdown grace period over; aborting remaining tasks"
+            );
+            tasks.abort_all();
+        }
+        if let Some(task) = listen_task {
+            task.abort();
+        }
+        match &store {
+            Store::Postgres(pool) => pool.close().await,
+            Store::Sqlite(pool) => pool.close().await,
+        }
+        result
+    }
+}
+
+fn flatten(
+    joined: Result<Result<(), StartupError>, tokio::task::JoinError>,
+) -> Result<(), StartupError> {
+    match joined {
+        Ok(result) => result,
+        Err(error) => Err(StartupError::Serve(std::io::Error::other(
+            error.to_string(),
+        ))),
+    }
+}

@@ -1,0 +1,520 @@
+//! The store: PostgreSQL in production, SQLite as the embedded default.
+//!
+//! Owns every SQL statement of the pipeline (dedup record, outbox, dead letters, database queue)
+//! and the migrations. Both backends give the same guarantees, checked by one contract test
+//! suite (`tests/store_contract.rs`):
+//! * `insert_processed` returns only the ids that were not there before, inside the caller's
+//!   transaction, so "seen" and "handled" commit together;
+//! * queue and outbox claims lease rows; an expired lease makes them claimable again;
+//! * writers that take a transaction never commit it themselves.
+
+mod postgres;
+mod sqlite;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{PgPool, SqlitePool};
+use tokio::sync::Notify;
+
+use crate::config::Settings;
+
+/// A store failure. Every variant is "try again later" for callers: ingress answers 503, the
+/// consumer leaves the batch unacked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create the SQLite directory {path}: {source}")]
+    CreateDir {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A message to put on the database queue.
+#[derive(Debug, Clone)]
+pub struct NewQueueMessage {
+    /// The producer's message id (the event id for ingress); the consumer's dedup key.
+    pub message_id: Option<String>,
+    /// Event type, kept for routing and logs.
+    pub message_type: Option<String>,
+    /// The raw bytes, exactly as received.
+    pub payload: Vec<u8>,
+}
+
+/// A message claimed from the database queue.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QueuedMessage {
+    pub id: i64,
+    pub message_id: Option<String>,
+    pub message_type: Option<String>,
+    pub payload: Vec<u8>,
+    /// Deliveries so far, this one included.
+    pub attempts: i32,
+}
+
+/// An outbox row to write inside a handler's transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOutboxRow {
+    pub source: String,
+    pub event_id: String,
+    /// Sink spec; `None` is the configured default sink.
+    pub destination: Option<String>,
+    /// Sent as `Idempotency-Key` (HTTP) or `message_id` so receivers can deduplicate again.
+    pub idempotency_key: String,
+    pub event_type: String,
+    pub payload: Vec<u8>,
+}
+
+/// An outbox row claimed by a relay.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub event_id: String,
+    pub destination: Option<String>,
+    pub idempotency_key: String,
+    pub event_type: String,
+    pub payload: Vec<u8>,
+    /// Delivery attempts so far, this one included.
+    pub attempts: i32,
+}
+
+/// A dead letter, for the CLI.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub source: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub queue: String,
+    pub payload: Vec<u8>,
+    pub error: String,
+    pub attempts: i32,
+}
+
+/// A dead letter to write.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter {
+    pub source: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub queue: String,
+    pub payload: Vec<u8>,
+    pub error: String,
+    pub attempts: i32,
+}
+
+/// Outbox counts by status, for tests, readiness and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    pub pending: i64,
+    pub dispatched: i64,
+    pub failed: i64,
+}
+
+/// In-process wake-ups. PostgreSQL also feeds them from LISTEN/NOTIFY so other processes' writes
+/// wake this one; SQLite has only the in-process signal and the polling fallback.
+#[derive(Debug, Default)]
+pub struct Wakeups {
+    /// Something was enqueued on the database queue.
+    pub queue: Notify,
+    /// Outbox rows were committed.
+    pub outbox: Notify,
+}
+
+/// Names of the LISTEN/NOTIFY channels.
+pub const QUEUE_CHANNEL: &str = "dedup_queue";
+pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
+
+/// A connection pool to one of the two backends.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// An open transaction. Dropping it without [`StoreTx::commit`] rolls back.
+#[derive(Debug)]
+pub enum StoreTx {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+/// The connection a handler writes through: the batch transaction (inside a savepoint).
+#[derive(Debug)]
+pub enum DbTx<'a> {
+    Postgres(&'a mut sqlx::PgConnection),
+    Sqlite(&'a mut sqlx::SqliteConnection),
+}
+
+impl Store {
+    /// Connects (creating the SQLite file and its directory when needed).
+    pub async fn connect(settings: &Settings) -> Result<Self, StoreError> {
+        Self::connect_url(
+            &settings.database_url,
+            settings.database.max_connections,
+            Duration::from_millis(settings.database.acquire_timeout_ms),
+        )
+        .await
+    }
+
+    pub async fn connect_url(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                // WAL lets readers run beside the one writer; NORMAL is durable at each commit
+                // in WAL mode except on power loss of the OS, FULL survives that too.
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(10))
+                .foreign_keys(true);
+            let filename = options.get_filename().to_path_buf();
+            if let Some(dir) = filename.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
+            }
+            let pool = PoolOptions::new()
+                .max_connections(max_connections.min(8))
+                .acquire_timeout(acquire_timeout)
+                .connect_with(options)
+                .await?;
+            Ok(Store::Sqlite(pool))
+        } else {
+            let options = PgConnectOptions::from_str(url)?;
+            let pool = PoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(acquire_timeout)
+                .connect_with(options)
+                .await?;
+            Ok(Store::Postgres(pool))
+        }
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+            Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+        }
+        Ok(())
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Store::Postgres(_) => "postgres",
+            Store::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// One round trip: is the store answering?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await?,
+            Store::Sqlite(pool) => {
+                sqlx::query("SELECT 1").execute(pool).await?;
+                return Ok(());
+            }
+        };
+        Ok(())
+    }
+
+    pub async fn begin(&self) -> Result<StoreTx, StoreError> {
+        Ok(match self {
+            Store::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
+            Store::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?),
+        })
+    }
+
+    /// Forwards PostgreSQL notifications to `wakeups` until the pool closes. A no-op on SQLite.
+    pub fn spawn_listener(&self, wakeups: Arc<Wakeups>) -> Option<tokio::task::JoinHandle<()>> {
+        match self {
+            Store::Postgres(pool) => Some(tokio::spawn(postgres::listen(pool.clone(), wakeups))),
+            Store::Sqlite(_) => None,
+        }
+    }
+
+    // --- database queue -------------------------------------------------------------------
+
+    /// Writes all messages in one transaction (one commit for the whole group).
+    pub async fn enqueue(
+        &self,
+        queue: &str,
+        messages: &[NewQueueMessage],
+    ) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Store::Postgres(pool) => postgres::enqueue(pool, queue, messages).await,
+            Store::Sqlite(pool) => sqlite::enqueue(pool, queue, messages).await,
+        }
+    }
+
+    /// Leases up to `max` visible messages for `lease`.
+    pub async fn claim_messages(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<QueuedMessage>, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::claim_messages(pool, queue, max, lease).await,
+            Store::Sqlite(pool) => sqlite::claim_messages(pool, queue, max, lease).await,
+        }
+    }
+
+    /// Deletes acknowledged messages.
+    pub async fn ack_messages(&self, ids: &[i64]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Store::Postgres(pool) => postgres::ack_messages(pool, ids).await,
+            Store::Sqlite(pool) => sqlite::ack_messages(pool, ids).await,
+        }
+    }
+
+    /// Makes a message visible again after `delay` (redelivery with backoff).
+    pub async fn release_message(&self, id: i64, delay: Duration) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::release_message(pool, id, delay).await,
+            Store::Sqlite(pool) => sqlite::release_message(pool, id, delay).await,
+        }
+    }
+
+    /// Messages on `queue`, leased or not.
+    pub async fn queue_depth(&self, queue: &str) -> Result<i64, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::queue_depth(pool, queue).await,
+            Store::Sqlite(pool) => sqlite::queue_depth(pool, queue).await,
+        }
+    }
+
+    // --- outbox relay ---------------------------------------------------------------------
+
+    /// Leases up to `max` due pending rows for `lease` (FOR UPDATE SKIP LOCKED on PostgreSQL).
+    pub async fn claim_outbox(
+        &self,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::claim_outbox(pool, max, lease).await,
+            Store::Sqlite(pool) => sqlite::claim_outbox(pool, max, lease).await,
+        }
+    }
+
+    pub async fn mark_dispatched(&self, ids: &[i64]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Store::Postgres(pool) => postgres::mark_dispatched(pool, ids).await,
+            Store::Sqlite(pool) => sqlite::mark_dispatched(pool, ids).await,
+        }
+    }
+
+    /// Records a failed delivery: retried after `delay`, or marked failed once `attempts`
+    /// reached `max_attempts`.
+    pub async fn mark_delivery_failed(
+        &self,
+        id: i64,
+        error: &str,
+        delay: Duration,
+        max_attempts: u32,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(pool) => {
+                postgres::mark_delivery_failed(pool, id, error, delay, max_attempts).await
+            }
+            Store::Sqlite(pool) => {
+                sqlite::mark_delivery_failed(pool, id, error, delay, max_attempts).await
+            }
+        }
+    }
+
+    pub async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::outbox_counts(pool).await,
+            Store::Sqlite(pool) => sqlite::outbox_counts(pool).await,
+        }
+    }
+
+    /// Rows that exhausted their delivery attempts.
+    pub async fn failed_outbox(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::failed_outbox(pool, limit).await,
+            Store::Sqlite(pool) => sqlite::failed_outbox(pool, limit).await,
+        }
+    }
+
+    // --- retention ------------------------------------------------------------------------
+
+    /// Deletes at most `batch` processed ids older than `older_than`, and at most `batch`
+    /// dispatched outbox rows older than `outbox_older_than`. On PostgreSQL only one worker at a
+    /// time does this (an advisory lock); the others return 0 at once.
+    pub async fn purge_expired(
+        &self,
+        older_than: Duration,
+        outbox_older_than: Duration,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Store::Postgres(pool) => {
+                postgres::purge_expired(pool, older_than, outbox_older_than, batch).await
+            }
+            Store::Sqlite(pool) => {
+                sqlite::purge_expired(pool, older_than, outbox_older_than, batch).await
+            }
+        }
+    }
+
+    // --- dead letters ---------------------------------------------------------------------
+
+    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::dead_letters(pool, limit).await,
+            Store::Sqlite(pool) => sqlite::dead_letters(pool, limit).await,
+        }
+    }
+
+    /// Puts dead letters back on the database queue they came from and deletes them, in one
+    /// transaction. `ids` empty means all.
+    pub async fn redrive_dead_letters(&self, ids: &[i64]) -> Result<u64, StoreError> {
+        match self {
+            Store::Postgres(pool) => postgres::redrive_dead_letters(pool, ids).await,
+            Store::Sqlite(pool) => sqlite::redrive_dead_letters(pool, ids).await,
+        }
+    }
+}
+
+impl StoreTx {
+    /// Records `(source, id)` pairs; returns the ids that were new. Duplicates within `events`
+    /// count once.
+    pub async fn insert_processed(
+        &mut self,
+        source: &str,
+        events: &[(String, String)],
+    ) -> Result<Vec<String>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            StoreTx::Postgres(tx) => postgres::insert_processed(tx, source, events).await,
+            StoreTx::Sqlite(tx) => sqlite::insert_processed(tx, source, events).await,
+        }
+    }
+
+    /// Undoes `insert_processed` for one event whose handler failed.
+    pub async fn delete_processed(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<(), StoreError> {
+        const SQL: &str = "DELETE FROM processed_events WHERE source = $1 AND event_id = $2";
+        match self {
+            StoreTx::Postgres(tx) => {
+                sqlx::query(SQL)
+                    .bind(source)
+                    .bind(event_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            StoreTx::Sqlite(tx) => {
+                sqlx::query(SQL)
+                    .bind(source)
+                    .bind(event_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn insert_outbox(&mut self, rows: &[NewOutboxRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        match self {
+            StoreTx::Postgres(tx) => postgres::insert_outbox(tx, rows).await,
+            StoreTx::Sqlite(tx) => sqlite::insert_outbox(tx, rows).await,
+        }
+    }
+
+    pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
+        match self {
+            StoreTx::Postgres(tx) => postgres::insert_dead_letter(tx, row).await,
+            StoreTx::Sqlite(tx) => sqlite::insert_dead_letter(tx, row).await,
+        }
+    }
+
+    /// The connection handlers write through.
+    pub fn conn(&mut self) -> DbTx<'_> {
+        match self {
+            StoreTx::Postgres(tx) => DbTx::Postgres(tx),
+            StoreTx::Sqlite(tx) => DbTx::Sqlite(tx),
+        }
+    }
+
+    pub async fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("SAVEPOINT dedup_event").await
+    }
+
+    pub async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("RELEASE SAVEPOINT dedup_event").await
+    }
+
+    pub async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("ROLLBACK TO SAVEPOINT dedup_event").await
+    }
+
+    async fn execute(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        match self {
+            StoreTx::Postgres(tx) => {
+                sqlx::query(sql).execute(&mut **tx).await?;
+            }
+            StoreTx::Sqlite(tx) => {
+                sqlx::query(sql).execute(&mut **tx).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits; on PostgreSQL a NOTIFY queued in this transaction is delivered now.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self {
+            StoreTx::Postgres(tx) => tx.commit().await?,
+            StoreTx::Sqlite(tx) => tx.commit().await?,
+        }
+        Ok(())
+    }
+
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        match self {
+            StoreTx::Postgres(tx) => tx.rollback().await?,
+            StoreTx::Sqlite(tx) => tx.rollback().await?,
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds since the Unix epoch (SQLite keeps times as integers).
+pub(crate) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,368 @@
+//! PostgreSQL statements. Multi-row writes go through `UNNEST` so a batch is one statement;
+//! claims use `FOR UPDATE SKIP LOCKED` so any number of workers and relays can run at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::{PgConnection, PgPool, Row};
+
+use super::{
+    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxCounts, OutboxRow,
+    QueuedMessage, StoreError, Wakeups, OUTBOX_CHANNEL, QUEUE_CHANNEL,
+};
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+pub(super) async fn enqueue(
+    pool: &PgPool,
+    queue: &str,
+    messages: &[NewQueueMessage],
+) -> Result<(), StoreError> {
+    let ids: Vec<Option<&str>> = messages.iter().map(|m| m.message_id.as_deref()).collect();
+    let types: Vec<Option<&str>> = messages.iter().map(|m| m.message_type.as_deref()).collect();
+    let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
+    // One statement, one commit: the insert and the notification (delivered on commit).
+    sqlx::query(
+        "WITH inserted AS (
+             INSERT INTO queue_messages (queue, message_id, message_type, payload)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[])
+             RETURNING 1
+         )
+         SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)",
+    )
+    .bind(queue)
+    .bind(&ids)
+    .bind(&types)
+    .bind(&payloads)
+    .bind(QUEUE_CHANNEL)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn claim_messages(
+    pool: &PgPool,
+    queue: &str,
+    max: usize,
+    lease: Duration,
+) -> Result<Vec<QueuedMessage>, StoreError> {
+    let rows = sqlx::query_as::<_, QueuedMessage>(
+        "UPDATE queue_messages q
+            SET visible_at = now() + make_interval(secs => $3), attempts = q.attempts + 1
+           FROM (SELECT id FROM queue_messages
+                  WHERE queue = $1 AND visible_at <= now()
+                  ORDER BY visible_at, id
+                  LIMIT $2
+                  FOR UPDATE SKIP LOCKED) c
+          WHERE q.id = c.id
+      RETURNING q.id, q.message_id, q.message_type, q.payload, q.attempts",
+    )
+    .bind(queue)
+    .bind(max as i64)
+    .bind(secs(lease))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+pub(super) async fn ack_messages(pool: &PgPool, ids: &[i64]) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM queue_messages WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn release_message(
+    pool: &PgPool,
+    id: i64,
+    delay: Duration,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE queue_messages SET visible_at = now() + make_interval(secs => $2) WHERE id = $1",
+    )
+    .bind(id)
+    .bind(secs(delay))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn queue_depth(pool: &PgPool, queue: &str) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM queue_messages WHERE queue = $1")
+            .bind(queue)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+pub(super) async fn insert_processed(
+    tx: &mut PgConnection,
+    source: &str,
+    events: &[(String, String)],
+) -> Result<Vec<String>, StoreError> {
+    let ids: Vec<&str> = events.iter().map(|(id, _)| id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|(_, t)| t.as_str()).collect();
+    let new = sqlx::query_scalar(
+        "INSERT INTO processed_events (source, event_id, event_type)
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[])
+         ON CONFLICT DO NOTHING
+         RETURNING event_id",
+    )
+    .bind(source)
+    .bind(&ids)
+    .bind(&types)
+    .fetch_all(tx)
+    .await?;
+    Ok(new)
+}
+
+pub(super) async fn insert_outbox(
+    tx: &mut PgConnection,
+    rows: &[NewOutboxRow],
+) -> Result<(), StoreError> {
+    let sources: Vec<&str> = rows.iter().map(|r| r.source.as_str()).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.event_id.as_str()).collect();
+    let dests: Vec<Option<&str>> = rows.iter().map(|r| r.destination.as_deref()).collect();
+    let keys: Vec<&str> = rows.iter().map(|r| r.idempotency_key.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
+    let payloads: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
+    sqlx::query(
+        "WITH inserted AS (
+             INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+             RETURNING 1
+         )
+         SELECT pg_notify($7, ''), (SELECT count(*) FROM inserted)",
+    )
+    .bind(&sources)
+    .bind(&ids)
+    .bind(&dests)
+    .bind(&keys)
+    .bind(&types)
+    .bind(&payloads)
+    .bind(OUTBOX_CHANNEL)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn insert_dead_letter(
+    tx: &mut PgConnection,
+    row: &NewDeadLetter,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO dead_letters (source, event_id, event_type, queue, payload, error, attempts)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&row.source)
+    .bind(&row.event_id)
+    .bind(&row.event_type)
+    .bind(&row.queue)
+    .bind(&row.payload)
+    .bind(&row.error)
+    .bind(row.attempts)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn claim_outbox(
+    pool: &PgPool,
+    max: usize,
+    lease: Duration,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let rows = sqlx::query_as::<_, OutboxRow>(
+        "UPDATE outbox o
+            SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1
+           FROM (SELECT id FROM outbox
+                  WHERE status = 'pending' AND next_attempt_at <= now()
+                  ORDER BY next_attempt_at
+                  LIMIT $1
+                  FOR UPDATE SKIP LOCKED) c
+          WHERE o.id = c.id
+      RETURNING o.id, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload, o.attempts",
+    )
+    .bind(max as i64)
+    .bind(secs(lease))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+pub(super) async fn mark_dispatched(pool: &PgPool, ids: &[i64]) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE outbox SET status = 'dispatched', dispatched_at = now(), last_error = NULL
+          WHERE id = ANY($1) AND status = 'pending'",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn mark_delivery_failed(
+    pool: &PgPool,
+    id: i64,
+    error: &str,
+    delay: Duration,
+    max_attempts: u32,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE outbox
+            SET last_error = $2,
+                next_attempt_at = now() + make_interval(secs => $3),
+                status = CASE WHEN attempts >= $4 THEN 'failed' ELSE 'pending' END
+          WHERE id = $1 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(error)
+    .bind(secs(delay))
+    .bind(max_attempts as i32)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, StoreError> {
+    let row = sqlx::query(
+        "SELECT count(*) FILTER (WHERE status = 'pending'),
+                count(*) FILTER (WHERE status = 'dispatched'),
+                count(*) FILTER (WHERE status = 'failed')
+           FROM outbox",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(OutboxCounts {
+        pending: row.try_get(0)?,
+        dispatched: row.try_get(1)?,
+        failed: row.try_get(2)?,
+    })
+}
+
+pub(super) async fn failed_outbox(pool: &PgPool, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, OutboxRow>(
+        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts
+           FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Arbitrary constant naming the retention job's advisory lock.
+const RETENTION_LOCK: i64 = 0x6465_6475_7072_6574;
+
+pub(super) async fn purge_expired(
+    pool: &PgPool,
+    older_than: Duration,
+    outbox_older_than: Duration,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(RETENTION_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !locked {
+        return Ok(0);
+    }
+    let processed = sqlx::query(
+        "DELETE FROM processed_events WHERE ctid IN (
+             SELECT ctid FROM processed_events
+              WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2)",
+    )
+    .bind(secs(older_than))
+    .bind(batch)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let outbox = sqlx::query(
+        "DELETE FROM outbox WHERE id IN (
+             SELECT id FROM outbox
+              WHERE status = 'dispatched' AND dispatched_at < now() - make_interval(secs => $1)
+              LIMIT $2)",
+    )
+    .bind(secs(outbox_older_than))
+    .bind(batch)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(processed + outbox)
+}
+
+pub(super) async fn dead_letters(pool: &PgPool, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
+    Ok(sqlx::query_as::<_, DeadLetter>(
+        "SELECT id, source, event_id, event_type, queue, payload, error, attempts
+           FROM dead_letters ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub(super) async fn redrive_dead_letters(pool: &PgPool, ids: &[i64]) -> Result<u64, StoreError> {
+    let all = ids.is_empty();
+    let moved = sqlx::query(
+        "WITH moved AS (
+             DELETE FROM dead_letters WHERE $1 OR id = ANY($2)
+             RETURNING queue, event_id, event_type, payload
+         )
+         INSERT INTO queue_messages (queue, message_id, message_type, payload)
+         SELECT queue, event_id, event_type, payload FROM moved",
+    )
+    .bind(all)
+    .bind(ids)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(QUEUE_CHANNEL)
+        .execute(pool)
+        .await?;
+    Ok(moved)
+}
+
+/// Turns notifications into in-process wake-ups. Reconnects (PgListener does) after errors;
+/// while it is down the pollers' fallback keeps things moving.
+pub(super) async fn listen(pool: PgPool, wakeups: Arc<Wakeups>) {
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(error) => {
+                if pool.is_closed() {
+                    return;
+                }
+                tracing::warn!(%error, "LISTEN connection failed; relying on polling");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(error) = listener.listen_all([QUEUE_CHANNEL, OUTBOX_CHANNEL]).await {
+            tracing::warn!(%error, "LISTEN failed; relying on polling");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            match listener.recv().await {
+                Ok(n) if n.channel() == QUEUE_CHANNEL => wakeups.queue.notify_waiters(),
+                Ok(_) => wakeups.outbox.notify_waiters(),
+                Err(error) => {
+                    if pool.is_closed() {
+                        return;
+                    }
+                    tracing::debug!(%error, "notification listener error; reconnecting");
+                    // Something may have been missed while reconnecting.
+                    wakeups.queue.notify_waiters();
+                    wakeups.outbox.notify_waiters();
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! SQLite statements for the embedded default. SQLite has one writer at a time, so claims need
+//! no row locks: a single `UPDATE … RETURNING` is atomic. Times are Unix milliseconds computed
+//! here, since one SQLite file is only ever used by processes on one machine.
+
+use std::time::Duration;
+
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+
+use super::{
+    millis, now_ms, DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxCounts,
+    OutboxRow, QueuedMessage, StoreError,
+};
+
+/// Rows per multi-row statement; keeps bound parameters far below SQLite's limit.
+const CHUNK: usize = 500;
+
+pub(super) async fn enqueue(
+    pool: &SqlitePool,
+    queue: &str,
+    messages: &[NewQueueMessage],
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    let mut tx = pool.begin().await?;
+    for chunk in messages.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO queue_messages (queue, message_id, message_type, payload, visible_at, enqueued_at) ",
+        );
+        qb.push_values(chunk, |mut b, m| {
+            b.push_bind(queue)
+                .push_bind(m.message_id.as_deref())
+                .push_bind(m.message_type.as_deref())
+                .push_bind(m.payload.as_slice())
+                .push_bind(now)
+                .push_bind(now);
+        });
+        qb.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn claim_messages(
+    pool: &SqlitePool,
+    queue: &str,
+    max: usize,
+    lease: Duration,
+) -> Result<Vec<QueuedMessage>, StoreError> {
+    let now = now_ms();
+    let rows = sqlx::query_as::<_, QueuedMessage>(
+        "UPDATE queue_messages SET visible_at = $1, attempts = attempts + 1
+          WHERE id IN (SELECT id FROM queue_messages
+                        WHERE queue = $2 AND visible_at <= $3
+                        ORDER BY visible_at, id LIMIT $4)
+      RETURNING id, message_id, message_type, payload, attempts",
+    )
+    .bind(now + millis(lease))
+    .bind(queue)
+    .bind(now)
+    .bind(max as i64)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+pub(super) async fn ack_messages(pool: &SqlitePool, ids: &[i64]) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    for chunk in ids.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> =
+            QueryBuilder::new("DELETE FROM queue_messages WHERE id IN (");
+        let mut list = qb.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        qb.push(")");
+        qb.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn release_message(
+    pool: &SqlitePool,
+    id: i64,
+    delay: Duration,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE queue_messages SET visible_at = $1 WHERE id = $2")
+        .bind(now_ms() + millis(delay))
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn queue_depth(pool: &SqlitePool, queue: &str) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM queue_messages WHERE queue = $1")
+            .bind(queue)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+pub(super) async fn insert_processed(
+    tx: &mut SqliteConnection,
+    source: &str,
+    events: &[(String, String)],
+) -> Result<Vec<String>, StoreError> {
+    let now = now_ms();
+    let mut new = Vec::with_capacity(events.len());
+    for chunk in events.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO processed_events (source, event_id, event_type, processed_at) ",
+        );
+        qb.push_values(chunk, |mut b, (id, event_type)| {
+            b.push_bind(source)
+                .push_bind(id)
+                .push_bind(event_type)
+                .push_bind(now);
+        });
+        qb.push(" ON CONFLICT DO NOTHING RETURNING event_id");
+        let ids: Vec<String> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
+        new.extend(ids);
+    }
+    Ok(new)
+}
+
+pub(super) async fn insert_outbox(
+    tx: &mut SqliteConnection,
+    rows: &[NewOutboxRow],
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    for chunk in rows.chunks(CHUNK / 2) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload, \
+             next_attempt_at, created_at) ",
+        );
+        qb.push_values(chunk, |mut b, r| {
+            b.push_bind(&r.source)
+                .push_bind(&r.event_id)
+                .push_bind(r.destination.as_deref())
+                .push_bind(&r.idempotency_key)
+                .push_bind(&r.event_type)
+                .push_bind(r.payload.as_slice())
+                .push_bind(now)
+                .push_bind(now);
+        });
+        qb.build().execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn insert_dead_letter(
+    tx: &mut SqliteConnection,
+    row: &NewDeadLetter,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO dead_letters (source, event_id, event_type, queue, payload, error, attempts, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(&row.source)
+    .bind(&row.event_id)
+    .bind(&row.event_type)
+    .bind(&row.queue)
+    .bind(&row.payload)
+    .bind(&row.error)
+    .bind(row.attempts)
+    .bind(now_ms())
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn claim_outbox(
+    pool: &SqlitePool,
+    max: usize,
+    lease: Duration,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let now = now_ms();
+    Ok(sqlx::query_as::<_, OutboxRow>(
+        "UPDATE outbox SET next_attempt_at = $1, attempts = attempts + 1
+          WHERE id IN (SELECT id FROM outbox
+                        WHERE status = 'pending' AND next_attempt_at <= $2
+                        ORDER BY next_attempt_at LIMIT $3)
+      RETURNING id, event_id, destination, idempotency_key, event_type, payload, attempts",
+    )
+    .bind(now + millis(lease))
+    .bind(now)
+    .bind(max as i64)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub(super) async fn mark_dispatched(pool: &SqlitePool, ids: &[i64]) -> Result<(), StoreError> {
+    let now = now_ms();
+    let mut tx = pool.begin().await?;
+    for chunk in ids.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> =
+            QueryBuilder::new("UPDATE outbox SET status = 'dispatched', dispatched_at = ");
+        qb.push_bind(now);
+        qb.push(", last_error = NULL WHERE status = 'pending' AND id IN (");
+        let mut list = qb.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        qb.push(")");
+        qb.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn mark_delivery_failed(
+    pool: &SqlitePool,
+    id: i64,
+    error: &str,
+    delay: Duration,
+    max_attempts: u32,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE outbox
+            SET last_error = $1,
+                next_attempt_at = $2,
+                status = CASE WHEN attempts >= $3 THEN 'failed' ELSE 'pending' END
+          WHERE id = $4 AND status = 'pending'",
+    )
+    .bind(error)
+    .bind(now_ms() + millis(delay))
+    .bind(max_attempts as i64)
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn outbox_counts(pool: &SqlitePool) -> Result<OutboxCounts, StoreError> {
+    let row = sqlx::query(
+        "SELECT coalesce(sum(status = 'pending'), 0),
+                coalesce(sum(status = 'dispatched'), 0),
+                coalesce(sum(status = 'failed'), 0)
+           FROM outbox",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(OutboxCounts {
+        pending: row.try_get(0)?,
+        dispatched: row.try_get(1)?,
+        failed: row.try_get(2)?,
+    })
+}
+
+pub(super) async fn failed_outbox(
+    pool: &SqlitePool,
+    limit: i64,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, OutboxRow>(
+        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts
+           FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub(super) async fn purge_expired(
+    pool: &SqlitePool,
+    older_than: Duration,
+    outbox_older_than: Duration,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let now = now_ms();
+    let processed = sqlx::query(
+        "DELETE FROM processed_events WHERE (source, event_id) IN (
+             SELECT source, event_id FROM processed_events WHERE processed_at < $1 LIMIT $2)",
+    )
+    .bind(now - millis(older_than))
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let outbox = sqlx::query(
+        "DELETE FROM outbox WHERE id IN (
+             SELECT id FROM outbox WHERE status = 'dispatched' AND dispatched_at < $1 LIMIT $2)",
+    )
+    .bind(now - millis(outbox_older_than))
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(processed + outbox)
+}
+
+pub(super) async fn dead_letters(
+    pool: &SqlitePool,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    Ok(sqlx::query_as::<_, DeadLetter>(
+        "SELECT id, source, event_id, event_type, queue, payload, error, attempts
+           FROM dead_letters ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+pub(super) async fn redrive_dead_letters(
+    pool: &SqlitePool,
+    ids: &[i64],
+) -> Result<u64, StoreError> {
+    let now = now_ms();
+    let mut tx = pool.begin().await?;
+    let mut moved = 0;
+    let selected: Vec<i64> = if ids.is_empty() {
+        sqlx::query_scalar("SELECT id FROM dead_letters")
+            .fetch_all(&mut *tx)
+            .await?
+    } else {
+        ids.to_vec()
+    };
+    for id in selected {
+        let row = sqlx::query(
+            "DELETE FROM dead_letters WHERE id = $1 RETURNING queue, event_id, event_type, payload",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { continue };
+        sqlx::query(
+            "INSERT INTO queue_messages (queue, message_id, message_type, payload, visible_at, enqueued_at)
+             VALUES ($1, $2, $3, $4, $5, $5)",
+        )
+        .bind(row.try_get::<String, _>(0)?)
+        .bind(row.try_get::<String, _>(1)?)
+        .bind(row.try_get::<String, _>(2)?)
+        .bind(row.try_get::<Vec<u8>, _>(3)?)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        moved += 1;
+    }
+    tx.commit().await?;
+    Ok(moved)
+}

@@ -1,0 +1,229 @@
+//! `POST /webhooks/stripe`, plus `/healthz`, `/readyz` and `/metrics`.
+//!
+//! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
+//! only `id` and `type` (400 if missing), then publish durably and wait for it (503 on failure),
+//! then 200.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::problem::Problem;
+use super::stripe::verify_stripe_signature;
+use crate::queue::{OutgoingMessage, Transport, TransportError};
+use crate::store::Store;
+
+/// Current Unix time in seconds; injectable so tests can verify published vectors.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct IngressState {
+    /// Where verified events are published.
+    pub transport: Arc<dyn Transport>,
+    /// For `/readyz`.
+    pub store: Store,
+    /// Signing secrets, each tried (rotation).
+    pub secrets: Arc<Vec<String>>,
+    pub tolerance_secs: u64,
+    pub clock: Clock,
+    /// Renders `/metrics`; `None` when no recorder is installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+/// Builds the router. `ingress = false` leaves only the health and metrics routes.
+pub fn router(state: IngressState, ingress: bool, body_limit: usize) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text));
+    if ingress {
+        router = router.route(
+            "/webhooks/stripe",
+            post(stripe_webhook).layer(DefaultBodyLimit::max(body_limit)),
+        );
+    }
+    router.with_state(state)
+}
+
+/// Only what ingress needs from the payload; borrowed, so nothing is copied.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type")]
+    event_type: Option<Cow<'a, str>>,
+}
+
+async fn stripe_webhook(
+    State(state): State<IngressState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let outcome = receive_stripe(&state, &headers, body).await;
+    let label = match &outcome {
+        Ok(_) => "accepted",
+        Err(p) if p.status == 400 => "rejected",
+        Err(p) if p.status == 413 => "too_large",
+        Err(_) => "unavailable",
+    };
+    metrics::counter!("dedup_webhooks_total", "source" => "stripe", "outcome" => label)
+        .increment(1);
+    match outcome {
+        Ok(id) => (
+            StatusCode::OK,
+            Json(serde_json::json!({ "received": true, "id": id })),
+        )
+            .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn receive_stripe(
+    state: &IngressState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<String, Problem> {
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(
+                status,
+                "urn:dedup-worker:problem:payload-too-large",
+                "Payload too large",
+                rejection.body_text(),
+            )
+        } else {
+            Problem::new(
+                status,
+                "urn:dedup-worker:problem:unreadable-body",
+                "Unreadable body",
+                rejection.body_text(),
+            )
+        }
+    })?;
+    let header = match headers.get("stripe-signature") {
+        None => None,
+        Some(value) => Some(value.to_str().map_err(|_| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "urn:dedup-worker:problem:invalid-signature",
+                "Invalid Stripe signature",
+                "the Stripe-Signature header is not visible ASCII",
+            )
+            .with_check("malformed_header")
+        })?),
+    };
+    verify_stripe_signature(
+        header,
+        &body,
+        &state.secrets,
+        state.tolerance_secs,
+        (state.clock)(),
+    )
+    .map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "urn:dedup-worker:problem:invalid-signature",
+            "Invalid Stripe signature",
+            e.to_string(),
+        )
+        .with_check(e.check())
+    })?;
+    let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "urn:dedup-worker:problem:invalid-payload",
+            "Invalid payload",
+            format!("the payload is not a JSON object: {e}"),
+        )
+        .with_check("payload_json")
+    })?;
+    let id = envelope
+        .id
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "urn:dedup-worker:problem:invalid-payload",
+                "Invalid payload",
+                "the payload has no string `id`",
+            )
+            .with_check("payload_id")
+        })?
+        .into_owned();
+    let message = OutgoingMessage {
+        message_id: Some(id.clone()),
+        message_type: envelope.event_type.map(Cow::into_owned),
+        payload: body.clone(),
+    };
+    state.transport.publish(message).await.map_err(|error| {
+        // The cause is logged; the sender learns only that it should retry.
+        tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
+        unavailable(&error)
+    })?;
+    Ok(id)
+}
+
+fn unavailable(_error: &TransportError) -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:dedup-worker:problem:unavailable",
+        "Temporarily unavailable",
+        "the event could not be stored durably; retry later",
+    )
+    .with_retry_after(5)
+}
+
+async fn readyz(State(state): State<IngressState>) -> Response {
+    let store = state.store.ping().await;
+    let transport = state.transport.ready().await;
+    match (store, transport) {
+        (Ok(()), Ok(())) => (StatusCode::OK, "ready").into_response(),
+        (store, transport) => {
+            if let Err(error) = &store {
+                tracing::warn!(%error, "readiness: store unreachable");
+            }
+            if let Err(error) = &transport {
+                tracing::warn!(%error, "readiness: transport unreachable");
+            }
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "urn:dedup-worker:problem:not-ready",
+                "Not ready",
+                format!(
+                    "store: {}, transport: {}",
+                    if store.is_ok() { "ok" } else { "unreachable" },
+                    if transport.is_ok() {
+                        "ok"
+                    } else {
+                        "unreachable"
+                    }
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn metrics_text(State(state): State<IngressState>) -> Response {
+    match &state.metrics {
+        Some(handle) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
+    }
+}

@@ -1,0 +1,11 @@
+//! The HTTP ingress: signature schemes and the routes that receive webhooks.
+//!
+//! Guarantee: a 2xx is answered only after the event is durable in the transport; anything that
+//! prevents that is a non-2xx (400 for bad input, 413 for an oversized body, 503 when the
+//! transport or store is down), so the provider retries.
+
+pub mod ingress;
+pub mod problem;
+pub mod stripe;
+
+pub use ingress::{router, Clock, IngressState};
