@@ -32,12 +32,37 @@ const FIXED_ENV: &[(&str, &str)] = &[
 /// Why the configuration was refused. The message always names the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// A value could not be read or has the wrong type (figment names the key).
-    #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
+    /// Values could not be read or have the wrong type.
+    #[error("{}", describe_load_error(.0))]
+    Load(Box<figment::Error>),
     /// A value was read but is not acceptable.
     #[error("configuration key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+}
+
+/// One line per problem: the dotted key as written in the TOML file, what is wrong, and where
+/// the value came from. (figment's own text upper-cases keys read from the environment.)
+fn describe_load_error(error: &figment::Error) -> String {
+    error
+        .clone()
+        .into_iter()
+        .map(|e| {
+            let key = if e.path.is_empty() { "(root)".to_owned() } else { e.path.join(".") };
+            let from = e
+                .metadata
+                .as_ref()
+                .map(|m| format!(" (from {})", m.name))
+                .unwrap_or_default();
+            format!("configuration key `{key}`: {}{from}", e.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl From<Box<figment::Error>> for ConfigError {
+    fn from(e: Box<figment::Error>) -> Self {
+        ConfigError::Load(e)
+    }
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -249,8 +274,7 @@ impl Settings {
                     .map(|(_, key)| *key)
                     .unwrap_or("");
                 key.into()
-            })
-            .lowercase(false);
+            });
         // DEDUP_<SECTION>__<KEY>; the fixed DEDUP_* names have no `__` and are excluded.
         let nested = Env::prefixed("DEDUP_")
             .filter(|key| key.as_str().contains("__"))

@@ -3,6 +3,13 @@
 mod cli;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    cli::run().await
+async fn main() -> std::process::ExitCode {
+    match cli::run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the whole cause chain on one line, without a backtrace.
+            eprintln!("dedup-worker: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -44,7 +44,8 @@ impl SignatureError {
 #[derive(Debug, PartialEq, Eq)]
 struct ParsedHeader {
     timestamp: i64,
-    v1: Vec<Vec<u8>>,
+    /// Decoded `v1` values; `None` for one that is not 32 bytes of hex (present, never matches).
+    v1: Vec<Option<Vec<u8>>>,
 }
 
 fn parse_header(header: &str) -> Result<ParsedHeader, SignatureError> {
@@ -59,15 +60,9 @@ fn parse_header(header: &str) -> Result<ParsedHeader, SignatureError> {
                 let t: i64 = value.parse().map_err(|_| SignatureError::MalformedHeader)?;
                 timestamp = Some(t);
             }
-            // A v1 that is not 32 bytes of hex can never match; it is kept out rather than
-            // failing the whole header, since another v1 may be valid.
-            "v1" => {
-                if let Ok(bytes) = hex::decode(value) {
-                    if bytes.len() == 32 {
-                        v1.push(bytes);
-                    }
-                }
-            }
+            // A v1 that is not 32 bytes of hex can never match, but it is a v1: the header is
+            // not refused for it, since another v1 may be valid.
+            "v1" => v1.push(hex::decode(value).ok().filter(|bytes| bytes.len() == 32)),
             _ => {}
         }
     }
@@ -127,6 +122,7 @@ pub fn verify_stripe_signature(
         if parsed
             .v1
             .iter()
+            .flatten()
             .any(|sig| mac.clone().verify_slice(sig).is_ok())
         {
             return Ok(());
@@ -181,6 +177,7 @@ mod tests {
                 SignatureError::MalformedHeader,
             ),
             (Some("t=100,v0=abcd".into()), SignatureError::NoV1Signature),
+            (Some("t=100,v1=zz".into()), SignatureError::NoMatchingSignature),
             (
                 Some(format!(
                     "t=100,v1={}",

@@ -1,0 +1,372 @@
+//! Shared test support: a fresh database per test (PostgreSQL database or SQLite file), the real
+//! binary started on port 0, signing with our code and with the official `stripe` library,
+//! an HTTP receiver that records sink deliveries, and polling with a deadline.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use dedup_worker::store::Store;
+
+/// PostgreSQL server for tests (trust auth); a database per test is created on it.
+pub fn pg_admin_url() -> String {
+    std::env::var("DEDUP_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A database that exists for one test and is removed after it.
+pub struct TestDb {
+    pub url: String,
+    pub backend: Backend,
+    /// PostgreSQL database name to drop.
+    pg_name: Option<String>,
+    /// Keeps the SQLite directory alive.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Postgres => {
+                let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+                let admin = sqlx::PgPool::connect(&pg_admin_url()).await.expect("connect to PostgreSQL");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&admin)
+                    .await
+                    .expect("create test database");
+                admin.close().await;
+                let base = pg_admin_url();
+                let url = match base.rsplit_once('/') {
+                    Some((prefix, _)) => format!("{prefix}/{name}"),
+                    None => panic!("bad admin url"),
+                };
+                TestDb {
+                    url,
+                    backend,
+                    pg_name: Some(name),
+                    _dir: None,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let url = format!("sqlite://{}", dir.path().join("dedup.db").display());
+                TestDb {
+                    url,
+                    backend,
+                    pg_name: None,
+                    _dir: Some(dir),
+                }
+            }
+        }
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self) -> Store {
+        let store = Store::connect_url(&self.url, 8, Duration::from_secs(5)).await.expect("connect store");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self._dir.as_ref().map(|d| d.path())
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            // Drop runs outside any runtime guarantee: use a thread with its own runtime.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                rt.block_on(async move {
+                    let admin = sqlx::PgPool::connect(&pg_admin_url()).await.ok()?;
+                    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&admin)
+                        .await
+                        .ok()?;
+                    admin.close().await;
+                    Some(())
+                })
+            })
+            .join();
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// A Stripe-like event (pretty-printed, as Stripe sends it).
+pub fn stripe_event(id: &str, event_type: &str) -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "id": id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": 1_700_000_000,
+        "type": event_type,
+        "livemode": false,
+        "data": { "object": { "id": format!("pi_{id}"), "object": "payment_intent", "amount": 1999, "currency": "usd" } }
+    }))
+    .expect("serialize")
+}
+
+/// Signs with the official stripe-python library, one process for many payloads.
+/// Returns one header per payload, in order.
+pub fn stripe_python_sign(secret: &str, items: &[(Vec<u8>, i64)]) -> Vec<String> {
+    let script = r#"
+import json, sys, stripe
+req = json.load(sys.stdin)
+out = []
+for item in req["items"]:
+    payload = bytes(item["payload"]).decode("utf-8")
+    out.append(stripe.WebhookSignature.generate_signature_header(payload, req["secret"], timestamp=item["t"]))
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({
+        "secret": secret,
+        "items": items.iter().map(|(p, t)| serde_json::json!({"payload": p, "t": t})).collect::<Vec<_>>(),
+    });
+    let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed (the test command installs the stripe package)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(request.to_string().as_bytes()).expect("write");
+    }
+    let output = child.wait_with_output().expect("python");
+    assert!(
+        output.status.success(),
+        "stripe-python signing failed (pip install stripe): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("headers")
+}
+
+/// The real binary, started with `env`, killed on drop.
+pub struct RunningBinary {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// Lines the binary wrote to stderr, for failure messages.
+    pub stderr_path: PathBuf,
+}
+
+impl RunningBinary {
+    pub fn start(env: &[(&str, String)], log_dir: &Path) -> Self {
+        let stderr_path = log_dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
+        let stderr = std::fs::File::create(&stderr_path).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
+        cmd.arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DEDUP_LISTEN", "127.0.0.1:0")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start dedup-worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = lines
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("binary exited early: {}", std::fs::read_to_string(&stderr_path).unwrap_or_default()));
+        let addr = line
+            .strip_prefix("dedup-worker listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        RunningBinary { child, addr, stderr_path }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+}
+
+impl Drop for RunningBinary {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One delivery seen by the [`Receiver`].
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub idempotency_key: Option<String>,
+    pub body: Bytes,
+}
+
+/// An HTTP sink target that records every POST.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    pub async fn start() -> Self {
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let app = Router::new()
+            .route(
+                "/hook",
+                post(|State(seen): State<Arc<Mutex<Vec<Received>>>>, headers: HeaderMap, body: Bytes| async move {
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    seen.lock().expect("lock").push(Received { idempotency_key: key, body });
+                    StatusCode::OK
+                }),
+            )
+            .with_state(received.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver {
+            addr,
+            received,
+            _task: task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    pub fn snapshot(&self) -> Vec<Received> {
+        self.received.lock().expect("lock").clone()
+    }
+}
+
+/// Event ids in a JSON-lines sink file, one per line (empty if the file does not exist yet).
+pub fn file_sink_ids(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("each sink line is JSON");
+            v["id"].as_str().expect("id").to_owned()
+        })
+        .collect()
+}
+
+/// Rows in the example handler's table, per event id.
+pub async fn ledger_counts(store: &Store) -> std::collections::HashMap<String, i64> {
+    let sql = "SELECT event_id, count(*) FROM event_ledger GROUP BY event_id";
+    let rows: Vec<(String, i64)> = match store {
+        Store::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
+        Store::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
+    };
+    rows.into_iter().collect()
+}
+
+/// True when nothing is left to do: queue empty and no pending outbox rows.
+pub async fn pipeline_drained(store: &Store, queue: &str) -> bool {
+    let depth = store.queue_depth(queue).await.unwrap_or(i64::MAX);
+    let counts = store.outbox_counts().await.map(|c| c.pending).unwrap_or(i64::MAX);
+    depth == 0 && counts == 0
+}
+
+/// Settings for an in-process app: the defaults plus `values`, never the process environment
+/// (CI's own DATABASE_URL must not leak into a test).
+pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> dedup_worker::config::Settings {
+    use figment::providers::{Format, Serialized, Toml};
+    let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML))
+        .merge(Serialized::default("database_url", db_url))
+        .merge(Serialized::default("http.listen", "127.0.0.1:0"))
+        .merge(Serialized::default("stripe.secrets", "whsec_test_secret"));
+    for (key, value) in values {
+        figment = figment.merge(Serialized::default(key, value.clone()));
+    }
+    dedup_worker::config::Settings::from_figment(figment).expect("valid test settings")
+}
+
+/// An application running in this process on port 0.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub store: Store,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl TestApp {
+    pub async fn spawn(settings: dedup_worker::config::Settings, overrides: dedup_worker::startup::Overrides) -> Self {
+        let app = dedup_worker::startup::Application::build(settings, overrides).await.expect("build app");
+        let addr = app.local_addr().expect("addr");
+        let store = app.store().clone();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            app.run(token).await.expect("app run");
+        });
+        TestApp { addr, store, shutdown, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
