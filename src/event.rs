@@ -13,4 +13,6 @@ pub struct Event {
     pub event_type: String,
     /// The body exactly as received; forwarded byte for byte.
     pub payload: Bytes,
+    /// Which delivery of this message this is (1 on the first); lets a handler tell a retry.
+    pub delivery_attempt: u32,
 }

@@ -173,6 +173,9 @@ impl Consumer {
 
         // Optimistic pass: all handlers in the transaction with no savepoints (no extra round
         // trips). If any fails, start over with a savepoint per event so only that one is undone.
+        // A handler can therefore run more than once for one delivery; only its writes through
+        // `tx` and the messages it returns take effect, and those commit exactly once (the same
+        // holds when a commit fails and the batch is redelivered).
         let mut verdicts = Vec::with_capacity(fresh.len());
         let mut all_ok = true;
         for (event, _) in &fresh {
@@ -248,6 +251,7 @@ impl Consumer {
                 id: delivery.message_id.clone().unwrap_or_default(),
                 event_type: delivery.message_type.clone().unwrap_or_default(),
                 payload: delivery.payload.clone(),
+                delivery_attempt: delivery.attempts,
             };
             tx.insert_dead_letter(&self.dead_letter(&event, delivery, reason))
                 .await?;
@@ -333,6 +337,7 @@ impl Consumer {
             id,
             event_type,
             payload: delivery.payload.clone(),
+            delivery_attempt: delivery.attempts,
         })
     }
 

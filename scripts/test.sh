@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on this machine: PostgreSQL, RabbitMQ and Redis are expected on their
+# standard local ports (started if they are installed but stopped); the Python packages the
+# tests use (the official `stripe` library as an independent signer, `moto[server]` as the SQS
+# emulator) are installed, moto_server is started on a free port for the run and stopped after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+
+# --- services ---------------------------------------------------------------------------------
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { # port, name, seconds
+  local deadline=$((SECONDS + $3))
+  until port_open "$1"; do
+    if ((SECONDS > deadline)); then log "$2 did not come up on port $1"; return 1; fi
+    sleep 0.2
+  done
+}
+if ! port_open 5432 && command -v pg_ctlcluster >/dev/null; then
+  log "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+fi
+wait_port 5432 PostgreSQL 60
+if ! port_open 6379 && command -v redis-server >/dev/null; then
+  log "starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
+fi
+if ! port_open 5672 && command -v rabbitmq-server >/dev/null; then
+  log "starting RabbitMQ"
+  rabbitmq-server -detached || true
+fi
+
+# --- Python tools -----------------------------------------------------------------------------
+PYTHON=${PYTHON:-python3}
+export PYTHON
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+  'stripe>=16,<17' 'moto[server]>=5,<6'
+
+MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/moto-$MOTO_PORT.log" 2>&1 &
+MOTO_PID=$!
+trap 'kill $MOTO_PID 2>/dev/null || true' EXIT
+wait_port "$MOTO_PORT" moto_server 60
+export AWS_ENDPOINT_URL="http://127.0.0.1:$MOTO_PORT" AWS_REGION=us-east-1 \
+  AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
+log "moto_server on $AWS_ENDPOINT_URL"
+
+# --- the suite --------------------------------------------------------------------------------
+# Tests must not pick up a developer's own configuration.
+unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
+cargo test --locked "$@"

@@ -1,0 +1,189 @@
+//! Handler failures, on both stores: a poison event is dead-lettered without blocking its batch
+//! and leaves no partial effect; a flaky one is retried with backoff and then handled once;
+//! retries exhausted → dead letter; dead letters can be redriven.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::{file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
+use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
+use dedup_worker::event::Event;
+use dedup_worker::startup::Overrides;
+use dedup_worker::store::DbTx;
+use serde_json::json;
+
+const SECRET: &str = "whsec_test_secret";
+
+/// Writes the ledger row first (so a rollback is observable), then fails for chosen ids.
+struct Picky {
+    /// Highest delivery attempt seen per event id.
+    attempts: Mutex<HashMap<String, u32>>,
+    /// Event ids that fail retryably this many times before succeeding.
+    flaky_until: u32,
+    /// When false, `evt_poison*` heals (for the redrive part).
+    poison_active: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Handler for Picky {
+    async fn handle(&self, event: &Event, tx: &mut DbTx<'_>) -> Result<Vec<OutboxMessage>, HandlerError> {
+        let messages = LedgerHandler.handle(event, tx).await?;
+        {
+            let mut attempts = self.attempts.lock().unwrap();
+            let n = attempts.entry(event.id.clone()).or_default();
+            *n = (*n).max(event.delivery_attempt);
+        }
+        if event.id.starts_with("evt_poison") && self.poison_active.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(HandlerError::Fatal("poison".into()));
+        }
+        if event.id.starts_with("evt_flaky") && event.delivery_attempt <= self.flaky_until {
+            return Err(HandlerError::Retryable(format!("delivery {} failed", event.delivery_attempt)));
+        }
+        if event.id.starts_with("evt_doomed") {
+            return Err(HandlerError::Retryable("never works".into()));
+        }
+        Ok(messages)
+    }
+}
+
+async fn post(client: &reqwest::Client, app: &TestApp, id: &str) {
+    let body = stripe_event(id, "customer.created");
+    let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
+    let r = client
+        .post(app.url("/webhooks/stripe"))
+        .header("Stripe-Signature", header)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_failures_on_postgres() {
+    handler_failures(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_failures_on_sqlite() {
+    handler_failures(Backend::Sqlite).await;
+}
+
+async fn handler_failures(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("out.jsonl");
+    let handler = Arc::new(Picky {
+        attempts: Mutex::default(),
+        flaky_until: 2,
+        poison_active: true.into(),
+    });
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("outbox.sink", json!(format!("file:{}", sink.display()))),
+            ("consumer.retry_base_ms", json!(20)),
+            ("consumer.retry_max_ms", json!(100)),
+            ("consumer.max_attempts", json!(4)),
+            ("consumer.poll_interval_ms", json!(50)),
+            ("outbox.poll_interval_ms", json!(50)),
+        ],
+    );
+    let app = TestApp::spawn(
+        settings,
+        Overrides {
+            handler: Some(handler.clone()),
+            ..Overrides::default()
+        },
+    )
+    .await;
+    let client = reqwest::Client::new();
+    // One batch's worth, with the troublemakers in the middle.
+    let mut ids: Vec<String> = (0..20).map(|i| format!("evt_ok_{i}")).collect();
+    ids.insert(5, "evt_poison_1".into());
+    ids.insert(10, "evt_flaky_1".into());
+    ids.insert(15, "evt_doomed_1".into());
+    for id in &ids {
+        post(&client, &app, id).await;
+    }
+
+    let store = Arc::new(app.store.clone());
+    wait_for("good and flaky events delivered, bad ones dead-lettered", Duration::from_secs(30), || {
+        let (store, sink) = (store.clone(), sink.clone());
+        async move {
+            let delivered = file_sink_ids(&sink).len();
+            let dead = store.dead_letters(10).await.unwrap().len();
+            (delivered == 21 && dead == 2 && pipeline_drained(&store, "dedup.events").await).then_some(())
+        }
+    })
+    .await;
+
+    let delivered = file_sink_ids(&sink);
+    assert!(delivered.contains(&"evt_flaky_1".to_owned()));
+    assert!(!delivered.iter().any(|id| id.starts_with("evt_poison") || id.starts_with("evt_doomed")));
+    let ledger = ledger_counts(&store).await;
+    assert_eq!(ledger.get("evt_flaky_1"), Some(&1), "the retried event took effect once");
+    assert_eq!(ledger.get("evt_poison_1"), None, "a failed handler leaves no partial effect");
+    assert_eq!(ledger.get("evt_doomed_1"), None);
+    assert!(ledger.values().all(|n| *n == 1));
+    assert_eq!(handler.attempts.lock().unwrap()["evt_flaky_1"], 3);
+    assert_eq!(handler.attempts.lock().unwrap()["evt_doomed_1"], 4, "max_attempts deliveries");
+
+    let dead = store.dead_letters(10).await.unwrap();
+    let poison = dead.iter().find(|d| d.event_id == "evt_poison_1").expect("poison dead-lettered");
+    assert!(poison.error.contains("poison"));
+    assert_eq!(poison.attempts, 1, "fatal errors are not retried");
+    let doomed = dead.iter().find(|d| d.event_id == "evt_doomed_1").expect("doomed dead-lettered");
+    assert_eq!(doomed.attempts, 4);
+
+    // The poison is fixed; redrive it, and it is handled once.
+    handler.poison_active.store(false, std::sync::atomic::Ordering::SeqCst);
+    store.redrive_dead_letters(&[poison.id]).await.unwrap();
+    wait_for("the redriven event to be delivered", Duration::from_secs(30), || {
+        let sink = sink.clone();
+        async move { file_sink_ids(&sink).contains(&"evt_poison_1".to_owned()).then_some(()) }
+    })
+    .await;
+    assert_eq!(ledger_counts(&store).await.get("evt_poison_1"), Some(&1));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_accepted_work_on_restart() {
+    // Accept events with the consumer off, stop, then start a consumer-only app: all arrive.
+    let db = TestDb::new(Backend::Postgres).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("out.jsonl");
+    let sink_value = json!(format!("file:{}", sink.display()));
+    let ingress = TestApp::spawn(
+        test_settings(&db.url, &[("roles.consumer", json!(false)), ("roles.relay", json!(false))]),
+        Overrides::default(),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for i in 0..30 {
+        post(&client, &ingress, &format!("evt_later_{i}")).await;
+    }
+    ingress.stop().await;
+    let worker = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[("roles.ingress", json!(false)), ("outbox.sink", sink_value), ("consumer.poll_interval_ms", json!(50))],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    wait_for("the consumer to deliver everything", Duration::from_secs(30), || {
+        let sink = sink.clone();
+        async move { (file_sink_ids(&sink).len() == 30).then_some(()) }
+    })
+    .await;
+    // Without the ingress role the webhook route does not exist.
+    let r = client.post(worker.url("/webhooks/stripe")).body("{}").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    worker.stop().await;
+}

@@ -1,0 +1,117 @@
+//! Store outage: with PostgreSQL refusing connections, ingress answers 503 (never a 2xx) and
+//! `/readyz` says not ready; once it is back, everything that got a 200 before, during or after
+//! the outage reaches the sink, and the retried deliveries of the refused events do too.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{file_sink_ids, now, pg_admin_url, pipeline_drained, stripe_event, wait_for, Backend, RunningBinary, TestDb};
+
+const SECRET: &str = "whsec_outage";
+
+async fn admin(sql: &str) {
+    let pool = sqlx::PgPool::connect(&pg_admin_url()).await.expect("admin");
+    sqlx::query(sql).execute(&pool).await.expect(sql);
+    pool.close().await;
+}
+
+async fn send(client: &reqwest::Client, url: &str, id: &str) -> reqwest::Response {
+    let body = stripe_event(id, "charge.refunded");
+    let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
+    client
+        .post(url)
+        .header("Stripe-Signature", header)
+        .body(body)
+        .send()
+        .await
+        .expect("ingress answers even when the store is down")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let name = db.url.rsplit('/').next().unwrap().to_owned();
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", format!("file:{}", sink.display())),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ],
+        work.path(),
+    );
+    let client = reqwest::Client::new();
+    let url = bin.url("/webhooks/stripe");
+    let mut acked = HashSet::new();
+    for i in 0..20 {
+        let id = format!("evt_before_{i}");
+        assert_eq!(send(&client, &url, &id).await.status(), 200);
+        acked.insert(id);
+    }
+
+    // The outage: no new connections, existing ones terminated.
+    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false")).await;
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    ))
+    .await;
+
+    let mut refused = Vec::new();
+    for i in 0..10 {
+        let id = format!("evt_during_{i}");
+        let response = send(&client, &url, &id).await;
+        let status = response.status().as_u16();
+        assert!(status == 503 || status == 200, "{id}: {status}");
+        if status == 200 {
+            // Only possible if a connection survived and the commit really happened.
+            acked.insert(id);
+            continue;
+        }
+        assert_eq!(
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/problem+json")
+        );
+        assert!(response.headers().contains_key("retry-after"));
+        refused.push(id);
+    }
+    assert!(refused.len() >= 9, "the outage must be answered with 503, refused {}", refused.len());
+    let ready = client.get(bin.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+
+    // Back again: the provider's retries of the refused events succeed.
+    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).await;
+    let first = refused[0].clone();
+    wait_for("ingress to recover", Duration::from_secs(30), || {
+        let (client, url, first) = (client.clone(), url.clone(), first.clone());
+        async move { (send(&client, &url, &first).await.status() == 200).then_some(()) }
+    })
+    .await;
+    for id in &refused {
+        assert_eq!(send(&client, &url, id).await.status(), 200);
+        acked.insert(id.clone());
+    }
+    assert_eq!(client.get(bin.url("/readyz")).send().await.unwrap().status(), 200);
+
+    let store = Arc::new(db.store().await);
+    let expected = acked.len();
+    wait_for("acknowledged events to reach the sink", Duration::from_secs(60), || {
+        let (store, sink) = (store.clone(), sink.clone());
+        async move {
+            let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+            (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await).then_some(())
+        }
+    })
+    .await;
+    let delivered: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+    for id in &acked {
+        assert!(delivered.contains(id), "{id} was acknowledged but never delivered");
+    }
+    drop(bin);
+}
