@@ -47,7 +47,11 @@ fn describe_load_error(error: &figment::Error) -> String {
         .clone()
         .into_iter()
         .map(|e| {
-            let key = if e.path.is_empty() { "(root)".to_owned() } else { e.path.join(".") };
+            let key = if e.path.is_empty() {
+                "(root)".to_owned()
+            } else {
+                e.path.join(".")
+            };
             let from = e
                 .metadata
                 .as_ref()

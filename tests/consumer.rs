@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
+use common::{
+    file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, test_settings, wait_for,
+    Backend, TestApp, TestDb,
+};
 use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
 use dedup_worker::event::Event;
 use dedup_worker::startup::Overrides;
@@ -30,18 +33,27 @@ struct Picky {
 
 #[async_trait]
 impl Handler for Picky {
-    async fn handle(&self, event: &Event, tx: &mut DbTx<'_>) -> Result<Vec<OutboxMessage>, HandlerError> {
+    async fn handle(
+        &self,
+        event: &Event,
+        tx: &mut DbTx<'_>,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
         let messages = LedgerHandler.handle(event, tx).await?;
         {
             let mut attempts = self.attempts.lock().unwrap();
             let n = attempts.entry(event.id.clone()).or_default();
             *n = (*n).max(event.delivery_attempt);
         }
-        if event.id.starts_with("evt_poison") && self.poison_active.load(std::sync::atomic::Ordering::SeqCst) {
+        if event.id.starts_with("evt_poison")
+            && self.poison_active.load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(HandlerError::Fatal("poison".into()));
         }
         if event.id.starts_with("evt_flaky") && event.delivery_attempt <= self.flaky_until {
-            return Err(HandlerError::Retryable(format!("delivery {} failed", event.delivery_attempt)));
+            return Err(HandlerError::Retryable(format!(
+                "delivery {} failed",
+                event.delivery_attempt
+            )));
         }
         if event.id.starts_with("evt_doomed") {
             return Err(HandlerError::Retryable("never works".into()));
@@ -112,41 +124,76 @@ async fn handler_failures(backend: Backend) {
     }
 
     let store = Arc::new(app.store.clone());
-    wait_for("good and flaky events delivered, bad ones dead-lettered", Duration::from_secs(30), || {
-        let (store, sink) = (store.clone(), sink.clone());
-        async move {
-            let delivered = file_sink_ids(&sink).len();
-            let dead = store.dead_letters(10).await.unwrap().len();
-            (delivered == 21 && dead == 2 && pipeline_drained(&store, "dedup.events").await).then_some(())
-        }
-    })
+    wait_for(
+        "good and flaky events delivered, bad ones dead-lettered",
+        Duration::from_secs(30),
+        || {
+            let (store, sink) = (store.clone(), sink.clone());
+            async move {
+                let delivered = file_sink_ids(&sink).len();
+                let dead = store.dead_letters(10).await.unwrap().len();
+                (delivered == 21 && dead == 2 && pipeline_drained(&store, "dedup.events").await)
+                    .then_some(())
+            }
+        },
+    )
     .await;
 
     let delivered = file_sink_ids(&sink);
     assert!(delivered.contains(&"evt_flaky_1".to_owned()));
-    assert!(!delivered.iter().any(|id| id.starts_with("evt_poison") || id.starts_with("evt_doomed")));
+    assert!(!delivered
+        .iter()
+        .any(|id| id.starts_with("evt_poison") || id.starts_with("evt_doomed")));
     let ledger = ledger_counts(&store).await;
-    assert_eq!(ledger.get("evt_flaky_1"), Some(&1), "the retried event took effect once");
-    assert_eq!(ledger.get("evt_poison_1"), None, "a failed handler leaves no partial effect");
+    assert_eq!(
+        ledger.get("evt_flaky_1"),
+        Some(&1),
+        "the retried event took effect once"
+    );
+    assert_eq!(
+        ledger.get("evt_poison_1"),
+        None,
+        "a failed handler leaves no partial effect"
+    );
     assert_eq!(ledger.get("evt_doomed_1"), None);
     assert!(ledger.values().all(|n| *n == 1));
     assert_eq!(handler.attempts.lock().unwrap()["evt_flaky_1"], 3);
-    assert_eq!(handler.attempts.lock().unwrap()["evt_doomed_1"], 4, "max_attempts deliveries");
+    assert_eq!(
+        handler.attempts.lock().unwrap()["evt_doomed_1"],
+        4,
+        "max_attempts deliveries"
+    );
 
     let dead = store.dead_letters(10).await.unwrap();
-    let poison = dead.iter().find(|d| d.event_id == "evt_poison_1").expect("poison dead-lettered");
+    let poison = dead
+        .iter()
+        .find(|d| d.event_id == "evt_poison_1")
+        .expect("poison dead-lettered");
     assert!(poison.error.contains("poison"));
     assert_eq!(poison.attempts, 1, "fatal errors are not retried");
-    let doomed = dead.iter().find(|d| d.event_id == "evt_doomed_1").expect("doomed dead-lettered");
+    let doomed = dead
+        .iter()
+        .find(|d| d.event_id == "evt_doomed_1")
+        .expect("doomed dead-lettered");
     assert_eq!(doomed.attempts, 4);
 
     // The poison is fixed; redrive it, and it is handled once.
-    handler.poison_active.store(false, std::sync::atomic::Ordering::SeqCst);
+    handler
+        .poison_active
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     store.redrive_dead_letters(&[poison.id]).await.unwrap();
-    wait_for("the redriven event to be delivered", Duration::from_secs(30), || {
-        let sink = sink.clone();
-        async move { file_sink_ids(&sink).contains(&"evt_poison_1".to_owned()).then_some(()) }
-    })
+    wait_for(
+        "the redriven event to be delivered",
+        Duration::from_secs(30),
+        || {
+            let sink = sink.clone();
+            async move {
+                file_sink_ids(&sink)
+                    .contains(&"evt_poison_1".to_owned())
+                    .then_some(())
+            }
+        },
+    )
     .await;
     assert_eq!(ledger_counts(&store).await.get("evt_poison_1"), Some(&1));
     app.stop().await;
@@ -160,7 +207,13 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
     let sink = work.path().join("out.jsonl");
     let sink_value = json!(format!("file:{}", sink.display()));
     let ingress = TestApp::spawn(
-        test_settings(&db.url, &[("roles.consumer", json!(false)), ("roles.relay", json!(false))]),
+        test_settings(
+            &db.url,
+            &[
+                ("roles.consumer", json!(false)),
+                ("roles.relay", json!(false)),
+            ],
+        ),
         Overrides::default(),
     )
     .await;
@@ -172,18 +225,31 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
     let worker = TestApp::spawn(
         test_settings(
             &db.url,
-            &[("roles.ingress", json!(false)), ("outbox.sink", sink_value), ("consumer.poll_interval_ms", json!(50))],
+            &[
+                ("roles.ingress", json!(false)),
+                ("outbox.sink", sink_value),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
         ),
         Overrides::default(),
     )
     .await;
-    wait_for("the consumer to deliver everything", Duration::from_secs(30), || {
-        let sink = sink.clone();
-        async move { (file_sink_ids(&sink).len() == 30).then_some(()) }
-    })
+    wait_for(
+        "the consumer to deliver everything",
+        Duration::from_secs(30),
+        || {
+            let sink = sink.clone();
+            async move { (file_sink_ids(&sink).len() == 30).then_some(()) }
+        },
+    )
     .await;
     // Without the ingress role the webhook route does not exist.
-    let r = client.post(worker.url("/webhooks/stripe")).body("{}").send().await.unwrap();
+    let r = client
+        .post(worker.url("/webhooks/stripe"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     worker.stop().await;
 }

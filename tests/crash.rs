@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend, Receiver, RunningBinary, TestDb};
+use common::{
+    ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend, Receiver, RunningBinary,
+    TestDb,
+};
 use futures::stream::{self, StreamExt};
 
 const SECRET: &str = "whsec_crash";
@@ -53,15 +56,23 @@ async fn sigkill_mid_flight(backend: Backend) {
     let client = reqwest::Client::new();
     let url = bin.url("/webhooks/stripe");
     let sender = {
-        let (ids, acked, answered, client) = (ids.clone(), acked.clone(), answered.clone(), client.clone());
+        let (ids, acked, answered, client) =
+            (ids.clone(), acked.clone(), answered.clone(), client.clone());
         tokio::spawn(async move {
             stream::iter(ids)
                 .for_each_concurrent(32, |id| {
-                    let (acked, answered, client, url) = (acked.clone(), answered.clone(), client.clone(), url.clone());
+                    let (acked, answered, client, url) =
+                        (acked.clone(), answered.clone(), client.clone(), url.clone());
                     async move {
                         let body = stripe_event(&id, "charge.succeeded");
-                        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-                        let result = client.post(&url).header("Stripe-Signature", header).body(body).send().await;
+                        let header =
+                            dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
+                        let result = client
+                            .post(&url)
+                            .header("Stripe-Signature", header)
+                            .body(body)
+                            .send()
+                            .await;
                         if matches!(&result, Ok(r) if r.status().is_success()) {
                             acked.lock().unwrap().insert(id);
                         }
@@ -74,14 +85,20 @@ async fn sigkill_mid_flight(backend: Backend) {
 
     // Kill once a third has been answered: requests, consumer batches and relay deliveries are
     // all in flight at that moment.
-    wait_for("a third of the events to be answered", Duration::from_secs(60), || async {
-        (answered.load(Ordering::SeqCst) >= EVENTS / 3).then_some(())
-    })
+    wait_for(
+        "a third of the events to be answered",
+        Duration::from_secs(60),
+        || async { (answered.load(Ordering::SeqCst) >= EVENTS / 3).then_some(()) },
+    )
     .await;
     bin.kill();
     sender.await.unwrap();
     let acked: HashSet<String> = acked.lock().unwrap().clone();
-    assert!(!acked.is_empty() && acked.len() < EVENTS, "the kill landed mid-flight ({} acked)", acked.len());
+    assert!(
+        !acked.is_empty() && acked.len() < EVENTS,
+        "the kill landed mid-flight ({} acked)",
+        acked.len()
+    );
 
     // Restart on the same database; the provider retries what did not get a 2xx, plus some
     // duplicates of what did.
@@ -99,7 +116,13 @@ async fn sigkill_mid_flight(backend: Backend) {
             async move {
                 let body = stripe_event(&id, "charge.succeeded");
                 let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-                let r = client.post(&url).header("Stripe-Signature", header).body(body).send().await.expect("send");
+                let r = client
+                    .post(&url)
+                    .header("Stripe-Signature", header)
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("send");
                 r.status().as_u16()
             }
         })
@@ -109,23 +132,34 @@ async fn sigkill_mid_flight(backend: Backend) {
     assert!(statuses.iter().all(|s| *s == 200));
 
     let store = Arc::new(db.store().await);
-    wait_for("every event to reach the sink", Duration::from_secs(120), || {
-        let store = store.clone();
-        let received = receiver.snapshot();
-        async move {
-            let distinct: HashSet<String> = received.iter().map(|r| body_id(&r.body)).collect();
-            (distinct.len() == EVENTS && pipeline_drained(&store, "dedup.events").await).then_some(())
-        }
-    })
+    wait_for(
+        "every event to reach the sink",
+        Duration::from_secs(120),
+        || {
+            let store = store.clone();
+            let received = receiver.snapshot();
+            async move {
+                let distinct: HashSet<String> = received.iter().map(|r| body_id(&r.body)).collect();
+                (distinct.len() == EVENTS && pipeline_drained(&store, "dedup.events").await)
+                    .then_some(())
+            }
+        },
+    )
     .await;
 
     let received = receiver.snapshot();
     let mut deliveries: HashMap<String, Vec<Option<String>>> = HashMap::new();
     for r in &received {
-        deliveries.entry(body_id(&r.body)).or_default().push(r.idempotency_key.clone());
+        deliveries
+            .entry(body_id(&r.body))
+            .or_default()
+            .push(r.idempotency_key.clone());
     }
     for id in &acked {
-        assert!(deliveries.contains_key(id), "{id} got a 2xx before the crash and is missing");
+        assert!(
+            deliveries.contains_key(id),
+            "{id} got a 2xx before the crash and is missing"
+        );
     }
     for (id, keys) in &deliveries {
         assert!(
@@ -136,9 +170,15 @@ async fn sigkill_mid_flight(backend: Backend) {
     let ledger = ledger_counts(&store).await;
     assert_eq!(ledger.len(), EVENTS);
     let doubled: Vec<_> = ledger.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(doubled.is_empty(), "handler effects happened twice: {doubled:?}");
+    assert!(
+        doubled.is_empty(),
+        "handler effects happened twice: {doubled:?}"
+    );
     let redelivered = received.len() - deliveries.len();
-    eprintln!("acked before kill: {}, sink redeliveries after restart: {redelivered}", acked.len());
+    eprintln!(
+        "acked before kill: {}, sink redeliveries after restart: {redelivered}",
+        acked.len()
+    );
     drop(bin);
 }
 

@@ -97,18 +97,35 @@ async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
         let addr = app(&env, &h, b.build()).await;
         let c = http();
         let key = format!("same-{with_redis}");
-        let first = post(&c, addr, Some(&key), None, r#"{"amount":100,"currency":"eur","meta":{"a":1,"b":2}}"#).await;
+        let first = post(
+            &c,
+            addr,
+            Some(&key),
+            None,
+            r#"{"amount":100,"currency":"eur","meta":{"a":1,"b":2}}"#,
+        )
+        .await;
         assert_eq!(first.status, StatusCode::CREATED);
         assert!(!first.replayed());
         // Same JSON, other key order and whitespace: the same request.
-        let second = post(&c, addr, Some(&key), None, "{ \"meta\": {\"b\":2, \"a\":1}, \"currency\": \"eur\",\n \"amount\": 100 }").await;
+        let second = post(
+            &c,
+            addr,
+            Some(&key),
+            None,
+            "{ \"meta\": {\"b\":2, \"a\":1}, \"currency\": \"eur\",\n \"amount\": 100 }",
+        )
+        .await;
         assert_eq!(second.status, StatusCode::CREATED);
         assert!(second.replayed(), "second request must be a replay");
         assert_eq!(second.body, first.body);
         assert_eq!(second.header("location"), first.header("location"));
         assert_eq!(second.header("x-order-run"), Some("1"));
         assert_eq!(second.header("content-type"), Some("application/json"));
-        assert!(second.header("date").is_some(), "date is regenerated, not replayed");
+        assert!(
+            second.header("date").is_some(),
+            "date is regenerated, not replayed"
+        );
         assert_eq!(h.runs(), 1, "handler ran once");
     }
     env.cleanup().await;
@@ -125,7 +142,10 @@ async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
 
     let other = post(&c, addr, Some("k-reuse"), None, r#"{"amount":200}"#).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        other.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(other.body["title"], "Idempotency-Key is already used");
     assert_eq!(other.body["status"], 422);
 
@@ -137,12 +157,23 @@ async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
     let again = post(&c, addr, Some("k-reuse"), None, r#"{"amount":100}"#).await;
     assert_eq!(again.status, StatusCode::CREATED);
     assert!(again.replayed());
-    assert_eq!(again.body, first.body, "stored result untouched by the refused reuse");
+    assert_eq!(
+        again.body, first.body,
+        "stored result untouched by the refused reuse"
+    );
     assert_eq!(h.runs(), 1);
 
     // Stripe-compatible error style.
     let h2 = Counting::default();
-    let addr2 = app(&env, &h2, layer(&env).error_style(ErrorStyle::Stripe).account(|_| Some("stripe-style".into())).build()).await;
+    let addr2 = app(
+        &env,
+        &h2,
+        layer(&env)
+            .error_style(ErrorStyle::Stripe)
+            .account(|_| Some("stripe-style".into()))
+            .build(),
+    )
+    .await;
     post(&c, addr2, Some("k-s"), None, r#"{"amount":1}"#).await;
     let r = post(&c, addr2, Some("k-s"), None, r#"{"amount":2}"#).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -160,7 +191,10 @@ async fn key_presence_length_and_forms() {
 
     let missing = post(&c, addr, None, None, "{}").await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(missing.body["title"], "Idempotency-Key is missing");
 
     let long = "k".repeat(256);
@@ -175,10 +209,24 @@ async fn key_presence_length_and_forms() {
     assert!(r.replayed());
 
     // Quoted sf-string (IETF) and bare token (Stripe) are one key.
-    let quoted = post(&c, addr, Some("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""), None, "{}").await;
+    let quoted = post(
+        &c,
+        addr,
+        Some("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""),
+        None,
+        "{}",
+    )
+    .await;
     assert_eq!(quoted.status, StatusCode::CREATED);
     assert!(!quoted.replayed());
-    let bare = post(&c, addr, Some("8e03978e-40d5-43e8-bc93-6894a57f9324"), None, "{}").await;
+    let bare = post(
+        &c,
+        addr,
+        Some("8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        None,
+        "{}",
+    )
+    .await;
     assert!(bare.replayed());
     assert_eq!(bare.body, quoted.body);
 
@@ -204,8 +252,14 @@ async fn key_presence_length_and_forms() {
     // Optional keys: requests without one pass straight through.
     let h2 = Counting::default();
     let addr2 = app(&env, &h2, layer(&env).key_required(false).build()).await;
-    assert_eq!(post(&c, addr2, None, None, "{}").await.status, StatusCode::CREATED);
-    assert_eq!(post(&c, addr2, None, None, "{}").await.status, StatusCode::CREATED);
+    assert_eq!(
+        post(&c, addr2, None, None, "{}").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        post(&c, addr2, None, None, "{}").await.status,
+        StatusCode::CREATED
+    );
     assert_eq!(h2.runs(), 2);
     env.cleanup().await;
 }
@@ -244,9 +298,16 @@ fn check_hundred(replies: &[Reply], h: &Counting) {
     for r in replies {
         match r.status {
             StatusCode::CONFLICT => {
-                let ra: u64 = r.header("retry-after").expect("Retry-After on 409").parse().unwrap();
+                let ra: u64 = r
+                    .header("retry-after")
+                    .expect("Retry-After on 409")
+                    .parse()
+                    .unwrap();
                 assert!(ra >= 1);
-                assert_eq!(r.body["title"], "A request is outstanding for this Idempotency-Key");
+                assert_eq!(
+                    r.body["title"],
+                    "A request is outstanding for this Idempotency-Key"
+                );
             }
             StatusCode::CREATED => assert_eq!(r.body, executed[0].body),
             other => panic!("unexpected status {other}"),
@@ -262,7 +323,13 @@ async fn hundred_concurrent_requests_one_key_run_once() {
     let addr = app(&env, &h, layer(&env).build()).await;
     let replies = hundred_at_once(&env, &h, addr, "k-100-pg").await;
     check_hundred(&replies, &h);
-    assert_eq!(replies.iter().filter(|r| r.status == StatusCode::CONFLICT).count(), 99);
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|r| r.status == StatusCode::CONFLICT)
+            .count(),
+        99
+    );
 
     // With Redis, free running: each answer is the execution, a 409 or the replay.
     let h = Counting::default();
@@ -284,14 +351,45 @@ async fn same_key_under_two_accounts_is_two_requests() {
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
     let c = http();
-    let a = post(&c, addr, Some("shared-key"), Some("acct_a"), r#"{"amount":1}"#).await;
-    let b = post(&c, addr, Some("shared-key"), Some("acct_b"), r#"{"amount":1}"#).await;
-    assert_eq!((a.status, b.status), (StatusCode::CREATED, StatusCode::CREATED));
+    let a = post(
+        &c,
+        addr,
+        Some("shared-key"),
+        Some("acct_a"),
+        r#"{"amount":1}"#,
+    )
+    .await;
+    let b = post(
+        &c,
+        addr,
+        Some("shared-key"),
+        Some("acct_b"),
+        r#"{"amount":1}"#,
+    )
+    .await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
     assert!(!a.replayed() && !b.replayed());
     assert_ne!(a.body, b.body);
     assert_eq!(h.runs(), 2);
-    let a2 = post(&c, addr, Some("shared-key"), Some("acct_a"), r#"{"amount":1}"#).await;
-    let b2 = post(&c, addr, Some("shared-key"), Some("acct_b"), r#"{"amount":1}"#).await;
+    let a2 = post(
+        &c,
+        addr,
+        Some("shared-key"),
+        Some("acct_a"),
+        r#"{"amount":1}"#,
+    )
+    .await;
+    let b2 = post(
+        &c,
+        addr,
+        Some("shared-key"),
+        Some("acct_b"),
+        r#"{"amount":1}"#,
+    )
+    .await;
     assert!(a2.replayed() && b2.replayed());
     assert_eq!(a2.body["account"], "acct_a");
     assert_eq!(b2.body["account"], "acct_b");
@@ -334,38 +432,69 @@ async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {
     for i in 0..5 {
         let k = format!("gc-{i}");
         let Claim::Acquired(t) = store
-            .claim("gc", &k, &fp, Duration::from_secs(30), Duration::from_millis(200))
+            .claim(
+                "gc",
+                &k,
+                &fp,
+                Duration::from_secs(30),
+                Duration::from_millis(200),
+            )
             .await
             .unwrap()
         else {
             panic!("claim")
         };
-        store.complete("gc", &k, t, &stored(200, "x")).await.unwrap();
+        store
+            .complete("gc", &k, t, &stored(200, "x"))
+            .await
+            .unwrap();
     }
-    let deleted = poll(Duration::from_secs(20), || {
-        let store = store.clone();
-        async move {
-            let n = store.delete_expired(2).await.unwrap();
-            (n > 0).then_some(n)
-        }
-    })
-    .await;
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE account = 'gc'")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 5 - deleted as i64);
-    // The spawnable task collects the rest.
-    let task = store.spawn_expiry_task(Duration::from_millis(100), 2);
-    poll(Duration::from_secs(20), || {
+    let gc_count = |expired_only: bool| {
         let pool = env.pool.clone();
         async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE account = 'gc'")
+            let sql = if expired_only {
+                "SELECT count(*) FROM idempotency_keys WHERE account = 'gc' AND expires_at <= now()"
+            } else {
+                "SELECT count(*) FROM idempotency_keys WHERE account = 'gc'"
+            };
+            sqlx::query_scalar::<_, i64>(sql)
                 .fetch_one(&pool)
                 .await
-                .unwrap();
-            (n == 0).then_some(())
+                .unwrap()
         }
+    };
+    poll(Duration::from_secs(20), || async {
+        (gc_count(true).await == 5).then_some(())
+    })
+    .await;
+    let deleted = store.delete_expired(2).await.unwrap();
+    assert!(deleted >= 5, "all expired rows deleted, {deleted}");
+    assert_eq!(gc_count(false).await, 0);
+
+    // The spawnable background task does the same.
+    for i in 0..3 {
+        let k = format!("gc-task-{i}");
+        let Claim::Acquired(t) = store
+            .claim(
+                "gc",
+                &k,
+                &fp,
+                Duration::from_secs(30),
+                Duration::from_millis(200),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("claim")
+        };
+        store
+            .complete("gc", &k, t, &stored(200, "x"))
+            .await
+            .unwrap();
+    }
+    let task = store.spawn_expiry_task(Duration::from_millis(100), 2);
+    poll(Duration::from_secs(20), || async {
+        (gc_count(false).await == 0).then_some(())
     })
     .await;
     task.abort();
@@ -408,7 +537,15 @@ async fn declined_402_is_replayed_and_5xx_releases_the_key() {
 
     // keep_5xx: Stripe's behaviour, the 500 is replayed.
     let h2 = Counting::default();
-    let addr2 = app(&env, &h2, layer(&env).keep_5xx(true).account(|_| Some("keep".into())).build()).await;
+    let addr2 = app(
+        &env,
+        &h2,
+        layer(&env)
+            .keep_5xx(true)
+            .account(|_| Some("keep".into()))
+            .build(),
+    )
+    .await;
     let b1 = post(&c, addr2, Some("k-keep"), None, r#"{"mode":"boom"}"#).await;
     assert_eq!(b1.status, StatusCode::INTERNAL_SERVER_ERROR);
     let b2 = post(&c, addr2, Some("k-keep"), None, r#"{"mode":"boom"}"#).await;
@@ -496,6 +633,7 @@ async fn a_crashed_request_holds_the_key_until_its_lease_ends_then_one_retry_run
         let _ = c2
             .post(format!("http://{doomed_addr}/orders"))
             .header("idempotency-key", "k-crash")
+            .header("content-type", "application/json")
             .body("{}")
             .send()
             .await;
@@ -511,9 +649,18 @@ async fn a_crashed_request_holds_the_key_until_its_lease_ends_then_one_retry_run
 
     // A healthy replica of the service, same database.
     let h = Counting::default();
-    let addr = app(&env, &h, IdempotencyLayer::builder(env.store()).lease(lease).build()).await;
+    let addr = app(
+        &env,
+        &h,
+        IdempotencyLayer::builder(env.store()).lease(lease).build(),
+    )
+    .await;
     let refused = post(&c, addr, Some("k-crash"), None, "{}").await;
-    assert_eq!(refused.status, StatusCode::CONFLICT, "refused while the lease runs");
+    assert_eq!(
+        refused.status,
+        StatusCode::CONFLICT,
+        "refused while the lease runs"
+    );
     assert!(refused.header("retry-after").is_some());
     assert_eq!(h.runs(), 0);
 
@@ -568,10 +715,19 @@ async fn a_request_whose_lease_was_taken_over_cannot_complete_or_release() {
         store.claim("a", "k", &other, lease, ttl).await.unwrap(),
         Claim::InProgress { fingerprint, .. } if fingerprint == fp
     ));
-    assert_eq!(store.complete("a", "k", old, &stored(201, "old")).await.unwrap(), Ownership::Lost);
+    assert_eq!(
+        store
+            .complete("a", "k", old, &stored(201, "old"))
+            .await
+            .unwrap(),
+        Ownership::Lost
+    );
     assert_eq!(store.release("a", "k", old).await.unwrap(), Ownership::Lost);
     assert!(matches!(
-        store.complete("a", "k", new, &stored(201, "new")).await.unwrap(),
+        store
+            .complete("a", "k", new, &stored(201, "new"))
+            .await
+            .unwrap(),
         Ownership::Owned { .. }
     ));
     match store.claim("a", "k", &fp, lease, ttl).await.unwrap() {
@@ -686,8 +842,9 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         .account(example::provider_account)
         .redis(env.redis())
         .build();
-    let provider = example::provider_router(env.pool.clone(), provider_layer)
-        .layer(middleware::from_fn_with_state(Lose(provider_lost.clone()), lose_response));
+    let provider = example::provider_router(env.pool.clone(), provider_layer).layer(
+        middleware::from_fn_with_state(Lose(provider_lost.clone()), lose_response),
+    );
     let provider_addr = serve(provider).await;
 
     let checkout_layer = IdempotencyLayer::builder(env.store())
@@ -699,8 +856,9 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         provider_url: format!("http://{provider_addr}"),
         client: quick_client(),
     };
-    let checkout = example::checkout_router(state, checkout_layer)
-        .layer(middleware::from_fn_with_state(Lose(checkout_lost.clone()), lose_response));
+    let checkout = example::checkout_router(state, checkout_layer).layer(
+        middleware::from_fn_with_state(Lose(checkout_lost.clone()), lose_response),
+    );
     let checkout_addr = serve(checkout).await;
 
     // The client: one key for the payment, retried with it.
@@ -715,8 +873,16 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
     assert_eq!(resp.status, StatusCode::CREATED);
     assert_eq!(resp.attempts, 2, "first response lost, retried once");
     assert!(resp.replayed(), "the retry got the stored payment");
-    assert_eq!(provider_lost.load(Ordering::SeqCst), 0, "provider response was lost once");
-    assert_eq!(checkout_lost.load(Ordering::SeqCst), 0, "checkout response was lost once");
+    assert_eq!(
+        provider_lost.load(Ordering::SeqCst),
+        0,
+        "provider response was lost once"
+    );
+    assert_eq!(
+        checkout_lost.load(Ordering::SeqCst),
+        0,
+        "checkout response was lost once"
+    );
 
     let http = reqwest::Client::new();
     let payments: Value = http
@@ -739,7 +905,11 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         .json()
         .await
         .unwrap();
-    assert_eq!(charges["data"].as_array().unwrap().len(), 1, "one charge at the provider");
+    assert_eq!(
+        charges["data"].as_array().unwrap().len(),
+        1,
+        "one charge at the provider"
+    );
     assert_eq!(charges["data"][0]["idempotency_key"], resp.key.as_str());
 
     // A second operation is a new key and a second charge; a declined card is final (402).
@@ -750,7 +920,10 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         source: "tok_chargeDeclined".into(),
         ..pay.clone()
     };
-    let d = client.post_json(&url, Some("acct_1"), &declined).await.unwrap();
+    let d = client
+        .post_json(&url, Some("acct_1"), &declined)
+        .await
+        .unwrap();
     assert_eq!(d.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(d.attempts, 1);
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM provider_charges")
@@ -759,7 +932,13 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         .unwrap();
     assert_eq!(n, 2);
     // No bearer: refused before the layer.
-    let r = http.post(&url).header("idempotency-key", "x").json(&pay).send().await.unwrap();
+    let r = http
+        .post(&url)
+        .header("idempotency-key", "x")
+        .json(&pay)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     env.cleanup().await;
 }
@@ -784,12 +963,17 @@ async fn client_helper_retries_with_one_key_and_stops_on_other_4xx() {
         );
         let status = {
             let mut r = s.replies.lock().unwrap();
-            if r.is_empty() { 200 } else { r.remove(0) }
+            if r.is_empty() {
+                200
+            } else {
+                r.remove(0)
+            }
         };
         let mut resp = Response::new(Body::from("{}"));
         *resp.status_mut() = StatusCode::from_u16(status).unwrap();
         if status == 409 {
-            resp.headers_mut().insert("retry-after", "1".parse().unwrap());
+            resp.headers_mut()
+                .insert("retry-after", "1".parse().unwrap());
         }
         resp
     }
@@ -803,7 +987,12 @@ async fn client_helper_retries_with_one_key_and_stops_on_other_4xx() {
     ] {
         let s = Script::default();
         *s.replies.lock().unwrap() = script.clone();
-        let addr = serve(Router::new().route("/op", route_post(scripted)).with_state(s.clone())).await;
+        let addr = serve(
+            Router::new()
+                .route("/op", route_post(scripted))
+                .with_state(s.clone()),
+        )
+        .await;
         let r = client
             .post_json(&format!("http://{addr}/op"), None, &json!({"x": 1}))
             .await
@@ -812,7 +1001,10 @@ async fn client_helper_retries_with_one_key_and_stops_on_other_4xx() {
         assert_eq!(r.attempts, attempts, "{script:?}");
         let keys = s.keys.lock().unwrap().clone();
         assert_eq!(keys.len(), attempts as usize);
-        assert!(keys.iter().all(|k| k == r.key.as_str()), "one key per operation: {keys:?}");
+        assert!(
+            keys.iter().all(|k| k == r.key.as_str()),
+            "one key per operation: {keys:?}"
+        );
     }
     // Network errors are retried, then reported.
     let err = client

@@ -8,7 +8,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{file_sink_ids, now, pg_admin_url, pipeline_drained, stripe_event, wait_for, Backend, RunningBinary, TestDb};
+use common::{
+    file_sink_ids, now, pg_admin_url, pipeline_drained, stripe_event, wait_for, Backend,
+    RunningBinary, TestDb,
+};
 
 const SECRET: &str = "whsec_outage";
 
@@ -75,13 +78,20 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
             continue;
         }
         assert_eq!(
-            response.headers().get("content-type").and_then(|v| v.to_str().ok()),
+            response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
             Some("application/problem+json")
         );
         assert!(response.headers().contains_key("retry-after"));
         refused.push(id);
     }
-    assert!(refused.len() >= 9, "the outage must be answered with 503, refused {}", refused.len());
+    assert!(
+        refused.len() >= 9,
+        "the outage must be answered with 503, refused {}",
+        refused.len()
+    );
     let ready = client.get(bin.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 503);
 
@@ -97,21 +107,37 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
         assert_eq!(send(&client, &url, id).await.status(), 200);
         acked.insert(id.clone());
     }
-    assert_eq!(client.get(bin.url("/readyz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client
+            .get(bin.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 
     let store = Arc::new(db.store().await);
     let expected = acked.len();
-    wait_for("acknowledged events to reach the sink", Duration::from_secs(60), || {
-        let (store, sink) = (store.clone(), sink.clone());
-        async move {
-            let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-            (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await).then_some(())
-        }
-    })
+    wait_for(
+        "acknowledged events to reach the sink",
+        Duration::from_secs(60),
+        || {
+            let (store, sink) = (store.clone(), sink.clone());
+            async move {
+                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+                (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await)
+                    .then_some(())
+            }
+        },
+    )
     .await;
     let delivered: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
     for id in &acked {
-        assert!(delivered.contains(id), "{id} was acknowledged but never delivered");
+        assert!(
+            delivered.contains(id),
+            "{id} was acknowledged but never delivered"
+        );
     }
     drop(bin);
 }

@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend, RunningBinary, TestDb};
+use common::{
+    file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend,
+    RunningBinary, TestDb,
+};
 use futures::stream::{self, StreamExt};
 
 const SECRET: &str = "whsec_pipeline";
@@ -54,7 +57,10 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
     let send = |id: &str| {
         let body = payloads[id].clone();
         let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-        let request = client.post(&url).header("Stripe-Signature", header).body(body);
+        let request = client
+            .post(&url)
+            .header("Stripe-Signature", header)
+            .body(body);
         async move { request.send().await.map(|r| r.status().as_u16()) }
     };
 
@@ -70,14 +76,18 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
         .collect()
         .await;
     assert_eq!(statuses.len(), 1100);
-    assert!(statuses.iter().all(|s| matches!(s, Ok(200))), "every delivery accepted");
+    assert!(
+        statuses.iter().all(|s| matches!(s, Ok(200))),
+        "every delivery accepted"
+    );
 
     let store = Arc::new(db.store().await);
     wait_for("the pipeline to drain", Duration::from_secs(90), || {
         let store = store.clone();
         let sink = sink.clone();
         async move {
-            (pipeline_drained(&store, "dedup.events").await && file_sink_ids(&sink).len() >= 1000).then_some(())
+            (pipeline_drained(&store, "dedup.events").await && file_sink_ids(&sink).len() >= 1000)
+                .then_some(())
         }
     })
     .await;
@@ -88,10 +98,16 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
     }
     assert_eq!(seen.len(), 1000, "every event reached the sink");
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(repeated.is_empty(), "events delivered more than once: {repeated:?}");
+    assert!(
+        repeated.is_empty(),
+        "events delivered more than once: {repeated:?}"
+    );
 
     let ledger = ledger_counts(&store).await;
     assert_eq!(ledger.len(), 1000);
-    assert!(ledger.values().all(|n| *n == 1), "one handler effect per event");
+    assert!(
+        ledger.values().all(|n| *n == 1),
+        "one handler effect per event"
+    );
     drop(bin);
 }

@@ -71,10 +71,16 @@ async fn dedup_insert_returns_only_new_ids(backend: Backend) {
     tx.commit().await.unwrap();
 
     let mut tx = store.begin().await.unwrap();
-    let new = tx.insert_processed("stripe", &[pair("evt_b"), pair("evt_c")]).await.unwrap();
+    let new = tx
+        .insert_processed("stripe", &[pair("evt_b"), pair("evt_c")])
+        .await
+        .unwrap();
     assert_eq!(new, vec!["evt_c"]);
     // Another source is another key.
-    let other = tx.insert_processed("github", &[pair("evt_a")]).await.unwrap();
+    let other = tx
+        .insert_processed("github", &[pair("evt_a")])
+        .await
+        .unwrap();
     assert_eq!(other, vec!["evt_a"]);
     tx.commit().await.unwrap();
 }
@@ -83,19 +89,34 @@ async fn dedup_row_rolls_back_with_its_transaction(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(tx.insert_processed("stripe", &[pair("evt_x")]).await.unwrap(), vec!["evt_x"]);
+    assert_eq!(
+        tx.insert_processed("stripe", &[pair("evt_x")])
+            .await
+            .unwrap(),
+        vec!["evt_x"]
+    );
     tx.rollback().await.unwrap();
     // Never "seen" unless committed.
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(tx.insert_processed("stripe", &[pair("evt_x")]).await.unwrap(), vec!["evt_x"]);
+    assert_eq!(
+        tx.insert_processed("stripe", &[pair("evt_x")])
+            .await
+            .unwrap(),
+        vec!["evt_x"]
+    );
     // Savepoint semantics: undone with its event only.
     tx.savepoint().await.unwrap();
-    tx.insert_processed("stripe", &[pair("evt_y")]).await.unwrap();
+    tx.insert_processed("stripe", &[pair("evt_y")])
+        .await
+        .unwrap();
     tx.rollback_to_savepoint().await.unwrap();
     tx.release_savepoint().await.unwrap();
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    let new = tx.insert_processed("stripe", &[pair("evt_x"), pair("evt_y")]).await.unwrap();
+    let new = tx
+        .insert_processed("stripe", &[pair("evt_x"), pair("evt_y")])
+        .await
+        .unwrap();
     assert_eq!(new, vec!["evt_y"]);
     tx.rollback().await.unwrap();
 }
@@ -107,25 +128,48 @@ async fn outbox_write_claim_mark(backend: Backend) {
     let mut tx = store.begin().await.unwrap();
     tx.insert_outbox(&[outbox_row("evt_0")]).await.unwrap();
     tx.rollback().await.unwrap();
-    assert!(store.claim_outbox(10, Duration::from_secs(30)).await.unwrap().is_empty());
+    assert!(store
+        .claim_outbox(10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
 
     let mut tx = store.begin().await.unwrap();
-    tx.insert_outbox(&[outbox_row("evt_1"), outbox_row("evt_2"), outbox_row("evt_3")])
+    tx.insert_outbox(&[
+        outbox_row("evt_1"),
+        outbox_row("evt_2"),
+        outbox_row("evt_3"),
+    ])
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let first = store
+        .claim_outbox(2, Duration::from_secs(30))
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-    let first = store.claim_outbox(2, Duration::from_secs(30)).await.unwrap();
     assert_eq!(first.len(), 2);
-    assert!(first.iter().all(|r| r.attempts == 1 && r.idempotency_key == r.event_id));
+    assert!(first
+        .iter()
+        .all(|r| r.attempts == 1 && r.idempotency_key == r.event_id));
     // Leased rows are not handed out again.
-    let second = store.claim_outbox(10, Duration::from_secs(30)).await.unwrap();
+    let second = store
+        .claim_outbox(10, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(second.len(), 1);
     let ids: Vec<i64> = first.iter().chain(&second).map(|r| r.id).collect();
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 3);
     store.mark_dispatched(&ids).await.unwrap();
     let counts = store.outbox_counts().await.unwrap();
-    assert_eq!((counts.pending, counts.dispatched, counts.failed), (0, 3, 0));
-    assert!(store.claim_outbox(10, Duration::from_secs(0)).await.unwrap().is_empty());
+    assert_eq!(
+        (counts.pending, counts.dispatched, counts.failed),
+        (0, 3, 0)
+    );
+    assert!(store
+        .claim_outbox(10, Duration::from_secs(0))
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn outbox_claim_comes_back_after_lease(backend: Backend) {
@@ -134,12 +178,22 @@ async fn outbox_claim_comes_back_after_lease(backend: Backend) {
     let mut tx = store.begin().await.unwrap();
     tx.insert_outbox(&[outbox_row("evt_lease")]).await.unwrap();
     tx.commit().await.unwrap();
-    let claimed = store.claim_outbox(10, Duration::from_millis(300)).await.unwrap();
+    let claimed = store
+        .claim_outbox(10, Duration::from_millis(300))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
-    assert!(store.claim_outbox(10, Duration::from_millis(300)).await.unwrap().is_empty());
+    assert!(store
+        .claim_outbox(10, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_empty());
     // The relay "died": after the lease the row is claimable again, same key, attempt 2.
     let again = wait_for("the lease to expire", Duration::from_secs(10), || async {
-        let rows = store.claim_outbox(10, Duration::from_secs(30)).await.unwrap();
+        let rows = store
+            .claim_outbox(10, Duration::from_secs(30))
+            .await
+            .unwrap();
         (!rows.is_empty()).then_some(rows)
     })
     .await;
@@ -154,13 +208,21 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
     let mut tx = store.begin().await.unwrap();
     tx.insert_outbox(&[outbox_row("evt_fail")]).await.unwrap();
     tx.commit().await.unwrap();
-    let row = store.claim_outbox(1, Duration::from_secs(30)).await.unwrap().remove(0);
+    let row = store
+        .claim_outbox(1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
     store
         .mark_delivery_failed(row.id, "receiver answered 500", Duration::ZERO, 2)
         .await
         .unwrap();
     assert_eq!(store.outbox_counts().await.unwrap().pending, 1);
-    let row = store.claim_outbox(1, Duration::from_secs(30)).await.unwrap().remove(0);
+    let row = store
+        .claim_outbox(1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(row.attempts, 2);
     store
         .mark_delivery_failed(row.id, "receiver answered 500", Duration::ZERO, 2)
@@ -177,17 +239,26 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     store
-        .enqueue("q1", &[message("evt_1"), message("evt_2"), message("evt_3")])
+        .enqueue(
+            "q1",
+            &[message("evt_1"), message("evt_2"), message("evt_3")],
+        )
         .await
         .unwrap();
     store.enqueue("q2", &[message("evt_other")]).await.unwrap();
     assert_eq!(store.queue_depth("q1").await.unwrap(), 3);
-    let first = store.claim_messages("q1", 2, Duration::from_secs(30)).await.unwrap();
+    let first = store
+        .claim_messages("q1", 2, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(first.len(), 2);
     assert_eq!(first[0].message_id.as_deref(), Some("evt_1"));
     assert_eq!(first[0].payload, br#"{"id":"evt_1"}"#);
     assert_eq!(first[0].attempts, 1);
-    let second = store.claim_messages("q1", 10, Duration::from_secs(30)).await.unwrap();
+    let second = store
+        .claim_messages("q1", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(second.len(), 1);
     store
         .ack_messages(&first.iter().map(|m| m.id).collect::<Vec<_>>())
@@ -195,8 +266,14 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
         .unwrap();
     assert_eq!(store.queue_depth("q1").await.unwrap(), 1);
     // A released message is visible again at once with delay 0.
-    store.release_message(second[0].id, Duration::ZERO).await.unwrap();
-    let again = store.claim_messages("q1", 10, Duration::from_secs(30)).await.unwrap();
+    store
+        .release_message(second[0].id, Duration::ZERO)
+        .await
+        .unwrap();
+    let again = store
+        .claim_messages("q1", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].attempts, 2);
     assert_eq!(store.queue_depth("q2").await.unwrap(), 1);
@@ -206,13 +283,27 @@ async fn queue_redelivers_after_expired_lease(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     store.enqueue("q", &[message("evt_1")]).await.unwrap();
-    let claimed = store.claim_messages("q", 10, Duration::from_millis(300)).await.unwrap();
+    let claimed = store
+        .claim_messages("q", 10, Duration::from_millis(300))
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
-    assert!(store.claim_messages("q", 10, Duration::from_secs(30)).await.unwrap().is_empty());
-    let again = wait_for("the queue lease to expire", Duration::from_secs(10), || async {
-        let rows = store.claim_messages("q", 10, Duration::from_secs(30)).await.unwrap();
-        (!rows.is_empty()).then_some(rows)
-    })
+    assert!(store
+        .claim_messages("q", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+    let again = wait_for(
+        "the queue lease to expire",
+        Duration::from_secs(10),
+        || async {
+            let rows = store
+                .claim_messages("q", 10, Duration::from_secs(30))
+                .await
+                .unwrap();
+            (!rows.is_empty()).then_some(rows)
+        },
+    )
     .await;
     assert_eq!(again[0].id, claimed[0].id);
     assert_eq!(again[0].attempts, 2);
@@ -229,7 +320,10 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
         handles.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
-                let batch = store.claim_messages("q", 7, Duration::from_secs(60)).await.unwrap();
+                let batch = store
+                    .claim_messages("q", 7, Duration::from_secs(60))
+                    .await
+                    .unwrap();
                 if batch.is_empty() {
                     return mine;
                 }
@@ -242,7 +336,11 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
         all.extend(h.await.unwrap());
     }
     assert_eq!(all.len(), 200, "every message claimed once");
-    assert_eq!(all.iter().collect::<HashSet<_>>().len(), 200, "no message claimed twice");
+    assert_eq!(
+        all.iter().collect::<HashSet<_>>().len(),
+        200,
+        "no message claimed twice"
+    );
 }
 
 async fn dead_letters_list_and_redrive(backend: Backend) {
@@ -266,7 +364,10 @@ async fn dead_letters_list_and_redrive(backend: Backend) {
     assert_eq!(listed[0].error, "fatal: no such account");
     assert_eq!(store.redrive_dead_letters(&[]).await.unwrap(), 1);
     assert!(store.dead_letters(10).await.unwrap().is_empty());
-    let back = store.claim_messages("q", 10, Duration::from_secs(30)).await.unwrap();
+    let back = store
+        .claim_messages("q", 10, Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].message_id.as_deref(), Some("evt_dead"));
 }
@@ -275,7 +376,9 @@ async fn retention_purges_old_rows(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let mut tx = store.begin().await.unwrap();
-    tx.insert_processed("stripe", &[pair("evt_old")]).await.unwrap();
+    tx.insert_processed("stripe", &[pair("evt_old")])
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     // A long window keeps it.
     store
@@ -283,15 +386,29 @@ async fn retention_purges_old_rows(backend: Backend) {
         .await
         .unwrap();
     let mut tx = store.begin().await.unwrap();
-    assert!(tx.insert_processed("stripe", &[pair("evt_old")]).await.unwrap().is_empty());
+    assert!(tx
+        .insert_processed("stripe", &[pair("evt_old")])
+        .await
+        .unwrap()
+        .is_empty());
     tx.rollback().await.unwrap();
     // A zero window deletes it (once the clock has moved past its timestamp).
-    wait_for("retention to delete the row", Duration::from_secs(10), || async {
-        store.purge_expired(Duration::ZERO, Duration::ZERO, 100).await.unwrap();
-        let mut tx = store.begin().await.unwrap();
-        let new = tx.insert_processed("stripe", &[pair("evt_old")]).await.unwrap();
-        tx.rollback().await.unwrap();
-        (!new.is_empty()).then_some(())
-    })
+    wait_for(
+        "retention to delete the row",
+        Duration::from_secs(10),
+        || async {
+            store
+                .purge_expired(Duration::ZERO, Duration::ZERO, 100)
+                .await
+                .unwrap();
+            let mut tx = store.begin().await.unwrap();
+            let new = tx
+                .insert_processed("stripe", &[pair("evt_old")])
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            (!new.is_empty()).then_some(())
+        },
+    )
     .await;
 }

@@ -18,7 +18,10 @@ async fn ingress_only(db: &TestDb, extra: &[(&str, Value)], overrides: Overrides
     let mut values = vec![
         ("roles.consumer", json!(false)),
         ("roles.relay", json!(false)),
-        ("stripe.secrets", json!(format!("whsec_old_rotated,{SECRET}"))),
+        (
+            "stripe.secrets",
+            json!(format!("whsec_old_rotated,{SECRET}")),
+        ),
     ];
     values.extend(extra.iter().cloned());
     TestApp::spawn(test_settings(&db.url, &values), overrides).await
@@ -48,7 +51,12 @@ async fn events_signed_by_the_official_library_are_accepted() {
     let app = ingress_only(&db, &[], Overrides::default()).await;
     let t = now();
     let payloads: Vec<(Vec<u8>, i64)> = (0..5)
-        .map(|i| (stripe_event(&format!("evt_py_{i}"), "payment_intent.succeeded"), t))
+        .map(|i| {
+            (
+                stripe_event(&format!("evt_py_{i}"), "payment_intent.succeeded"),
+                t,
+            )
+        })
         .collect();
     let headers = stripe_python_sign(SECRET, &payloads);
     for ((payload, _), header) in payloads.iter().zip(&headers) {
@@ -56,7 +64,10 @@ async fn events_signed_by_the_official_library_are_accepted() {
         assert_eq!(status, 200, "{body}");
     }
     // A secret being rotated out still verifies.
-    let old = stripe_python_sign("whsec_old_rotated", &[(stripe_event("evt_py_old", "x.y"), t)]);
+    let old = stripe_python_sign(
+        "whsec_old_rotated",
+        &[(stripe_event("evt_py_old", "x.y"), t)],
+    );
     let (status, _, _) = post(&app, Some(&old[0]), &stripe_event("evt_py_old", "x.y")).await;
     assert_eq!(status, 200);
     assert_eq!(app.store.queue_depth(QUEUE).await.unwrap(), 6);
@@ -71,25 +82,71 @@ async fn every_failed_check_is_a_400_problem_naming_it() {
     let body = stripe_event("evt_bad", "charge.succeeded");
     let tampered = {
         let mut b = body.clone();
-        let pos = b.iter().position(|c| *c == b'9').expect("a digit to change");
+        let pos = b
+            .iter()
+            .position(|c| *c == b'9')
+            .expect("a digit to change");
         b[pos] = b'8';
         b
     };
     let signed = stripe_python_sign(
         SECRET,
-        &[(body.clone(), t), (body.clone(), t - 400), (body.clone(), t + 400)],
+        &[
+            (body.clone(), t),
+            (body.clone(), t - 400),
+            (body.clone(), t + 400),
+        ],
     );
     let wrong_secret = stripe_python_sign("whsec_someone_else", &[(body.clone(), t)]);
-    let v1_only = signed[0].split(',').find(|p| p.starts_with("v1=")).expect("v1").to_owned();
+    let v1_only = signed[0]
+        .split(',')
+        .find(|p| p.starts_with("v1="))
+        .expect("v1")
+        .to_owned();
     let cases: Vec<(&str, Option<String>, Vec<u8>, &str)> = vec![
-        ("tampered body", Some(signed[0].clone()), tampered, "signature_mismatch"),
-        ("wrong secret", Some(wrong_secret[0].clone()), body.clone(), "signature_mismatch"),
-        ("stale timestamp", Some(signed[1].clone()), body.clone(), "timestamp_tolerance"),
-        ("future timestamp", Some(signed[2].clone()), body.clone(), "timestamp_tolerance"),
+        (
+            "tampered body",
+            Some(signed[0].clone()),
+            tampered,
+            "signature_mismatch",
+        ),
+        (
+            "wrong secret",
+            Some(wrong_secret[0].clone()),
+            body.clone(),
+            "signature_mismatch",
+        ),
+        (
+            "stale timestamp",
+            Some(signed[1].clone()),
+            body.clone(),
+            "timestamp_tolerance",
+        ),
+        (
+            "future timestamp",
+            Some(signed[2].clone()),
+            body.clone(),
+            "timestamp_tolerance",
+        ),
         ("missing header", None, body.clone(), "missing_header"),
-        ("malformed header", Some("this is not a signature".into()), body.clone(), "malformed_header"),
-        ("no timestamp", Some(v1_only.clone()), body.clone(), "malformed_header"),
-        ("no v1", Some(format!("t={t},v0={}", "ab".repeat(32))), body.clone(), "no_v1_signature"),
+        (
+            "malformed header",
+            Some("this is not a signature".into()),
+            body.clone(),
+            "malformed_header",
+        ),
+        (
+            "no timestamp",
+            Some(v1_only.clone()),
+            body.clone(),
+            "malformed_header",
+        ),
+        (
+            "no v1",
+            Some(format!("t={t},v0={}", "ab".repeat(32))),
+            body.clone(),
+            "no_v1_signature",
+        ),
     ];
     for (name, header, payload, check) in cases {
         let (status, content_type, problem) = post(&app, header.as_deref(), &payload).await;
@@ -97,12 +154,22 @@ async fn every_failed_check_is_a_400_problem_naming_it() {
         assert_eq!(content_type, "application/problem+json", "{name}");
         assert_eq!(problem["check"], check, "{name}: {problem}");
         assert_eq!(problem["status"], 400, "{name}");
-        assert!(problem["title"].is_string() && problem["detail"].is_string(), "{name}: {problem}");
+        assert!(
+            problem["title"].is_string() && problem["detail"].is_string(),
+            "{name}: {problem}"
+        );
         // Never a hint of the expected signature.
         let expected = dedup_worker::webhook::stripe::compute_signature(SECRET, t, &payload);
-        assert!(!problem.to_string().contains(&expected), "{name} leaks the signature");
+        assert!(
+            !problem.to_string().contains(&expected),
+            "{name} leaks the signature"
+        );
     }
-    assert_eq!(app.store.queue_depth(QUEUE).await.unwrap(), 0, "nothing rejected is enqueued");
+    assert_eq!(
+        app.store.queue_depth(QUEUE).await.unwrap(),
+        0,
+        "nothing rejected is enqueued"
+    );
     app.stop().await;
 }
 
@@ -128,7 +195,12 @@ async fn published_vector_verifies_at_its_own_timestamp() {
 
     // With the real clock the same delivery is years stale.
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(&db, &[("stripe.secrets", json!("secret"))], Overrides::default()).await;
+    let app = ingress_only(
+        &db,
+        &[("stripe.secrets", json!("secret"))],
+        Overrides::default(),
+    )
+    .await;
     let (status, _, body) = post(&app, Some(header), vector).await;
     assert_eq!(status, 400);
     assert_eq!(body["check"], "timestamp_tolerance");
@@ -138,7 +210,12 @@ async fn published_vector_verifies_at_its_own_timestamp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tolerance_is_configurable() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(&db, &[("stripe.tolerance_secs", json!(3600))], Overrides::default()).await;
+    let app = ingress_only(
+        &db,
+        &[("stripe.tolerance_secs", json!(3600))],
+        Overrides::default(),
+    )
+    .await;
     let body = stripe_event("evt_late", "charge.succeeded");
     let header = stripe_python_sign(SECRET, &[(body.clone(), now() - 1800)]);
     let (status, _, problem) = post(&app, Some(&header[0]), &body).await;
@@ -149,7 +226,12 @@ async fn tolerance_is_configurable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_unparsable_and_idless_payloads_are_refused() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(&db, &[("http.body_limit_bytes", json!(4096))], Overrides::default()).await;
+    let app = ingress_only(
+        &db,
+        &[("http.body_limit_bytes", json!(4096))],
+        Overrides::default(),
+    )
+    .await;
     let sign = |body: &[u8]| dedup_worker::webhook::stripe::signature_header(SECRET, now(), body);
 
     let big = {
@@ -163,11 +245,19 @@ async fn oversized_unparsable_and_idless_payloads_are_refused() {
 
     let not_json = b"id=evt_1&type=x".to_vec();
     let (status, _, problem) = post(&app, Some(&sign(&not_json)), &not_json).await;
-    assert_eq!((status, problem["check"].as_str()), (400, Some("payload_json")), "{problem}");
+    assert_eq!(
+        (status, problem["check"].as_str()),
+        (400, Some("payload_json")),
+        "{problem}"
+    );
 
     let no_id = serde_json::to_vec(&json!({"type": "charge.succeeded"})).unwrap();
     let (status, _, problem) = post(&app, Some(&sign(&no_id)), &no_id).await;
-    assert_eq!((status, problem["check"].as_str()), (400, Some("payload_id")), "{problem}");
+    assert_eq!(
+        (status, problem["check"].as_str()),
+        (400, Some("payload_id")),
+        "{problem}"
+    );
 
     assert_eq!(app.store.queue_depth(QUEUE).await.unwrap(), 0);
     app.stop().await;
@@ -177,7 +267,10 @@ async fn oversized_unparsable_and_idless_payloads_are_refused() {
 fn sign_command_prints_the_published_vector() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-worker"))
         .args(["sign", "--secret", "secret", "--timestamp", "1533204620"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/stripe_invoiceitem_created.json"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/vectors/stripe_invoiceitem_created.json"
+        ))
         .output()
         .expect("run sign");
     assert!(output.status.success());
@@ -194,7 +287,10 @@ fn invalid_configuration_stops_the_start_naming_the_key() {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
         cmd.arg("serve")
             .env_clear()
-            .env("DATABASE_URL", format!("sqlite://{}/x.db", dir.path().display()))
+            .env(
+                "DATABASE_URL",
+                format!("sqlite://{}/x.db", dir.path().display()),
+            )
             .env("DEDUP_LISTEN", "127.0.0.1:0");
         for (k, v) in env {
             cmd.env(k, v);
@@ -204,11 +300,20 @@ fn invalid_configuration_stops_the_start_naming_the_key() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert!(run(&[]).contains("stripe.secrets"));
-    let err = run(&[("STRIPE_WEBHOOK_SECRET", "whsec_x"), ("DEDUP_LISTEN", "nonsense")]);
+    let err = run(&[
+        ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+        ("DEDUP_LISTEN", "nonsense"),
+    ]);
     assert!(err.contains("http.listen"), "{err}");
-    let err = run(&[("STRIPE_WEBHOOK_SECRET", "whsec_x"), ("DEDUP_SINK", "gopher://x")]);
+    let err = run(&[
+        ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+        ("DEDUP_SINK", "gopher://x"),
+    ]);
     assert!(err.contains("outbox.sink"), "{err}");
-    let err = run(&[("STRIPE_WEBHOOK_SECRET", "whsec_x"), ("DEDUP_CONSUMER__BATCH_SIZE", "0")]);
+    let err = run(&[
+        ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+        ("DEDUP_CONSUMER__BATCH_SIZE", "0"),
+    ]);
     assert!(err.contains("consumer.batch_size"), "{err}");
 
     // A --config file overrides the defaults and is itself overridden by the environment.
@@ -219,7 +324,10 @@ fn invalid_configuration_stops_the_start_naming_the_key() {
         .arg(&file)
         .env_clear()
         .env("STRIPE_WEBHOOK_SECRET", "whsec_x")
-        .env("DATABASE_URL", format!("sqlite://{}/x.db", dir.path().display()))
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}/x.db", dir.path().display()),
+        )
         .output()
         .expect("run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("consumer.workers"));

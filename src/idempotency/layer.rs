@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::key::{IdempotencyKey, KeyError};
-use super::redis::{CachedResponse, RedisCache};
+use super::redis::{CacheError, CachedResponse, Lookup, RedisCache};
 use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
 
 /// The request header.
@@ -309,26 +309,22 @@ where
     // Redis fast path. Every error falls through to PostgreSQL.
     let mut lock: Option<String> = None;
     if let Some(cache) = &shared.redis {
-        match cache.get(&account, k).await {
-            Ok(Some(hit)) if hit.fingerprint == fingerprint => {
+        let token = Uuid::new_v4().to_string();
+        match cache.lookup_or_lock(&account, k, &token, cfg.lease).await {
+            Ok(Lookup::Hit(hit)) if hit.fingerprint == fingerprint => {
                 outcome("replay_redis");
                 return Ok(replay(&hit.response));
             }
-            Ok(Some(_)) => {
+            Ok(Lookup::Hit(_)) => {
                 outcome("reused");
                 return Ok(Rejection::Reused.into_response(style));
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "redis lookup failed; using PostgreSQL"),
-        }
-        let token = Uuid::new_v4().to_string();
-        match cache.try_lock(&account, k, &token, cfg.lease).await {
-            Ok(true) => lock = Some(token),
-            Ok(false) => {
+            Ok(Lookup::Locked) => lock = Some(token),
+            Ok(Lookup::Busy) => {
                 outcome("in_progress");
                 return Ok(Rejection::InProgress(Duration::from_secs(1)).into_response(style));
             }
-            Err(e) => tracing::warn!(error = %e, "redis lock failed; using PostgreSQL"),
+            Err(e) => cache_error(&e, "redis lookup failed; using PostgreSQL"),
         }
     }
 
@@ -480,6 +476,16 @@ where
     Ok(Response::from_parts(head, Body::from(body)))
 }
 
+/// Redis trouble never fails a request; while the breaker is open, say so quietly rather than
+/// once per request.
+fn cache_error(e: &CacheError, what: &'static str) {
+    if matches!(e, CacheError::Skipped) {
+        tracing::debug!(error = %e, "{what}");
+    } else {
+        tracing::warn!(error = %e, "{what}");
+    }
+}
+
 fn outcome(what: &'static str) {
     metrics::counter!("idempotency_requests_total", "outcome" => what).increment(1);
 }
@@ -499,14 +505,14 @@ async fn mirror(
         response: response.clone(),
     };
     if let Err(e) = cache.store(account, key, lock, &cached, ttl).await {
-        tracing::warn!(error = %e, "mirroring idempotent result to redis failed");
+        cache_error(&e, "mirroring idempotent result to redis failed");
     }
 }
 
 async fn unlock(shared: &Shared, account: &str, key: &str, lock: Option<&str>) {
     if let (Some(cache), Some(token)) = (&shared.redis, lock) {
         if let Err(e) = cache.unlock(account, key, token).await {
-            tracing::warn!(error = %e, "redis unlock failed");
+            cache_error(&e, "redis unlock failed");
         }
     }
 }

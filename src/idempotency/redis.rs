@@ -44,6 +44,17 @@ pub struct CachedResponse {
     pub response: StoredResponse,
 }
 
+/// What [`RedisCache::lookup_or_lock`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// A mirrored completed response.
+    Hit(CachedResponse),
+    /// No mirrored response; we now hold the short lock.
+    Locked,
+    /// No mirrored response and another request holds the lock.
+    Busy,
+}
+
 /// Redis mirror and lock.
 #[derive(Clone)]
 pub struct RedisCache {
@@ -58,6 +69,10 @@ struct Inner {
     skip_until_ms: AtomicU64,
     breaker: Duration,
     timeout: Duration,
+    // Built once: `Script::new` hashes the source (SHA-1) for EVALSHA.
+    lookup: redis::Script,
+    store: redis::Script,
+    unlock: redis::Script,
 }
 
 impl std::fmt::Debug for RedisCache {
@@ -79,6 +94,15 @@ end
 return 1
 "#;
 
+// One round trip for the common question "stored result, or may I go on to PostgreSQL?":
+// the mirrored response if there is one, else try the short lock.
+const LOOKUP_SCRIPT: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if v then return {1, v} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
+return {3}
+"#;
+
 const UNLOCK_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -98,6 +122,9 @@ impl RedisCache {
                 skip_until_ms: AtomicU64::new(0),
                 breaker: Duration::from_secs(1),
                 timeout: Duration::from_millis(500),
+                lookup: redis::Script::new(LOOKUP_SCRIPT),
+                store: redis::Script::new(STORE_SCRIPT),
+                unlock: redis::Script::new(UNLOCK_SCRIPT),
             }),
         })
     }
@@ -122,6 +149,13 @@ impl RedisCache {
             .inner
             .conn
             .get_or_try_init(|| async {
+                // Callers queued behind a failed attempt must not each retry the connection.
+                if Self::now_ms() < self.inner.skip_until_ms.load(Ordering::Relaxed) {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::IoError,
+                        "redis recently unreachable",
+                    )));
+                }
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(self.inner.timeout)
                     .set_response_timeout(self.inner.timeout)
@@ -175,6 +209,36 @@ impl RedisCache {
         }
     }
 
+    /// The mirrored response for `(account, key)`, or else an attempt at the short lock, in one
+    /// round trip.
+    pub async fn lookup_or_lock(
+        &self,
+        account: &str,
+        key: &str,
+        token: &str,
+        lock_ttl: Duration,
+    ) -> Result<Lookup, CacheError> {
+        let mut conn = self.conn().await?;
+        let reply: Vec<redis::Value> = self
+            .inner
+            .lookup
+            .key(self.id("resp", account, key))
+            .key(self.id("lock", account, key))
+            .arg(token)
+            .arg(lock_ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(e.into()))?;
+        match reply.as_slice() {
+            [redis::Value::Int(1), redis::Value::BulkString(raw)] => {
+                decode(raw).map(Lookup::Hit).ok_or(CacheError::Corrupt)
+            }
+            [redis::Value::Int(2)] => Ok(Lookup::Locked),
+            [redis::Value::Int(3)] => Ok(Lookup::Busy),
+            _ => Err(CacheError::Corrupt),
+        }
+    }
+
     /// Tries the short lock; `true` when acquired.
     pub async fn try_lock(
         &self,
@@ -206,7 +270,8 @@ impl RedisCache {
         ttl: Duration,
     ) -> Result<(), CacheError> {
         let mut conn = self.conn().await?;
-        redis::Script::new(STORE_SCRIPT)
+        self.inner
+            .store
             .key(self.id("resp", account, key))
             .key(self.id("lock", account, key))
             .arg(encode(cached))
@@ -221,7 +286,8 @@ impl RedisCache {
     /// Drops our lock (after a released 5xx).
     pub async fn unlock(&self, account: &str, key: &str, token: &str) -> Result<(), CacheError> {
         let mut conn = self.conn().await?;
-        redis::Script::new(UNLOCK_SCRIPT)
+        self.inner
+            .unlock
             .key(self.id("lock", account, key))
             .arg(token)
             .invoke_async::<i64>(&mut conn)

@@ -177,7 +177,10 @@ mod tests {
                 SignatureError::MalformedHeader,
             ),
             (Some("t=100,v0=abcd".into()), SignatureError::NoV1Signature),
-            (Some("t=100,v1=zz".into()), SignatureError::NoMatchingSignature),
+            (
+                Some("t=100,v1=zz".into()),
+                SignatureError::NoMatchingSignature,
+            ),
             (
                 Some(format!(
                     "t=100,v1={}",

@@ -20,7 +20,8 @@ use dedup_worker::store::Store;
 
 /// PostgreSQL server for tests (trust auth); a database per test is created on it.
 pub fn pg_admin_url() -> String {
-    std::env::var("DEDUP_TEST_POSTGRES").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("DEDUP_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// Which store a test runs on.
@@ -45,7 +46,9 @@ impl TestDb {
         match backend {
             Backend::Postgres => {
                 let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
-                let admin = sqlx::PgPool::connect(&pg_admin_url()).await.expect("connect to PostgreSQL");
+                let admin = sqlx::PgPool::connect(&pg_admin_url())
+                    .await
+                    .expect("connect to PostgreSQL");
                 sqlx::query(&format!("CREATE DATABASE {name}"))
                     .execute(&admin)
                     .await
@@ -78,7 +81,9 @@ impl TestDb {
 
     /// A migrated store on this database.
     pub async fn store(&self) -> Store {
-        let store = Store::connect_url(&self.url, 8, Duration::from_secs(5)).await.expect("connect store");
+        let store = Store::connect_url(&self.url, 8, Duration::from_secs(5))
+            .await
+            .expect("connect store");
         store.migrate().await.expect("migrate");
         store
     }
@@ -93,7 +98,10 @@ impl Drop for TestDb {
         if let Some(name) = self.pg_name.take() {
             // Drop runs outside any runtime guarantee: use a thread with its own runtime.
             let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
                 rt.block_on(async move {
                     let admin = sqlx::PgPool::connect(&pg_admin_url()).await.ok()?;
                     sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -172,7 +180,9 @@ json.dump(out, sys.stdout)
     {
         use std::io::Write;
         let mut stdin = child.stdin.take().expect("stdin");
-        stdin.write_all(request.to_string().as_bytes()).expect("write");
+        stdin
+            .write_all(request.to_string().as_bytes())
+            .expect("write");
     }
     let output = child.wait_with_output().expect("python");
     assert!(
@@ -209,10 +219,12 @@ impl RunningBinary {
         let mut child = cmd.spawn().expect("start dedup-worker");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let line = lines
-            .next()
-            .and_then(Result::ok)
-            .unwrap_or_else(|| panic!("binary exited early: {}", std::fs::read_to_string(&stderr_path).unwrap_or_default()));
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| {
+            panic!(
+                "binary exited early: {}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            )
+        });
         let addr = line
             .strip_prefix("dedup-worker listening on http://")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
@@ -220,7 +232,11 @@ impl RunningBinary {
             .expect("address");
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        RunningBinary { child, addr, stderr_path }
+        RunningBinary {
+            child,
+            addr,
+            stderr_path,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -264,17 +280,26 @@ impl Receiver {
         let app = Router::new()
             .route(
                 "/hook",
-                post(|State(seen): State<Arc<Mutex<Vec<Received>>>>, headers: HeaderMap, body: Bytes| async move {
-                    let key = headers
-                        .get("idempotency-key")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned);
-                    seen.lock().expect("lock").push(Received { idempotency_key: key, body });
-                    StatusCode::OK
-                }),
+                post(
+                    |State(seen): State<Arc<Mutex<Vec<Received>>>>,
+                     headers: HeaderMap,
+                     body: Bytes| async move {
+                        let key = headers
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        seen.lock().expect("lock").push(Received {
+                            idempotency_key: key,
+                            body,
+                        });
+                        StatusCode::OK
+                    },
+                ),
             )
             .with_state(received.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -322,13 +347,20 @@ pub async fn ledger_counts(store: &Store) -> std::collections::HashMap<String, i
 /// True when nothing is left to do: queue empty and no pending outbox rows.
 pub async fn pipeline_drained(store: &Store, queue: &str) -> bool {
     let depth = store.queue_depth(queue).await.unwrap_or(i64::MAX);
-    let counts = store.outbox_counts().await.map(|c| c.pending).unwrap_or(i64::MAX);
+    let counts = store
+        .outbox_counts()
+        .await
+        .map(|c| c.pending)
+        .unwrap_or(i64::MAX);
     depth == 0 && counts == 0
 }
 
 /// Settings for an in-process app: the defaults plus `values`, never the process environment
 /// (CI's own DATABASE_URL must not leak into a test).
-pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> dedup_worker::config::Settings {
+pub fn test_settings(
+    db_url: &str,
+    values: &[(&str, serde_json::Value)],
+) -> dedup_worker::config::Settings {
     use figment::providers::{Format, Serialized, Toml};
     let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML))
         .merge(Serialized::default("database_url", db_url))
@@ -349,8 +381,13 @@ pub struct TestApp {
 }
 
 impl TestApp {
-    pub async fn spawn(settings: dedup_worker::config::Settings, overrides: dedup_worker::startup::Overrides) -> Self {
-        let app = dedup_worker::startup::Application::build(settings, overrides).await.expect("build app");
+    pub async fn spawn(
+        settings: dedup_worker::config::Settings,
+        overrides: dedup_worker::startup::Overrides,
+    ) -> Self {
+        let app = dedup_worker::startup::Application::build(settings, overrides)
+            .await
+            .expect("build app");
         let addr = app.local_addr().expect("addr");
         let store = app.store().clone();
         let shutdown = tokio_util::sync::CancellationToken::new();
@@ -358,7 +395,12 @@ impl TestApp {
         let task = tokio::spawn(async move {
             app.run(token).await.expect("app run");
         });
-        TestApp { addr, store, shutdown, task }
+        TestApp {
+            addr,
+            store,
+            shutdown,
+            task,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -41,7 +41,9 @@ impl TestEnv {
     pub async fn new() -> Self {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let db_name = format!("idem_{id}");
-        let mut admin = PgConnection::connect(&admin_url()).await.expect("admin connect");
+        let mut admin = PgConnection::connect(&admin_url())
+            .await
+            .expect("admin connect");
         sqlx::query(&format!("CREATE DATABASE {db_name}"))
             .execute(&mut admin)
             .await
@@ -197,7 +199,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < end, "condition not reached before the deadline");
+        assert!(
+            Instant::now() < end,
+            "condition not reached before the deadline"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -268,7 +273,10 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
         StatusCode::CREATED,
         [
             (header::LOCATION, format!("/orders/{n}")),
-            (header::HeaderName::from_static("x-order-run"), n.to_string()),
+            (
+                header::HeaderName::from_static("x-order-run"),
+                n.to_string(),
+            ),
         ],
         Json(json!({"run": n, "account": account, "received": v})),
     )

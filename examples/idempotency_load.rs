@@ -1,0 +1,303 @@
+//! Load harness for the Idempotency-Key layer: requests/s and latency percentiles for first
+//! executions and for replays, beside the same handler without the layer.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/ \
+//!     cargo run --release --example idempotency_load -- --connections 32 --seconds 10
+//! ```
+//!
+//! Creates a scratch database `idem_bench_<uuid>` (dropped at the end) and a Redis prefix,
+//! serves a trivial JSON handler on 127.0.0.1:0 in this process and drives it over
+//! `--connections` keep-alive HTTP/1.1 connections, one request in flight on each. Scenarios:
+//! `plain` (no layer), `first-pg` / `first-redis` (a new key per request), `replay-pg` /
+//! `replay-redis` (keys executed in a warm-up, then repeated). Load generator and server share
+//! the machine, so the figures are a lower bound for the server alone.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use clap::Parser;
+use dedup_worker::idempotency::{IdempotencyLayer, PgIdempotencyStore, RedisCache};
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Seconds per scenario.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Keys per connection executed in the warm-up and then replayed.
+    #[arg(long, default_value_t = 64)]
+    replay_keys: usize,
+    /// PostgreSQL pool size of the server.
+    #[arg(long, default_value_t = 32)]
+    pool: u32,
+    /// Scenarios to run (comma-separated).
+    #[arg(
+        long,
+        default_value = "plain,first-pg,first-redis,replay-pg,replay-redis"
+    )]
+    scenarios: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    None,
+    Fresh,
+    Replay,
+}
+
+struct Outcome {
+    requests: u64,
+    bad: u64,
+    replayed: u64,
+    elapsed: Duration,
+    hist: Histogram<u64>,
+}
+
+async fn handler() -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        r#"{"id":"pay_1","status":"succeeded"}"#,
+    )
+}
+
+async fn serve(router: Router) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(addr)
+}
+
+async fn drive(
+    addr: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    keys: Keys,
+    tag: &str,
+    replay_keys: usize,
+) -> anyhow::Result<Outcome> {
+    let requests = Arc::new(AtomicU64::new(0));
+    let bad = Arc::new(AtomicU64::new(0));
+    let replayed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let (requests, bad, replayed) = (requests.clone(), bad.clone(), replayed.clone());
+        let tag = tag.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            let stream = tokio::net::TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
+            let mut i: u64 = 0;
+            while Instant::now() < end {
+                i += 1;
+                let mut req = hyper::Request::post(format!("http://{addr}/v1/payments"))
+                    .header("content-type", "application/json")
+                    .header("authorization", "Bearer acct_bench");
+                match keys {
+                    Keys::None => {}
+                    Keys::Fresh => {
+                        req = req.header("idempotency-key", format!("{tag}-{c}-{i}"));
+                    }
+                    Keys::Replay => {
+                        let k = i as usize % replay_keys;
+                        req = req.header("idempotency-key", format!("{tag}-{c}-{k}"));
+                    }
+                }
+                let req = req.body(Full::new(Bytes::from_static(
+                    br#"{"amount":4200,"currency":"eur"}"#,
+                )))?;
+                sender.ready().await?;
+                let t = Instant::now();
+                let resp = sender.send_request(req).await?;
+                let status = resp.status();
+                let was_replay = resp.headers().contains_key("idempotent-replayed");
+                resp.into_body().collect().await?;
+                hist.record(t.elapsed().as_micros() as u64)?;
+                requests.fetch_add(1, Ordering::Relaxed);
+                if status != StatusCode::CREATED {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                if was_replay {
+                    replayed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            anyhow::Ok(hist)
+        }));
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for t in tasks {
+        hist.add(t.await??)?;
+    }
+    Ok(Outcome {
+        requests: requests.load(Ordering::Relaxed),
+        bad: bad.load(Ordering::Relaxed),
+        replayed: replayed.load(Ordering::Relaxed),
+        elapsed: start.elapsed(),
+        hist,
+    })
+}
+
+fn report(name: &str, o: &Outcome) {
+    let rps = o.requests as f64 / o.elapsed.as_secs_f64();
+    println!(
+        "{name:<13} {rps:>10.0} req/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p99.9 {:>7.2} ms  max {:>7.2} ms  requests {:>8}  non-201 {:>6}  replayed {:>8}",
+        o.hist.value_at_quantile(0.50) as f64 / 1000.0,
+        o.hist.value_at_quantile(0.99) as f64 / 1000.0,
+        o.hist.value_at_quantile(0.999) as f64 / 1000.0,
+        o.hist.max() as f64 / 1000.0,
+        o.requests,
+        o.bad,
+        o.replayed,
+    );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let admin_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let db = format!("idem_bench_{id}");
+    let mut admin = PgConnection::connect(&admin_url).await?;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await?;
+    let url = match admin_url.rfind('/') {
+        Some(i) => format!("{}/{db}", &admin_url[..i]),
+        None => anyhow::bail!("DATABASE_URL has no database part"),
+    };
+    let result = run(&args, &url, &redis_url, &id).await;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    if let Ok(client) = redis::Client::open(redis_url.as_str()) {
+        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("idem_bench:{id}:*"))
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            for chunk in keys.chunks(1000) {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(chunk).query_async(&mut c).await;
+            }
+        }
+    }
+    result
+}
+
+async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Result<()> {
+    let pool = PgPoolOptions::new()
+        .max_connections(args.pool)
+        .connect(url)
+        .await?;
+    dedup_worker::idempotency::migrate(&pool).await?;
+    let store = PgIdempotencyStore::new(pool.clone());
+    let redis = RedisCache::new(redis_url, format!("idem_bench:{id}"))?;
+    let account = |p: &http::request::Parts| {
+        p.headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let plain = serve(Router::new().route("/v1/payments", post(handler))).await?;
+    let pg_only = serve(
+        Router::new().route("/v1/payments", post(handler)).layer(
+            IdempotencyLayer::builder(store.clone())
+                .account(account)
+                .build(),
+        ),
+    )
+    .await?;
+    let with_redis = serve(
+        Router::new().route("/v1/payments", post(handler)).layer(
+            IdempotencyLayer::builder(store.clone())
+                .account(account)
+                .redis(redis)
+                .build(),
+        ),
+    )
+    .await?;
+    let d = Duration::from_secs(args.seconds);
+    let n = args.connections;
+    println!(
+        "connections {n}, {} s per scenario, server pool {}",
+        args.seconds, args.pool
+    );
+    for scenario in args.scenarios.split(',').map(str::trim) {
+        let q0 = store.query_count();
+        let o = match scenario {
+            "plain" => drive(plain, n, d, Keys::None, "plain", 1).await?,
+            "first-pg" => drive(pg_only, n, d, Keys::Fresh, "fpg", 1).await?,
+            "first-redis" => drive(with_redis, n, d, Keys::Fresh, "fr", 1).await?,
+            "replay-pg" | "replay-redis" => {
+                let addr = if scenario == "replay-pg" {
+                    pg_only
+                } else {
+                    with_redis
+                };
+                let tag = format!("rp-{scenario}");
+                // Warm-up: execute every key once (each connection its own keys).
+                let mut warm = Vec::new();
+                for c in 0..n {
+                    let tag = tag.clone();
+                    let keys = args.replay_keys;
+                    warm.push(tokio::spawn(async move {
+                        let client = reqwest::Client::new();
+                        for k in 0..keys {
+                            client
+                                .post(format!("http://{addr}/v1/payments"))
+                                .header("content-type", "application/json")
+                                .header("authorization", "Bearer acct_bench")
+                                .header("idempotency-key", format!("{tag}-{c}-{k}"))
+                                .body(r#"{"amount":4200,"currency":"eur"}"#)
+                                .send()
+                                .await?;
+                        }
+                        anyhow::Ok(())
+                    }));
+                }
+                for w in warm {
+                    w.await??;
+                }
+                let q = store.query_count();
+                let o = drive(addr, n, d, Keys::Replay, &tag, args.replay_keys).await?;
+                println!(
+                    "  ({scenario}: PostgreSQL statements during the measured replays: {})",
+                    store.query_count() - q
+                );
+                o
+            }
+            other => anyhow::bail!("unknown scenario {other}"),
+        };
+        report(scenario, &o);
+        if scenario.starts_with("first") && o.requests > 0 {
+            println!(
+                "  (PostgreSQL statements per first execution: {:.2})",
+                (store.query_count() - q0) as f64 / o.requests as f64
+            );
+        }
+    }
+    Ok(())
+}
