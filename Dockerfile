@@ -21,6 +21,5 @@ USER dedup
 WORKDIR /var/lib/dedup-worker
 ENV DEDUP_LISTEN=0.0.0.0:8080
 EXPOSE 8080
-HEALTHCHECK CMD ["/bin/sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080"]
 ENTRYPOINT ["dedup-worker"]
 CMD ["serve"]
