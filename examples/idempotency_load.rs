@@ -44,6 +44,10 @@ struct Args {
     /// PostgreSQL pool size of the server.
     #[arg(long, default_value_t = 32)]
     pool: u32,
+    /// `synchronous_commit` of the scratch database (`on` is the durable default; `off` shows
+    /// how much of the cost is the WAL flush).
+    #[arg(long, default_value = "on")]
+    synchronous_commit: String,
     /// Scenarios to run (comma-separated).
     #[arg(
         long,
@@ -184,6 +188,16 @@ async fn main() -> anyhow::Result<()> {
     sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&mut admin)
         .await?;
+    anyhow::ensure!(
+        matches!(args.synchronous_commit.as_str(), "on" | "off" | "local"),
+        "--synchronous-commit must be on, off or local"
+    );
+    sqlx::query(&format!(
+        "ALTER DATABASE {db} SET synchronous_commit = {}",
+        args.synchronous_commit
+    ))
+    .execute(&mut admin)
+    .await?;
     let url = match admin_url.rfind('/') {
         Some(i) => format!("{}/{db}", &admin_url[..i]),
         None => anyhow::bail!("DATABASE_URL has no database part"),
@@ -242,8 +256,8 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     let d = Duration::from_secs(args.seconds);
     let n = args.connections;
     println!(
-        "connections {n}, {} s per scenario, server pool {}",
-        args.seconds, args.pool
+        "connections {n}, {} s per scenario, server pool {}, synchronous_commit {}",
+        args.seconds, args.pool, args.synchronous_commit
     );
     for scenario in args.scenarios.split(',').map(str::trim) {
         let q0 = store.query_count();

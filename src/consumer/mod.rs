@@ -98,12 +98,22 @@ impl Consumer {
         }
     }
 
-    /// Repeats [`Self::try_step`] until `shutdown`; a batch in flight is finished, committed
-    /// and acked before returning.
+    /// Repeats receive-and-process until `shutdown`. Waiting for messages is interrupted by
+    /// shutdown; a batch already received is finished, committed and acked before returning.
+    /// (A claim interrupted mid-statement leaves its messages leased: they come back after
+    /// `consumer.lease_secs`.)
     pub async fn run(self, shutdown: CancellationToken) {
         let mut failures = 0u32;
-        while !shutdown.is_cancelled() {
-            match self.try_step().await {
+        loop {
+            let received = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                received = self.transport.receive(self.options.batch_size, self.options.poll_interval) => received,
+            };
+            let result = match received {
+                Ok(deliveries) => self.process(deliveries).await,
+                Err(error) => Err(error.into()),
+            };
+            match result {
                 Ok(_) => failures = 0,
                 Err(error) => {
                     failures = failures.saturating_add(1);
@@ -114,7 +124,7 @@ impl Consumer {
                     );
                     tracing::warn!(%error, ?delay, "consumer step failed; the batch will be redelivered");
                     tokio::select! {
-                        _ = shutdown.cancelled() => {}
+                        _ = shutdown.cancelled() => break,
                         _ = tokio::time::sleep(delay) => {}
                     }
                 }
@@ -129,6 +139,11 @@ impl Consumer {
             .transport
             .receive(self.options.batch_size, self.options.poll_interval)
             .await?;
+        self.process(deliveries).await
+    }
+
+    /// Processes one received batch: dedup, handlers, outbox, commit, then ack.
+    async fn process(&self, deliveries: Vec<Delivery>) -> Result<StepOutcome, ConsumerError> {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }

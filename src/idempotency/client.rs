@@ -113,9 +113,7 @@ impl IdempotentClient {
 
     /// A fresh key for a new operation (UUID v4).
     pub fn new_key() -> IdempotencyKey {
-        // A UUID is 36 visible ASCII characters, always valid.
-        IdempotencyKey::new(uuid::Uuid::new_v4().to_string())
-            .unwrap_or_else(|_| unreachable!("a UUID is a valid key"))
+        IdempotencyKey::generate()
     }
 
     /// Runs one operation: `make` builds the request for each attempt; the key header is added.

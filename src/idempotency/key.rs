@@ -59,6 +59,11 @@ impl IdempotencyKey {
         Self::validate(value.into().into_bytes())
     }
 
+    /// A fresh random key (UUID v4, 36 visible ASCII characters), for a client's new operation.
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+
     fn validate(value: Vec<u8>) -> Result<Self, KeyError> {
         if value.is_empty() {
             return Err(KeyError::Empty);
@@ -171,6 +176,13 @@ mod tests {
         assert_eq!(IdempotencyKey::parse(b""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse(b"\"\""), Err(KeyError::Empty));
         assert_eq!(IdempotencyKey::parse(b"  "), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn generated_keys_are_valid_and_distinct() {
+        let a = IdempotencyKey::generate();
+        assert_eq!(IdempotencyKey::parse(a.as_str().as_bytes()), Ok(a.clone()));
+        assert_ne!(a, IdempotencyKey::generate());
     }
 
     #[test]
