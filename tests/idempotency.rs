@@ -1017,3 +1017,47 @@ async fn client_helper_retries_with_one_key_and_stops_on_other_4xx() {
     }
     let _ = Method::POST;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_the_lease_keeps_its_claim() {
+    let env = TestEnv::new().await;
+    let h = Counting::gated();
+    let lease = Duration::from_millis(600);
+    let addr = app(&env, &h, layer(&env).lease(lease).build()).await;
+    let c = http();
+    let c2 = c.clone();
+    let first = tokio::spawn(async move { post(&c2, addr, Some("k-slow"), None, "{}").await });
+    let hh = h.clone();
+    poll(Duration::from_secs(20), || {
+        let hh = hh.clone();
+        async move { (hh.runs() == 1).then_some(()) }
+    })
+    .await;
+    // Wait (by PostgreSQL's clock) until the claim is older than three leases: only the
+    // heartbeat of the live request can have kept it.
+    poll(Duration::from_secs(20), || {
+        let pool = env.pool.clone();
+        async move {
+            let old: bool = sqlx::query_scalar(
+                "SELECT now() - created_at > interval '1800 milliseconds' FROM idempotency_keys WHERE key = 'k-slow'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            old.then_some(())
+        }
+    })
+    .await;
+    let second = post(&c, addr, Some("k-slow"), None, "{}").await;
+    assert_eq!(
+        second.status,
+        StatusCode::CONFLICT,
+        "a live request is never taken over"
+    );
+    assert_eq!(h.runs(), 1);
+    h.gate.as_ref().unwrap().add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert!(post(&c, addr, Some("k-slow"), None, "{}").await.replayed());
+    assert_eq!(h.runs(), 1);
+    env.cleanup().await;
+}

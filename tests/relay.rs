@@ -1,0 +1,183 @@
+//! The outbox relay against an HTTP receiver that fails: deliveries are retried with backoff,
+//! every attempt carries the same `Idempotency-Key`, a row that never succeeds is marked failed
+//! after `outbox.max_attempts` and listed by `dedup-worker outbox failed`; the CLI's `migrate`
+//! and `dlq` commands work on the same database.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::{now, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
+use dedup_worker::startup::Overrides;
+use serde_json::json;
+
+const SECRET: &str = "whsec_test_secret";
+
+/// Idempotency keys of every request received, in order.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// `evt_retry*` fails twice then succeeds; `evt_never*` always fails; others succeed.
+async fn flaky_receiver() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(|State(seen): State<Seen>, headers: HeaderMap| async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut seen = seen.lock().unwrap();
+                seen.push(key.clone());
+                let attempt = seen.iter().filter(|k| **k == key).count();
+                if key.starts_with("evt_never") || (key.starts_with("evt_retry") && attempt <= 2) {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::OK
+                }
+            }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}/hook"), seen)
+}
+
+fn cli(db: &TestDb, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-worker"))
+        .args(args)
+        .env_clear()
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .expect("run cli");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_retries_with_the_same_key_then_gives_up_on_postgres() {
+    http_sink_retries(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_retries_with_the_same_key_then_gives_up_on_sqlite() {
+    http_sink_retries(Backend::Sqlite).await;
+}
+
+async fn http_sink_retries(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // `migrate` on a fresh database, twice (idempotent).
+    assert!(cli(&db, &["migrate"]).contains("migrations applied"));
+    assert!(cli(&db, &["migrate"]).contains("migrations applied"));
+    let (url, seen) = flaky_receiver().await;
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                ("outbox.sink", json!(url)),
+                ("outbox.retry_base_ms", json!(20)),
+                ("outbox.retry_max_ms", json!(100)),
+                ("outbox.max_attempts", json!(3)),
+                ("outbox.poll_interval_ms", json!(20)),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for id in ["evt_ok_1", "evt_retry_1", "evt_never_1"] {
+        let body = stripe_event(id, "payout.paid");
+        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
+        let r = client
+            .post(app.url("/webhooks/stripe"))
+            .header("Stripe-Signature", header)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let store = Arc::new(app.store.clone());
+    wait_for("deliveries to settle", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            let c = store.outbox_counts().await.unwrap();
+            (c.pending == 0 && c.dispatched == 2 && c.failed == 1).then_some(())
+        }
+    })
+    .await;
+    let mut attempts: HashMap<String, usize> = HashMap::new();
+    for key in seen.lock().unwrap().iter() {
+        *attempts.entry(key.clone()).or_default() += 1;
+    }
+    assert_eq!(attempts["evt_ok_1"], 1);
+    assert_eq!(attempts["evt_retry_1"], 3, "two failures, then success");
+    assert_eq!(
+        attempts["evt_never_1"], 3,
+        "max_attempts, then marked failed"
+    );
+    assert_eq!(
+        attempts.len(),
+        3,
+        "every request carried the event id as Idempotency-Key"
+    );
+
+    let failed = cli(&db, &["outbox", "failed"]);
+    let rows: Vec<serde_json::Value> = failed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["event_id"], "evt_never_1");
+    assert_eq!(rows[0]["attempts"], 3);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_cli_lists_and_redrives() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let store = db.store().await;
+    let mut tx = store.begin().await.unwrap();
+    for id in ["evt_d1", "evt_d2"] {
+        tx.insert_dead_letter(&dedup_worker::store::NewDeadLetter {
+            source: "stripe".into(),
+            event_id: id.into(),
+            event_type: "x.y".into(),
+            queue: "dedup.events".into(),
+            payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+            error: "fatal: bad".into(),
+            attempts: 1,
+        })
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let listed = cli(&db, &["dlq", "list"]);
+    let rows: Vec<serde_json::Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["error"], "fatal: bad");
+    let first_id = rows[0]["id"].to_string();
+    assert!(cli(&db, &["dlq", "redrive", &first_id]).contains("redriven: 1"));
+    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 1);
+    assert!(cli(&db, &["dlq", "redrive", "--all"]).contains("redriven: 1"));
+    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 2);
+    assert_eq!(cli(&db, &["dlq", "list"]).trim(), "");
+}
