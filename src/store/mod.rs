@@ -133,6 +133,36 @@ pub struct Wakeups {
 pub const QUEUE_CHANNEL: &str = "dedup_queue";
 pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
 
+/// Calls the backend module's function of the same name with the pool.
+macro_rules! on_pool {
+    ($store:expr, $func:ident($($arg:expr),*)) => {
+        match $store {
+            Store::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
+            Store::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
+        }
+    };
+}
+
+/// Calls the backend module's function of the same name with the open transaction.
+macro_rules! on_tx {
+    ($tx:expr, $func:ident($($arg:expr),*)) => {
+        match $tx {
+            StoreTx::Postgres(tx) => postgres::$func(tx, $($arg),*).await,
+            StoreTx::Sqlite(tx) => sqlite::$func(tx, $($arg),*).await,
+        }
+    };
+}
+
+/// Runs the same expression on whichever transaction this is (SQL both backends share).
+macro_rules! either_tx {
+    ($tx:expr, |$conn:ident| $body:expr) => {
+        match $tx {
+            StoreTx::Postgres($conn) => $body,
+            StoreTx::Sqlite($conn) => $body,
+        }
+    };
+}
+
 /// A connection pool to one of the two backends.
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -221,12 +251,9 @@ impl Store {
     /// One round trip: is the store answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
-            Store::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await?,
-            Store::Sqlite(pool) => {
-                sqlx::query("SELECT 1").execute(pool).await?;
-                return Ok(());
-            }
-        };
+            Store::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+            Store::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+        }
         Ok(())
     }
 
@@ -256,10 +283,7 @@ impl Store {
         if messages.is_empty() {
             return Ok(());
         }
-        match self {
-            Store::Postgres(pool) => postgres::enqueue(pool, queue, messages).await,
-            Store::Sqlite(pool) => sqlite::enqueue(pool, queue, messages).await,
-        }
+        on_pool!(self, enqueue(queue, messages))
     }
 
     /// Leases up to `max` visible messages for `lease`.
@@ -269,10 +293,7 @@ impl Store {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<QueuedMessage>, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::claim_messages(pool, queue, max, lease).await,
-            Store::Sqlite(pool) => sqlite::claim_messages(pool, queue, max, lease).await,
-        }
+        on_pool!(self, claim_messages(queue, max, lease))
     }
 
     /// Deletes acknowledged messages.
@@ -280,26 +301,17 @@ impl Store {
         if ids.is_empty() {
             return Ok(());
         }
-        match self {
-            Store::Postgres(pool) => postgres::ack_messages(pool, ids).await,
-            Store::Sqlite(pool) => sqlite::ack_messages(pool, ids).await,
-        }
+        on_pool!(self, ack_messages(ids))
     }
 
     /// Makes a message visible again after `delay` (redelivery with backoff).
     pub async fn release_message(&self, id: i64, delay: Duration) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::release_message(pool, id, delay).await,
-            Store::Sqlite(pool) => sqlite::release_message(pool, id, delay).await,
-        }
+        on_pool!(self, release_message(id, delay))
     }
 
     /// Messages on `queue`, leased or not.
     pub async fn queue_depth(&self, queue: &str) -> Result<i64, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::queue_depth(pool, queue).await,
-            Store::Sqlite(pool) => sqlite::queue_depth(pool, queue).await,
-        }
+        on_pool!(self, queue_depth(queue))
     }
 
     // --- outbox relay ---------------------------------------------------------------------
@@ -310,20 +322,14 @@ impl Store {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::claim_outbox(pool, max, lease).await,
-            Store::Sqlite(pool) => sqlite::claim_outbox(pool, max, lease).await,
-        }
+        on_pool!(self, claim_outbox(max, lease))
     }
 
     pub async fn mark_dispatched(&self, ids: &[i64]) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
         }
-        match self {
-            Store::Postgres(pool) => postgres::mark_dispatched(pool, ids).await,
-            Store::Sqlite(pool) => sqlite::mark_dispatched(pool, ids).await,
-        }
+        on_pool!(self, mark_dispatched(ids))
     }
 
     /// Records a failed delivery: retried after `delay`, or marked failed once `attempts`
@@ -335,29 +341,16 @@ impl Store {
         delay: Duration,
         max_attempts: u32,
     ) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(pool) => {
-                postgres::mark_delivery_failed(pool, id, error, delay, max_attempts).await
-            }
-            Store::Sqlite(pool) => {
-                sqlite::mark_delivery_failed(pool, id, error, delay, max_attempts).await
-            }
-        }
+        on_pool!(self, mark_delivery_failed(id, error, delay, max_attempts))
     }
 
     pub async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::outbox_counts(pool).await,
-            Store::Sqlite(pool) => sqlite::outbox_counts(pool).await,
-        }
+        on_pool!(self, outbox_counts())
     }
 
     /// Rows that exhausted their delivery attempts.
     pub async fn failed_outbox(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::failed_outbox(pool, limit).await,
-            Store::Sqlite(pool) => sqlite::failed_outbox(pool, limit).await,
-        }
+        on_pool!(self, failed_outbox(limit))
     }
 
     // --- retention ------------------------------------------------------------------------
@@ -371,32 +364,19 @@ impl Store {
         outbox_older_than: Duration,
         batch: i64,
     ) -> Result<u64, StoreError> {
-        match self {
-            Store::Postgres(pool) => {
-                postgres::purge_expired(pool, older_than, outbox_older_than, batch).await
-            }
-            Store::Sqlite(pool) => {
-                sqlite::purge_expired(pool, older_than, outbox_older_than, batch).await
-            }
-        }
+        on_pool!(self, purge_expired(older_than, outbox_older_than, batch))
     }
 
     // --- dead letters ---------------------------------------------------------------------
 
     pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::dead_letters(pool, limit).await,
-            Store::Sqlite(pool) => sqlite::dead_letters(pool, limit).await,
-        }
+        on_pool!(self, dead_letters(limit))
     }
 
     /// Puts dead letters back on the database queue they came from and deletes them, in one
     /// transaction. `ids` empty means all.
     pub async fn redrive_dead_letters(&self, ids: &[i64]) -> Result<u64, StoreError> {
-        match self {
-            Store::Postgres(pool) => postgres::redrive_dead_letters(pool, ids).await,
-            Store::Sqlite(pool) => sqlite::redrive_dead_letters(pool, ids).await,
-        }
+        on_pool!(self, redrive_dead_letters(ids))
     }
 }
 
@@ -411,10 +391,7 @@ impl StoreTx {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        match self {
-            StoreTx::Postgres(tx) => postgres::insert_processed(tx, source, events).await,
-            StoreTx::Sqlite(tx) => sqlite::insert_processed(tx, source, events).await,
-        }
+        on_tx!(self, insert_processed(source, events))
     }
 
     /// Undoes `insert_processed` for one event whose handler failed.
@@ -424,22 +401,12 @@ impl StoreTx {
         event_id: &str,
     ) -> Result<(), StoreError> {
         const SQL: &str = "DELETE FROM processed_events WHERE source = $1 AND event_id = $2";
-        match self {
-            StoreTx::Postgres(tx) => {
-                sqlx::query(SQL)
-                    .bind(source)
-                    .bind(event_id)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            StoreTx::Sqlite(tx) => {
-                sqlx::query(SQL)
-                    .bind(source)
-                    .bind(event_id)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-        }
+        either_tx!(self, |tx| sqlx::query(SQL)
+            .bind(source)
+            .bind(event_id)
+            .execute(&mut **tx)
+            .await
+            .map(drop)?);
         Ok(())
     }
 
@@ -447,17 +414,11 @@ impl StoreTx {
         if rows.is_empty() {
             return Ok(());
         }
-        match self {
-            StoreTx::Postgres(tx) => postgres::insert_outbox(tx, rows).await,
-            StoreTx::Sqlite(tx) => sqlite::insert_outbox(tx, rows).await,
-        }
+        on_tx!(self, insert_outbox(rows))
     }
 
     pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
-        match self {
-            StoreTx::Postgres(tx) => postgres::insert_dead_letter(tx, row).await,
-            StoreTx::Sqlite(tx) => sqlite::insert_dead_letter(tx, row).await,
-        }
+        on_tx!(self, insert_dead_letter(row))
     }
 
     /// The connection handlers write through.
@@ -481,31 +442,21 @@ impl StoreTx {
     }
 
     async fn execute(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        match self {
-            StoreTx::Postgres(tx) => {
-                sqlx::query(sql).execute(&mut **tx).await?;
-            }
-            StoreTx::Sqlite(tx) => {
-                sqlx::query(sql).execute(&mut **tx).await?;
-            }
-        }
+        either_tx!(self, |tx| sqlx::query(sql)
+            .execute(&mut **tx)
+            .await
+            .map(drop)?);
         Ok(())
     }
 
     /// Commits; on PostgreSQL a NOTIFY queued in this transaction is delivered now.
     pub async fn commit(self) -> Result<(), StoreError> {
-        match self {
-            StoreTx::Postgres(tx) => tx.commit().await?,
-            StoreTx::Sqlite(tx) => tx.commit().await?,
-        }
+        either_tx!(self, |tx| tx.commit().await?);
         Ok(())
     }
 
     pub async fn rollback(self) -> Result<(), StoreError> {
-        match self {
-            StoreTx::Postgres(tx) => tx.rollback().await?,
-            StoreTx::Sqlite(tx) => tx.rollback().await?,
-        }
+        either_tx!(self, |tx| tx.rollback().await?);
         Ok(())
     }
 }

@@ -63,10 +63,14 @@ pub(super) async fn claim_messages(
 }
 
 pub(super) async fn ack_messages(pool: &SqlitePool, ids: &[i64]) -> Result<(), StoreError> {
+    execute_for_ids(pool, "DELETE FROM queue_messages WHERE id IN (", ids).await
+}
+
+/// Runs `head` followed by a bound id list and `)` for all `ids`, in chunks, in one transaction.
+async fn execute_for_ids(pool: &SqlitePool, head: &str, ids: &[i64]) -> Result<(), StoreError> {
     let mut tx = pool.begin().await?;
     for chunk in ids.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> =
-            QueryBuilder::new("DELETE FROM queue_messages WHERE id IN (");
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(head);
         let mut list = qb.separated(", ");
         for id in chunk {
             list.push_bind(*id);
@@ -191,22 +195,14 @@ pub(super) async fn claim_outbox(
 }
 
 pub(super) async fn mark_dispatched(pool: &SqlitePool, ids: &[i64]) -> Result<(), StoreError> {
-    let now = now_ms();
-    let mut tx = pool.begin().await?;
-    for chunk in ids.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> =
-            QueryBuilder::new("UPDATE outbox SET status = 'dispatched', dispatched_at = ");
-        qb.push_bind(now);
-        qb.push(", last_error = NULL WHERE status = 'pending' AND id IN (");
-        let mut list = qb.separated(", ");
-        for id in chunk {
-            list.push_bind(*id);
-        }
-        qb.push(")");
-        qb.build().execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
+    execute_for_ids(
+        pool,
+        "UPDATE outbox SET status = 'dispatched', last_error = NULL, \
+         dispatched_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+         WHERE status = 'pending' AND id IN (",
+        ids,
+    )
+    .await
 }
 
 pub(super) async fn mark_delivery_failed(

@@ -21,7 +21,11 @@ pub enum SignatureError {
     MalformedHeader,
     #[error("no signatures found with expected scheme v1")]
     NoV1Signature,
-    #[error("timestamp outside the tolerance zone ({skew_secs} s from now, tolerance {tolerance_secs} s)")]
+    #[error(
+        "timestamp outside the tolerance zone: {} s in the {} (tolerance {tolerance_secs} s)",
+        skew_secs.unsigned_abs(),
+        if *skew_secs >= 0 { "past" } else { "future" }
+    )]
     TimestampOutsideTolerance { skew_secs: i64, tolerance_secs: u64 },
     #[error("no signatures found matching the expected signature for payload")]
     NoMatchingSignature,
