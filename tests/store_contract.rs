@@ -52,6 +52,7 @@ fn outbox_row(id: &str) -> NewOutboxRow {
 
 fn message(id: &str) -> NewQueueMessage {
     NewQueueMessage {
+        source: Some("stripe".into()),
         message_id: Some(id.into()),
         message_type: Some("test.event".into()),
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
@@ -253,6 +254,7 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
         .unwrap();
     assert_eq!(first.len(), 2);
     assert_eq!(first[0].message_id.as_deref(), Some("evt_1"));
+    assert_eq!(first[0].source.as_deref(), Some("stripe"));
     assert_eq!(first[0].payload, br#"{"id":"evt_1"}"#);
     assert_eq!(first[0].attempts, 1);
     let second = store
@@ -370,6 +372,7 @@ async fn dead_letters_list_and_redrive(backend: Backend) {
         .unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].message_id.as_deref(), Some("evt_dead"));
+    assert_eq!(back[0].source.as_deref(), Some("stripe"), "redrive keeps the source");
 }
 
 async fn retention_purges_old_rows(backend: Backend) {

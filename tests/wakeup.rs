@@ -48,6 +48,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
         .enqueue(
             "dedup.events",
             &[NewQueueMessage {
+                source: None,
                 message_id: Some("evt_notify_queue".into()),
                 message_type: Some("x.y".into()),
                 payload: br#"{"id":"evt_notify_queue","type":"x.y"}"#.to_vec(),

@@ -15,7 +15,7 @@
 
 pub mod handler;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -153,20 +153,19 @@ impl Consumer {
             ..StepOutcome::default()
         };
 
-        // Group deliveries by event id: one representative each, the rest are duplicates.
+        // Group deliveries by dedup key: one representative each, the rest are duplicates.
         let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
         let mut events: Vec<(Event, Delivery)> = Vec::new();
-        let mut first_index: HashMap<String, usize> = HashMap::new();
+        let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
         let mut undecodable: Vec<(Delivery, String)> = Vec::new();
         for delivery in deliveries {
             match self.decode(&delivery) {
                 Ok(event) => {
-                    if first_index.contains_key(&event.id) {
+                    if keys_in_batch.insert((event.source.clone(), event.id.clone())) {
+                        events.push((event, delivery));
+                    } else {
                         outcome.duplicates += 1;
                         to_ack.push(delivery.tag.clone());
-                    } else {
-                        first_index.insert(event.id.clone(), events.len());
-                        events.push((event, delivery));
                     }
                 }
                 Err(reason) => undecodable.push((delivery, reason)),
@@ -174,15 +173,8 @@ impl Consumer {
         }
 
         let mut tx = self.store.begin().await?;
-        let pairs: Vec<(String, String)> = events
-            .iter()
-            .map(|(e, _)| (e.id.clone(), e.event_type.clone()))
-            .collect();
-        let new_ids = tx.insert_processed(&self.options.source, &pairs).await?;
-        let new_set: std::collections::HashSet<&str> = new_ids.iter().map(String::as_str).collect();
-        let (mut fresh, seen): (Vec<_>, Vec<_>) = events
-            .iter()
-            .partition(|(e, _)| new_set.contains(e.id.as_str()));
+        let candidates: Vec<&(Event, Delivery)> = events.iter().collect();
+        let (mut fresh, seen) = record_new(&mut tx, candidates).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
 
@@ -206,12 +198,7 @@ impl Consumer {
             tx.rollback().await?;
             tx = self.store.begin().await?;
             // Another worker may have committed some of these meanwhile: ask again.
-            let new_ids = tx.insert_processed(&self.options.source, &pairs).await?;
-            let new_set: std::collections::HashSet<&str> =
-                new_ids.iter().map(String::as_str).collect();
-            let (still_new, taken): (Vec<_>, Vec<_>) = fresh
-                .into_iter()
-                .partition(|(e, _)| new_set.contains(e.id.as_str()));
+            let (still_new, taken) = record_new(&mut tx, fresh).await?;
             outcome.duplicates += taken.len();
             to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
             fresh = still_new;
@@ -262,7 +249,7 @@ impl Consumer {
         for (delivery, reason) in &undecodable {
             tracing::warn!(%reason, "dead-lettering undecodable message");
             let event = Event {
-                source: self.options.source.clone(),
+                source: delivery.source.clone().unwrap_or_else(|| self.options.source.clone()),
                 id: delivery.message_id.clone().unwrap_or_default(),
                 event_type: delivery.message_type.clone().unwrap_or_default(),
                 payload: delivery.payload.clone(),
@@ -348,7 +335,7 @@ impl Consumer {
                 .to_owned(),
         };
         Ok(Event {
-            source: self.options.source.clone(),
+            source: delivery.source.clone().unwrap_or_else(|| self.options.source.clone()),
             id,
             event_type,
             payload: delivery.payload.clone(),
@@ -367,6 +354,30 @@ impl Consumer {
             attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
         }
     }
+}
+
+/// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
+/// them into those recorded now (to handle) and those already there (duplicates).
+async fn record_new<'e>(
+    tx: &mut StoreTx,
+    events: Vec<&'e (Event, Delivery)>,
+) -> Result<(Vec<&'e (Event, Delivery)>, Vec<&'e (Event, Delivery)>), StoreError> {
+    let mut by_source: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+    for (event, _) in &events {
+        by_source
+            .entry(event.source.as_str())
+            .or_default()
+            .push((event.id.clone(), event.event_type.clone()));
+    }
+    let mut new: HashSet<(String, String)> = HashSet::new();
+    for (source, pairs) in by_source {
+        for id in tx.insert_processed(source, &pairs).await? {
+            new.insert((source.to_owned(), id));
+        }
+    }
+    Ok(events
+        .into_iter()
+        .partition(|(e, _)| new.contains(&(e.source.clone(), e.id.clone()))))
 }
 
 /// Retention options.

@@ -109,6 +109,7 @@ impl Transport for DatabaseQueue {
     async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let message = NewQueueMessage {
+            source: message.source,
             message_id: message.message_id,
             message_type: message.message_type,
             payload: message.payload.to_vec(),
@@ -142,6 +143,7 @@ impl Transport for DatabaseQueue {
             .into_iter()
             .map(|row| Delivery {
                 tag: DeliveryTag::Row(row.id),
+                source: row.source,
                 message_id: row.message_id,
                 message_type: row.message_type,
                 payload: Bytes::from(row.payload),

@@ -18,6 +18,8 @@ pub use database::DatabaseQueue;
 /// A message to publish.
 #[derive(Debug, Clone)]
 pub struct OutgoingMessage {
+    /// The provider (`stripe`, `standard`): first half of the dedup key.
+    pub source: Option<String>,
     /// The dedup key carried as a message property (`message_id`, SQS attribute, column).
     pub message_id: Option<String>,
     /// The event type, for routing and logs.
@@ -37,6 +39,8 @@ pub enum DeliveryTag {
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub tag: DeliveryTag,
+    /// The provider, when the producer said; otherwise the consumer's configured source.
+    pub source: Option<String>,
     pub message_id: Option<String>,
     pub message_type: Option<String>,
     pub payload: Bytes,

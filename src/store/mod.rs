@@ -41,6 +41,8 @@ pub enum StoreError {
 /// A message to put on the database queue.
 #[derive(Debug, Clone)]
 pub struct NewQueueMessage {
+    /// The provider it came from (first half of the dedup key); `None`: the consumer's default.
+    pub source: Option<String>,
     /// The producer's message id (the event id for ingress); the consumer's dedup key.
     pub message_id: Option<String>,
     /// Event type, kept for routing and logs.
@@ -53,6 +55,7 @@ pub struct NewQueueMessage {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct QueuedMessage {
     pub id: i64,
+    pub source: Option<String>,
     pub message_id: Option<String>,
     pub message_type: Option<String>,
     pub payload: Vec<u8>,

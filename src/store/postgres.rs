@@ -21,14 +21,15 @@ pub(super) async fn enqueue(
     queue: &str,
     messages: &[NewQueueMessage],
 ) -> Result<(), StoreError> {
+    let sources: Vec<Option<&str>> = messages.iter().map(|m| m.source.as_deref()).collect();
     let ids: Vec<Option<&str>> = messages.iter().map(|m| m.message_id.as_deref()).collect();
     let types: Vec<Option<&str>> = messages.iter().map(|m| m.message_type.as_deref()).collect();
     let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
     // One statement, one commit: the insert and the notification (delivered on commit).
     sqlx::query(
         "WITH inserted AS (
-             INSERT INTO queue_messages (queue, message_id, message_type, payload)
-             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[])
+             INSERT INTO queue_messages (queue, message_id, message_type, payload, source)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[])
              RETURNING 1
          )
          SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)",
@@ -38,6 +39,7 @@ pub(super) async fn enqueue(
     .bind(&types)
     .bind(&payloads)
     .bind(QUEUE_CHANNEL)
+    .bind(&sources)
     .execute(pool)
     .await?;
     Ok(())
@@ -58,7 +60,7 @@ pub(super) async fn claim_messages(
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) c
           WHERE q.id = c.id
-      RETURNING q.id, q.message_id, q.message_type, q.payload, q.attempts",
+      RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts",
     )
     .bind(queue)
     .bind(max as i64)
@@ -311,10 +313,10 @@ pub(super) async fn redrive_dead_letters(pool: &PgPool, ids: &[i64]) -> Result<u
     let moved = sqlx::query(
         "WITH moved AS (
              DELETE FROM dead_letters WHERE $1 OR id = ANY($2)
-             RETURNING queue, event_id, event_type, payload
+             RETURNING queue, source, event_id, event_type, payload
          )
-         INSERT INTO queue_messages (queue, message_id, message_type, payload)
-         SELECT queue, event_id, event_type, payload FROM moved",
+         INSERT INTO queue_messages (queue, source, message_id, message_type, payload)
+         SELECT queue, source, event_id, event_type, payload FROM moved",
     )
     .bind(all)
     .bind(ids)

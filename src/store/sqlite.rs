@@ -23,10 +23,11 @@ pub(super) async fn enqueue(
     let mut tx = pool.begin().await?;
     for chunk in messages.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO queue_messages (queue, message_id, message_type, payload, visible_at, enqueued_at) ",
+            "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at) ",
         );
         qb.push_values(chunk, |mut b, m| {
             b.push_bind(queue)
+                .push_bind(m.source.as_deref())
                 .push_bind(m.message_id.as_deref())
                 .push_bind(m.message_type.as_deref())
                 .push_bind(m.payload.as_slice())
@@ -51,7 +52,7 @@ pub(super) async fn claim_messages(
           WHERE id IN (SELECT id FROM queue_messages
                         WHERE queue = $2 AND visible_at <= $3
                         ORDER BY visible_at, id LIMIT $4)
-      RETURNING id, message_id, message_type, payload, attempts",
+      RETURNING id, source, message_id, message_type, payload, attempts",
     )
     .bind(now + millis(lease))
     .bind(queue)
@@ -298,41 +299,27 @@ pub(super) async fn dead_letters(
     .await?)
 }
 
-pub(super) async fn redrive_dead_letters(
-    pool: &SqlitePool,
-    ids: &[i64],
-) -> Result<u64, StoreError> {
-    let now = now_ms();
+pub(super) async fn redrive_dead_letters(pool: &SqlitePool, ids: &[i64]) -> Result<u64, StoreError> {
+    // The id list travels as one JSON array parameter; an empty list selects everything.
+    let all = ids.is_empty();
+    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    const SELECTED: &str = "($1 OR id IN (SELECT value FROM json_each($2)))";
     let mut tx = pool.begin().await?;
-    let mut moved = 0;
-    let selected: Vec<i64> = if ids.is_empty() {
-        sqlx::query_scalar("SELECT id FROM dead_letters")
-            .fetch_all(&mut *tx)
-            .await?
-    } else {
-        ids.to_vec()
-    };
-    for id in selected {
-        let row = sqlx::query(
-            "DELETE FROM dead_letters WHERE id = $1 RETURNING queue, event_id, event_type, payload",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else { continue };
-        sqlx::query(
-            "INSERT INTO queue_messages (queue, message_id, message_type, payload, visible_at, enqueued_at)
-             VALUES ($1, $2, $3, $4, $5, $5)",
-        )
-        .bind(row.try_get::<String, _>(0)?)
-        .bind(row.try_get::<String, _>(1)?)
-        .bind(row.try_get::<String, _>(2)?)
-        .bind(row.try_get::<Vec<u8>, _>(3)?)
-        .bind(now)
+    let moved = sqlx::query(&format!(
+        "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at)
+         SELECT queue, source, event_id, event_type, payload, $3, $3 FROM dead_letters WHERE {SELECTED}"
+    ))
+    .bind(all)
+    .bind(&list)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    sqlx::query(&format!("DELETE FROM dead_letters WHERE {SELECTED}"))
+        .bind(all)
+        .bind(&list)
         .execute(&mut *tx)
         .await?;
-        moved += 1;
-    }
     tx.commit().await?;
     Ok(moved)
 }

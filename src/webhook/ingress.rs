@@ -161,6 +161,7 @@ async fn receive_stripe(
         })?
         .into_owned();
     let message = OutgoingMessage {
+        source: Some("stripe".to_owned()),
         message_id: Some(id.clone()),
         message_type: envelope.event_type.map(Cow::into_owned),
         payload: body.clone(),
