@@ -87,6 +87,7 @@ pub struct Settings {
     pub roles: RoleSettings,
     pub http: HttpSettings,
     pub stripe: StripeSettings,
+    pub standard_webhooks: StandardWebhookSettings,
     pub transport: TransportSettings,
     pub consumer: ConsumerSettings,
     pub outbox: OutboxSettings,
@@ -133,6 +134,18 @@ pub struct StripeSettings {
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandardWebhookSettings {
+    /// `whsec_<base64>` secrets, each tried; empty: `/webhooks/standard` is not served.
+    #[serde(deserialize_with = "comma_separated")]
+    pub secrets: Vec<Secret>,
+    /// Accepted clock difference in both directions.
+    pub tolerance_secs: u64,
+    /// Source half of the dedup key for these events (the id is `webhook-id`).
+    pub source: String,
 }
 
 /// A secret string whose `Debug` form does not reveal it.
@@ -310,6 +323,13 @@ impl Settings {
                 "no Stripe webhook secret configured: set STRIPE_WEBHOOK_SECRET (comma-separated \
                  for rotation); ingress refuses to start without one",
             ));
+        }
+        for secret in &self.standard_webhooks.secrets {
+            crate::webhook::standard::decode_secret(secret.expose())
+                .map_err(|e| invalid("standard_webhooks.secrets", e.to_string()))?;
+        }
+        if self.standard_webhooks.source.is_empty() {
+            return Err(invalid("standard_webhooks.source", "must not be empty"));
         }
         if self.transport.kind != TransportKind::Database {
             return Err(invalid(

@@ -24,6 +24,7 @@ use crate::outbox::sink::SinkSpec;
 use crate::queue::database::GroupCommit;
 use crate::queue::{DatabaseQueue, Transport};
 use crate::store::{Store, StoreError, Wakeups};
+use crate::webhook::ingress::StandardProvider;
 use crate::webhook::{router, Clock, IngressState};
 
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +150,7 @@ impl Application {
                     .collect(),
             ),
             tolerance_secs: settings.stripe.tolerance_secs,
+            standard: standard_provider(&settings),
             clock,
             metrics: crate::telemetry::metrics_handle(),
         };
@@ -261,6 +263,21 @@ impl Application {
         }
         result
     }
+}
+
+/// The Standard Webhooks provider, if secrets are configured (validation decoded them once).
+fn standard_provider(settings: &Settings) -> Option<StandardProvider> {
+    let cfg = &settings.standard_webhooks;
+    let keys: Vec<Vec<u8>> = cfg
+        .secrets
+        .iter()
+        .filter_map(|s| crate::webhook::standard::decode_secret(s.expose()).ok())
+        .collect();
+    (!keys.is_empty()).then(|| StandardProvider {
+        keys: Arc::new(keys),
+        tolerance_secs: cfg.tolerance_secs,
+        source: cfg.source.clone(),
+    })
 }
 
 fn flatten(

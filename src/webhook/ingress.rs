@@ -1,8 +1,9 @@
-//! `POST /webhooks/stripe`, plus `/healthz`, `/readyz` and `/metrics`.
+//! `POST /webhooks/stripe` and `POST /webhooks/standard`, plus `/healthz`, `/readyz` and
+//! `/metrics`.
 //!
 //! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
-//! only `id` and `type` (400 if missing), then publish durably and wait for it (503 on failure),
-//! then 200.
+//! only what is needed (Stripe: `id` and `type`, 400 if missing), then publish durably and wait
+//! for it (503 on failure), then 200.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::problem::Problem;
+use super::standard::{verify_standard_signature, StandardHeaders};
 use super::stripe::verify_stripe_signature;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
 use crate::store::Store;
@@ -31,12 +33,23 @@ pub struct IngressState {
     pub transport: Arc<dyn Transport>,
     /// For `/readyz`.
     pub store: Store,
-    /// Signing secrets, each tried (rotation).
+    /// Stripe signing secrets, each tried (rotation).
     pub secrets: Arc<Vec<String>>,
     pub tolerance_secs: u64,
+    /// The Standard Webhooks provider, when configured.
+    pub standard: Option<StandardProvider>,
     pub clock: Clock,
     /// Renders `/metrics`; `None` when no recorder is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+/// Standard Webhooks settings, secrets already decoded.
+#[derive(Clone)]
+pub struct StandardProvider {
+    pub keys: Arc<Vec<Vec<u8>>>,
+    pub tolerance_secs: u64,
+    /// Source half of the dedup key.
+    pub source: String,
 }
 
 /// Builds the router. `ingress = false` leaves only the health and metrics routes.
@@ -50,6 +63,12 @@ pub fn router(state: IngressState, ingress: bool, body_limit: usize) -> Router {
             "/webhooks/stripe",
             post(stripe_webhook).layer(DefaultBodyLimit::max(body_limit)),
         );
+        if state.standard.is_some() {
+            router = router.route(
+                "/webhooks/standard",
+                post(standard_webhook).layer(DefaultBodyLimit::max(body_limit)),
+            );
+        }
     }
     router.with_state(state)
 }
@@ -68,15 +87,26 @@ async fn stripe_webhook(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let outcome = receive_stripe(&state, &headers, body).await;
+    answer("stripe", receive_stripe(&state, &headers, body).await)
+}
+
+async fn standard_webhook(
+    State(state): State<IngressState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer("standard", receive_standard(&state, &headers, body).await)
+}
+
+/// The one place an ingress outcome becomes HTTP: 200 with the event id, or the problem.
+fn answer(source: &'static str, outcome: Result<String, Problem>) -> Response {
     let label = match &outcome {
         Ok(_) => "accepted",
         Err(p) if p.status == 400 => "rejected",
         Err(p) if p.status == 413 => "too_large",
         Err(_) => "unavailable",
     };
-    metrics::counter!("dedup_webhooks_total", "source" => "stripe", "outcome" => label)
-        .increment(1);
+    metrics::counter!("dedup_webhooks_total", "source" => source, "outcome" => label).increment(1);
     match outcome {
         Ok(id) => (
             StatusCode::OK,
@@ -87,12 +117,9 @@ async fn stripe_webhook(
     }
 }
 
-async fn receive_stripe(
-    state: &IngressState,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<String, Problem> {
-    let body = body.map_err(|rejection| {
+/// The body, or 413 / 400 problems when it could not be read.
+fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
+    body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             Problem::new(
@@ -109,19 +136,49 @@ async fn receive_stripe(
                 rejection.body_text(),
             )
         }
-    })?;
-    let header = match headers.get("stripe-signature") {
-        None => None,
-        Some(value) => Some(value.to_str().map_err(|_| {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "urn:dedup-worker:problem:invalid-signature",
-                "Invalid Stripe signature",
-                "the Stripe-Signature header is not visible ASCII",
+    })
+}
+
+fn invalid_signature(detail: String, check: &'static str) -> Problem {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "urn:dedup-worker:problem:invalid-signature",
+        "Invalid signature",
+        detail,
+    )
+    .with_check(check)
+}
+
+/// A header as text; a header that is not visible ASCII fails like a malformed one.
+fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Problem> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(value) => value.to_str().map(Some).map_err(|_| {
+            invalid_signature(
+                format!("the {name} header is not visible ASCII"),
+                "malformed_header",
             )
-            .with_check("malformed_header")
-        })?),
-    };
+        }),
+    }
+}
+
+/// Publishes and waits until the transport says the message is durable; 503 otherwise.
+async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), Problem> {
+    let id = message.message_id.clone().unwrap_or_default();
+    state.transport.publish(message).await.map_err(|error| {
+        // The cause is logged; the sender learns only that it should retry.
+        tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
+        unavailable(&error)
+    })
+}
+
+async fn receive_stripe(
+    state: &IngressState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<String, Problem> {
+    let body = read_body(body)?;
+    let header = header_text(headers, "stripe-signature")?;
     verify_stripe_signature(
         header,
         &body,
@@ -129,15 +186,7 @@ async fn receive_stripe(
         state.tolerance_secs,
         (state.clock)(),
     )
-    .map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "urn:dedup-worker:problem:invalid-signature",
-            "Invalid Stripe signature",
-            e.to_string(),
-        )
-        .with_check(e.check())
-    })?;
+    .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
     let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -164,13 +213,52 @@ async fn receive_stripe(
         source: Some("stripe".to_owned()),
         message_id: Some(id.clone()),
         message_type: envelope.event_type.map(Cow::into_owned),
-        payload: body.clone(),
+        payload: body,
     };
-    state.transport.publish(message).await.map_err(|error| {
-        // The cause is logged; the sender learns only that it should retry.
-        tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
-        unavailable(&error)
-    })?;
+    publish(state, message).await?;
+    Ok(id)
+}
+
+/// Standard Webhooks: the dedup key is the `webhook-id` header; the body is not required to be
+/// JSON, but its `type` is kept when it is.
+async fn receive_standard(
+    state: &IngressState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<String, Problem> {
+    let Some(provider) = &state.standard else {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "urn:dedup-worker:problem:not-configured",
+            "Not configured",
+            "no Standard Webhooks secret is configured",
+        ));
+    };
+    let body = read_body(body)?;
+    let received = StandardHeaders {
+        id: header_text(headers, "webhook-id")?,
+        timestamp: header_text(headers, "webhook-timestamp")?,
+        signature: header_text(headers, "webhook-signature")?,
+    };
+    verify_standard_signature(
+        received,
+        &body,
+        &provider.keys,
+        provider.tolerance_secs,
+        (state.clock)(),
+    )
+    .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
+    let id = received.id.unwrap_or_default().to_owned();
+    let event_type = serde_json::from_slice::<Envelope>(&body)
+        .ok()
+        .and_then(|e| e.event_type.map(Cow::into_owned));
+    let message = OutgoingMessage {
+        source: Some(provider.source.clone()),
+        message_id: Some(id.clone()),
+        message_type: event_type,
+        payload: body,
+    };
+    publish(state, message).await?;
     Ok(id)
 }
 

@@ -6,6 +6,7 @@
 
 pub mod ingress;
 pub mod problem;
+pub mod standard;
 pub mod stripe;
 
 pub use ingress::{router, Clock, IngressState};
