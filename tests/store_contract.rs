@@ -372,7 +372,11 @@ async fn dead_letters_list_and_redrive(backend: Backend) {
         .unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].message_id.as_deref(), Some("evt_dead"));
-    assert_eq!(back[0].source.as_deref(), Some("stripe"), "redrive keeps the source");
+    assert_eq!(
+        back[0].source.as_deref(),
+        Some("stripe"),
+        "redrive keeps the source"
+    );
 }
 
 async fn retention_purges_old_rows(backend: Backend) {

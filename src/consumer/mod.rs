@@ -249,7 +249,10 @@ impl Consumer {
         for (delivery, reason) in &undecodable {
             tracing::warn!(%reason, "dead-lettering undecodable message");
             let event = Event {
-                source: delivery.source.clone().unwrap_or_else(|| self.options.source.clone()),
+                source: delivery
+                    .source
+                    .clone()
+                    .unwrap_or_else(|| self.options.source.clone()),
                 id: delivery.message_id.clone().unwrap_or_default(),
                 event_type: delivery.message_type.clone().unwrap_or_default(),
                 payload: delivery.payload.clone(),
@@ -335,7 +338,10 @@ impl Consumer {
                 .to_owned(),
         };
         Ok(Event {
-            source: delivery.source.clone().unwrap_or_else(|| self.options.source.clone()),
+            source: delivery
+                .source
+                .clone()
+                .unwrap_or_else(|| self.options.source.clone()),
             id,
             event_type,
             payload: delivery.payload.clone(),

@@ -299,7 +299,10 @@ pub(super) async fn dead_letters(
     .await?)
 }
 
-pub(super) async fn redrive_dead_letters(pool: &SqlitePool, ids: &[i64]) -> Result<u64, StoreError> {
+pub(super) async fn redrive_dead_letters(
+    pool: &SqlitePool,
+    ids: &[i64],
+) -> Result<u64, StoreError> {
     // The id list travels as one JSON array parameter; an empty list selects everything.
     let all = ids.is_empty();
     let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
