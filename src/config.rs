@@ -362,6 +362,18 @@ impl Settings {
         positive("outbox.concurrency", self.outbox.concurrency)?;
         positive("outbox.lease_secs", self.outbox.lease_secs as usize)?;
         positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
+        // A claimed batch must be finished inside its lease, or another relay takes it over
+        // while it is still being delivered (a duplicate delivery, though with the same key).
+        let rounds = self.outbox.batch_size.div_ceil(self.outbox.concurrency) as u64;
+        if self.outbox.lease_secs * 1000 <= self.outbox.http_timeout_ms * rounds {
+            return Err(invalid(
+                "outbox.lease_secs",
+                format!(
+                    "must exceed outbox.http_timeout_ms × ceil(batch_size / concurrency) = {} ms",
+                    self.outbox.http_timeout_ms * rounds
+                ),
+            ));
+        }
         if !self.consumer.dedup_key_pointer.starts_with('/') {
             return Err(invalid(
                 "consumer.dedup_key_pointer",

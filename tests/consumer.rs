@@ -1,4 +1,5 @@
-//! Handler failures, on both stores: a poison event is dead-lettered without blocking its batch
+//! Handler failures, on both stores: a poison event (an error or a panic) is dead-lettered
+//! without blocking its batch
 //! and leaves no partial effect; a flaky one is retried with backoff and then handled once;
 //! retries exhausted → dead letter; dead letters can be redriven.
 
@@ -54,6 +55,9 @@ impl Handler for Picky {
                 "delivery {} failed",
                 event.delivery_attempt
             )));
+        }
+        if event.id.starts_with("evt_panic") {
+            panic!("handler bug");
         }
         if event.id.starts_with("evt_doomed") {
             return Err(HandlerError::Retryable("never works".into()));
@@ -119,6 +123,7 @@ async fn handler_failures(backend: Backend) {
     ids.insert(5, "evt_poison_1".into());
     ids.insert(10, "evt_flaky_1".into());
     ids.insert(15, "evt_doomed_1".into());
+    ids.insert(18, "evt_panic_1".into());
     for id in &ids {
         post(&client, &app, id).await;
     }
@@ -132,7 +137,7 @@ async fn handler_failures(backend: Backend) {
             async move {
                 let delivered = file_sink_ids(&sink).len();
                 let dead = store.dead_letters(10).await.unwrap().len();
-                (delivered == 21 && dead == 2 && pipeline_drained(&store, "dedup.events").await)
+                (delivered == 21 && dead == 3 && pipeline_drained(&store, "dedup.events").await)
                     .then_some(())
             }
         },
@@ -176,6 +181,15 @@ async fn handler_failures(backend: Backend) {
         .find(|d| d.event_id == "evt_doomed_1")
         .expect("doomed dead-lettered");
     assert_eq!(doomed.attempts, 4);
+    let panicked = dead
+        .iter()
+        .find(|d| d.event_id == "evt_panic_1")
+        .expect("a panic is dead-lettered");
+    assert!(
+        panicked.error.contains("handler panicked: handler bug"),
+        "{}",
+        panicked.error
+    );
 
     // The poison is fixed; redrive it, and it is handled once.
     handler

@@ -37,6 +37,7 @@ fn env(db: &TestDb, receiver: &Receiver) -> Vec<(&'static str, String)> {
         // Short leases so that work the killed process held comes back quickly.
         ("DEDUP_CONSUMER__LEASE_SECS", "2".into()),
         ("DEDUP_OUTBOX__LEASE_SECS", "2".into()),
+        ("DEDUP_OUTBOX__HTTP_TIMEOUT_MS", "500".into()),
         ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
         ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
         ("DEDUP_CONSUMER__BATCH_SIZE", "50".into()),

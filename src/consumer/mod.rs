@@ -186,7 +186,7 @@ impl Consumer {
         let mut verdicts = Vec::with_capacity(fresh.len());
         let mut all_ok = true;
         for (event, _) in &fresh {
-            match self.handler.handle(event, &mut tx.conn()).await {
+            match self.run_handler(event, &mut tx).await {
                 Ok(messages) => verdicts.push(Verdict::Handled(messages)),
                 Err(_) => {
                     all_ok = false;
@@ -295,7 +295,7 @@ impl Consumer {
         let mut verdicts = Vec::with_capacity(fresh.len());
         for (event, _) in fresh {
             tx.savepoint().await?;
-            match self.handler.handle(event, &mut tx.conn()).await {
+            match self.run_handler(event, tx).await {
                 Ok(messages) => {
                     tx.release_savepoint().await?;
                     verdicts.push(Verdict::Handled(messages));
@@ -309,6 +309,31 @@ impl Consumer {
             }
         }
         Ok(verdicts)
+    }
+
+    /// Runs the handler; a panic becomes a fatal error for this event only, so one poison
+    /// event can neither kill the worker nor block its batch.
+    async fn run_handler(
+        &self,
+        event: &Event,
+        tx: &mut StoreTx,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+        use futures::FutureExt;
+        let mut conn = tx.conn();
+        match std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
+            .catch_unwind()
+            .await
+        {
+            Ok(result) => result,
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Err(HandlerError::Fatal(format!("handler panicked: {reason}")))
+            }
+        }
     }
 
     /// The dedup key: the message id when the transport carries one, else the JSON pointer.
