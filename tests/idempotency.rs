@@ -1061,3 +1061,21 @@ async fn a_handler_slower_than_the_lease_keeps_its_claim() {
     assert_eq!(h.runs(), 1);
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_413_and_nothing_runs() {
+    let env = TestEnv::new().await;
+    let h = Counting::default();
+    let addr = app(&env, &h, layer(&env).max_body_bytes(64).build()).await;
+    let c = http();
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(100));
+    let r = post(&c, addr, Some("k-big"), None, &big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(h.runs(), 0);
+    // Nothing was claimed: the key is still free for a request that fits.
+    let ok = post(&c, addr, Some("k-big"), None, "{}").await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert!(!ok.replayed());
+    env.cleanup().await;
+}

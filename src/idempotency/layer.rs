@@ -2,14 +2,16 @@
 //!
 //! Per request (for the configured methods, POST and PATCH by default):
 //! 1. parse the key (bare or quoted; 400 if missing where required or invalid);
-//! 2. buffer the body (bounded) and fingerprint the request;
+//! 2. buffer the body (bounded, 413 beyond) and fingerprint the request;
 //! 3. Redis, when configured: a mirrored result is replayed at once (or 422 on another
-//!    fingerprint); a held `SET NX` lock answers 409;
-//! 4. PostgreSQL claim, one statement: a stored result is replayed (422 on another fingerprint),
-//!    a running claim answers 409 with `Retry-After`, otherwise this request holds the key;
-//! 5. the handler runs in its own task, so a client that disconnects does not cancel it half
-//!    way: the result is stored and the client's retry gets the replay. A lease heartbeat keeps
-//!    the claim while a slow handler runs; only a dead process lets the lease lapse;
+//!    fingerprint). Steps 1–3 have no side effects and run in the caller's future, so the hot
+//!    replay path costs one Redis GET and no task;
+//! 4. from here on in a task of its own, so that a client that disconnects does not cancel the
+//!    request half way (its result is still stored, and its locks dropped, for the retry):
+//!    the Redis `SET NX PX` short lock (held elsewhere → 409), then the PostgreSQL claim, one
+//!    statement: a stored result is replayed (422 on another fingerprint), a running claim
+//!    answers 409 with `Retry-After`, otherwise this request holds the key;
+//! 5. the handler runs with a lease heartbeat, so only a dead process lets the lease lapse;
 //! 6. 2xx/4xx (and 5xx with `keep_5xx`) are stored and mirrored; other 5xx release the key.
 
 use std::future::Future;
@@ -30,7 +32,7 @@ use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::key::{IdempotencyKey, KeyError};
-use super::redis::{CacheError, CachedResponse, Lookup, RedisCache};
+use super::redis::{CacheError, CachedResponse, RedisCache};
 use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
 
 /// The request header.
@@ -261,25 +263,15 @@ where
                 return Box::pin(async move { Ok(Rejection::Invalid(e).into_response(style)) });
             }
         };
-        let style = cfg.error_style;
-        // A task of its own: if the client goes away, hyper drops this future, but the
-        // request still finishes and stores its result for the retry.
-        let task = tokio::spawn(process(shared, inner, req, key));
-        Box::pin(async move {
-            match task.await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "idempotent request task failed");
-                    Ok(Rejection::Internal.into_response(style))
-                }
-            }
-        })
+        Box::pin(prepare(shared, inner, req, key))
     }
 }
 
-async fn process<S>(
+/// The part of a request that has no side effects, run in the caller's future (cancelling it
+/// is harmless): buffer and fingerprint the request, and answer a Redis-mirrored replay.
+async fn prepare<S>(
     shared: Arc<Shared>,
-    mut inner: S,
+    inner: S,
     req: Request<Body>,
     key: IdempotencyKey,
 ) -> Result<Response<Body>, S::Error>
@@ -304,27 +296,84 @@ where
         &bytes,
     );
     let account = (cfg.account)(&parts).unwrap_or_default();
-    let k = key.as_str();
 
-    // Redis fast path. Every error falls through to PostgreSQL.
-    let mut lock: Option<String> = None;
+    // Redis fast path: a plain GET. Every error falls through to PostgreSQL.
     if let Some(cache) = &shared.redis {
-        let token = Uuid::new_v4().to_string();
-        match cache.lookup_or_lock(&account, k, &token, cfg.lease).await {
-            Ok(Lookup::Hit(hit)) if hit.fingerprint == fingerprint => {
+        match cache.get(&account, key.as_str()).await {
+            Ok(Some(hit)) if hit.fingerprint == fingerprint => {
                 outcome("replay_redis");
                 return Ok(replay(&hit.response));
             }
-            Ok(Lookup::Hit(_)) => {
+            Ok(Some(_)) => {
                 outcome("reused");
                 return Ok(Rejection::Reused.into_response(style));
             }
-            Ok(Lookup::Locked) => lock = Some(token),
-            Ok(Lookup::Busy) => {
+            Ok(None) => {}
+            Err(e) => cache_error(&e, "redis lookup failed; using PostgreSQL"),
+        }
+    }
+
+    // From the lock on, a task of its own: if the client goes away, hyper drops this future,
+    // but the request still finishes, stores its result for the retry and drops its locks.
+    let task = tokio::spawn(execute(
+        Prepared {
+            shared,
+            parts,
+            bytes,
+            fingerprint,
+            account,
+            key,
+        },
+        inner,
+    ));
+    match task.await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "idempotent request task failed");
+            Ok(Rejection::Internal.into_response(style))
+        }
+    }
+}
+
+struct Prepared {
+    shared: Arc<Shared>,
+    parts: Parts,
+    bytes: bytes::Bytes,
+    fingerprint: Fingerprint,
+    account: String,
+    key: IdempotencyKey,
+}
+
+async fn execute<S>(p: Prepared, mut inner: S) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>> + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Error: Send + 'static,
+    S::Future: Send + 'static,
+{
+    let Prepared {
+        shared,
+        parts,
+        bytes,
+        fingerprint,
+        account,
+        key,
+    } = p;
+    let cfg = &shared.config;
+    let style = cfg.error_style;
+    let k = key.as_str();
+
+    // The short lock: a duplicate arriving while we hold it is answered without PostgreSQL.
+    let mut lock: Option<String> = None;
+    if let Some(cache) = &shared.redis {
+        let token = Uuid::new_v4().to_string();
+        match cache.try_lock(&account, k, &token, cfg.lease).await {
+            Ok(true) => lock = Some(token),
+            Ok(false) => {
                 outcome("in_progress");
                 return Ok(Rejection::InProgress(Duration::from_secs(1)).into_response(style));
             }
-            Err(e) => cache_error(&e, "redis lookup failed; using PostgreSQL"),
+            Err(e) => cache_error(&e, "redis lock failed; using PostgreSQL"),
         }
     }
 

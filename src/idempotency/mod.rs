@@ -31,7 +31,7 @@ pub use layer::{
     ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, Rejection,
     IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
-pub use redis::{CacheError, Lookup, RedisCache};
+pub use redis::{CacheError, RedisCache};
 pub use store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoreError, StoredResponse};
 
 /// Applies the crate's PostgreSQL migrations, this module's table included.

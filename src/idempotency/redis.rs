@@ -44,17 +44,6 @@ pub struct CachedResponse {
     pub response: StoredResponse,
 }
 
-/// What [`RedisCache::lookup_or_lock`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
-    /// A mirrored completed response.
-    Hit(CachedResponse),
-    /// No mirrored response; we now hold the short lock.
-    Locked,
-    /// No mirrored response and another request holds the lock.
-    Busy,
-}
-
 /// Redis mirror and lock.
 #[derive(Clone)]
 pub struct RedisCache {
@@ -70,7 +59,6 @@ struct Inner {
     breaker: Duration,
     timeout: Duration,
     // Built once: `Script::new` hashes the source (SHA-1) for EVALSHA.
-    lookup: redis::Script,
     store: redis::Script,
     unlock: redis::Script,
 }
@@ -94,15 +82,6 @@ end
 return 1
 "#;
 
-// One round trip for the common question "stored result, or may I go on to PostgreSQL?":
-// the mirrored response if there is one, else try the short lock.
-const LOOKUP_SCRIPT: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if v then return {1, v} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
-return {3}
-"#;
-
 const UNLOCK_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -122,7 +101,6 @@ impl RedisCache {
                 skip_until_ms: AtomicU64::new(0),
                 breaker: Duration::from_secs(1),
                 timeout: Duration::from_millis(500),
-                lookup: redis::Script::new(LOOKUP_SCRIPT),
                 store: redis::Script::new(STORE_SCRIPT),
                 unlock: redis::Script::new(UNLOCK_SCRIPT),
             }),
@@ -206,36 +184,6 @@ impl RedisCache {
         match raw {
             None => Ok(None),
             Some(raw) => decode(&raw).map(Some).ok_or(CacheError::Corrupt),
-        }
-    }
-
-    /// The mirrored response for `(account, key)`, or else an attempt at the short lock, in one
-    /// round trip.
-    pub async fn lookup_or_lock(
-        &self,
-        account: &str,
-        key: &str,
-        token: &str,
-        lock_ttl: Duration,
-    ) -> Result<Lookup, CacheError> {
-        let mut conn = self.conn().await?;
-        let reply: Vec<redis::Value> = self
-            .inner
-            .lookup
-            .key(self.id("resp", account, key))
-            .key(self.id("lock", account, key))
-            .arg(token)
-            .arg(lock_ttl.as_millis().max(1) as u64)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e.into()))?;
-        match reply.as_slice() {
-            [redis::Value::Int(1), redis::Value::BulkString(raw)] => {
-                decode(raw).map(Lookup::Hit).ok_or(CacheError::Corrupt)
-            }
-            [redis::Value::Int(2)] => Ok(Lookup::Locked),
-            [redis::Value::Int(3)] => Ok(Lookup::Busy),
-            _ => Err(CacheError::Corrupt),
         }
     }
 

@@ -157,7 +157,13 @@ mod tests {
         assert_eq!(standard_signature(&key, ID, T, PAYLOAD), EXPECTED);
         let t = T.to_string();
         assert_eq!(
-            verify_standard_signature(headers(EXPECTED, &t), PAYLOAD, std::slice::from_ref(&key), 300, T),
+            verify_standard_signature(
+                headers(EXPECTED, &t),
+                PAYLOAD,
+                std::slice::from_ref(&key),
+                300,
+                T
+            ),
             Ok(())
         );
         // Rotation: any listed signature may match.
