@@ -209,6 +209,9 @@ pub struct TransportSettings {
     pub publish_writers: usize,
     /// Ingress requests that may wait for a writer before back-pressure.
     pub publish_channel_capacity: usize,
+    /// RabbitMQ quorum queue `x-delivery-limit`: redeliveries (crashed consumers) before the
+    /// broker dead-letters a message to `<queue>.dead`.
+    pub delivery_limit: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -331,11 +334,25 @@ impl Settings {
         if self.standard_webhooks.source.is_empty() {
             return Err(invalid("standard_webhooks.source", "must not be empty"));
         }
-        if self.transport.kind != TransportKind::Database {
+        if self.transport.kind == TransportKind::Sqs {
             return Err(invalid(
                 "transport.kind",
-                "only `database` is available in this build (env DEDUP_TRANSPORT)",
+                "`sqs` is not available in this build yet; use `database` or `rabbitmq` (env DEDUP_TRANSPORT)",
             ));
+        }
+        if self.transport.kind == TransportKind::Rabbitmq {
+            positive(
+                "transport.delivery_limit",
+                self.transport.delivery_limit as usize,
+            )?;
+            if !(self.transport.amqp_url.starts_with("amqp://")
+                || self.transport.amqp_url.starts_with("amqps://"))
+            {
+                return Err(invalid(
+                    "transport.amqp_url",
+                    "must start with amqp:// or amqps:// (env AMQP_URL)",
+                ));
+            }
         }
         if self.transport.queue.is_empty() {
             return Err(invalid("transport.queue", "must not be empty"));

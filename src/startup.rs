@@ -22,7 +22,8 @@ use crate::consumer::{
 use crate::outbox::relay::{Relay, RelayOptions};
 use crate::outbox::sink::SinkSpec;
 use crate::queue::database::GroupCommit;
-use crate::queue::{DatabaseQueue, Transport};
+use crate::queue::rabbitmq::RabbitOptions;
+use crate::queue::{DatabaseQueue, RabbitMqQueue, Transport};
 use crate::store::{Store, StoreError, Wakeups};
 use crate::webhook::ingress::StandardProvider;
 use crate::webhook::{router, Clock, IngressState};
@@ -70,8 +71,17 @@ impl Application {
         }
         let wakeups = Arc::new(Wakeups::default());
         let transport: Arc<dyn Transport> = match settings.transport.kind {
-            // Validation refuses the others in this build.
-            TransportKind::Database | TransportKind::Rabbitmq | TransportKind::Sqs => {
+            TransportKind::Rabbitmq => Arc::new(RabbitMqQueue::new(
+                settings.transport.amqp_url.clone(),
+                settings.transport.queue.clone(),
+                RabbitOptions {
+                    prefetch: u16::try_from(settings.consumer.batch_size * 2).unwrap_or(u16::MAX),
+                    delivery_limit: settings.transport.delivery_limit,
+                    retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
+                },
+            )),
+            // Validation refuses `sqs` in this build.
+            TransportKind::Database | TransportKind::Sqs => {
                 Arc::new(DatabaseQueue::start(
                     store.clone(),
                     settings.transport.queue.clone(),

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend, Receiver, RunningBinary,
-    TestDb,
+    ledger_counts, now, stripe_event, wait_for, Backend, Receiver, RunningBinary, TestDb,
+    TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
 
@@ -20,16 +20,23 @@ const EVENTS: usize = 1500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres() {
-    sigkill_mid_flight(Backend::Postgres).await;
+    sigkill_mid_flight(Backend::Postgres, Transport::Database).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres_and_rabbitmq() {
+    sigkill_mid_flight(Backend::Postgres, Transport::Rabbitmq).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_flight_loses_nothing_acknowledged_on_sqlite() {
-    sigkill_mid_flight(Backend::Sqlite).await;
+    sigkill_mid_flight(Backend::Sqlite, Transport::Database).await;
 }
 
-fn env(db: &TestDb, receiver: &Receiver) -> Vec<(&'static str, String)> {
+fn env(db: &TestDb, receiver: &Receiver, queue: &TestQueue) -> Vec<(&'static str, String)> {
     vec![
+        ("DEDUP_TRANSPORT", queue.kind().into()),
+        ("DEDUP_QUEUE", queue.name.clone()),
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
         ("DEDUP_SINK", receiver.url()),
@@ -45,11 +52,13 @@ fn env(db: &TestDb, receiver: &Receiver) -> Vec<(&'static str, String)> {
     ]
 }
 
-async fn sigkill_mid_flight(backend: Backend) {
+async fn sigkill_mid_flight(backend: Backend, transport: Transport) {
     let db = TestDb::new(backend).await;
+    let queue = TestQueue::new(transport);
+    let queue_ref = &queue;
     let work = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
-    let mut bin = RunningBinary::start(&env(&db, &receiver), work.path());
+    let mut bin = RunningBinary::start(&env(&db, &receiver, &queue), work.path());
 
     let ids: Vec<String> = (0..EVENTS).map(|i| format!("evt_crash_{i:05}")).collect();
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -103,7 +112,7 @@ async fn sigkill_mid_flight(backend: Backend) {
 
     // Restart on the same database; the provider retries what did not get a 2xx, plus some
     // duplicates of what did.
-    let bin = RunningBinary::start(&env(&db, &receiver), work.path());
+    let bin = RunningBinary::start(&env(&db, &receiver, &queue), work.path());
     let url = bin.url("/webhooks/stripe");
     let retries: Vec<String> = ids
         .iter()
@@ -141,8 +150,7 @@ async fn sigkill_mid_flight(backend: Backend) {
             let received = receiver.snapshot();
             async move {
                 let distinct: HashSet<String> = received.iter().map(|r| body_id(&r.body)).collect();
-                (distinct.len() == EVENTS && pipeline_drained(&store, "dedup.events").await)
-                    .then_some(())
+                (distinct.len() == EVENTS && queue_ref.drained(&store).await).then_some(())
             }
         },
     )
@@ -181,6 +189,7 @@ async fn sigkill_mid_flight(backend: Backend) {
         acked.len()
     );
     drop(bin);
+    queue.cleanup().await;
 }
 
 fn body_id(body: &[u8]) -> String {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, wait_for, Backend,
-    RunningBinary, TestDb,
+    file_sink_ids, ledger_counts, now, stripe_event, wait_for, Backend, RunningBinary, TestDb,
+    TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
 
@@ -18,16 +18,22 @@ const SECRET: &str = "whsec_pipeline";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_events_with_duplicates_once_each_on_sqlite() {
-    thousand_events_with_duplicates_once_each(Backend::Sqlite).await;
+    thousand_events_with_duplicates_once_each(Backend::Sqlite, Transport::Database).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_events_with_duplicates_once_each_on_postgres() {
-    thousand_events_with_duplicates_once_each(Backend::Postgres).await;
+    thousand_events_with_duplicates_once_each(Backend::Postgres, Transport::Database).await;
 }
 
-async fn thousand_events_with_duplicates_once_each(backend: Backend) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_events_with_duplicates_once_each_on_postgres_and_rabbitmq() {
+    thousand_events_with_duplicates_once_each(Backend::Postgres, Transport::Rabbitmq).await;
+}
+
+async fn thousand_events_with_duplicates_once_each(backend: Backend, transport: Transport) {
     let db = TestDb::new(backend).await;
+    let queue = TestQueue::new(transport);
     let work = tempfile::tempdir().unwrap();
     let sink = work.path().join("events.jsonl");
     let bin = RunningBinary::start(
@@ -38,6 +44,8 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
             ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
             ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_TRANSPORT", queue.kind().into()),
+            ("DEDUP_QUEUE", queue.name.clone()),
         ],
         work.path(),
     );
@@ -82,12 +90,13 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
     );
 
     let store = Arc::new(db.store().await);
+    let queue_ref = &queue;
     wait_for("the pipeline to drain", Duration::from_secs(90), || {
         let store = store.clone();
         let sink = sink.clone();
         async move {
-            (pipeline_drained(&store, "dedup.events").await && file_sink_ids(&sink).len() >= 1000)
-                .then_some(())
+            let queue = queue_ref;
+            (queue.drained(&store).await && file_sink_ids(&sink).len() >= 1000).then_some(())
         }
     })
     .await;
@@ -110,4 +119,5 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend) {
         "one handler effect per event"
     );
     drop(bin);
+    queue.cleanup().await;
 }

@@ -206,7 +206,7 @@ impl Consumer {
         }
 
         let mut outbox_rows = Vec::new();
-        let mut retries: Vec<(DeliveryTag, Duration)> = Vec::new();
+        let mut retries: Vec<(&Delivery, Duration)> = Vec::new();
         for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
             match verdict {
                 Verdict::Handled(messages) => {
@@ -241,7 +241,7 @@ impl Consumer {
                         );
                         tracing::info!(event_id = %event.id, attempts = delivery.attempts, %error, ?delay, "handler failed; will retry");
                         outcome.retried += 1;
-                        retries.push((delivery.tag.clone(), delay));
+                        retries.push((delivery, delay));
                     }
                 }
             }
@@ -272,8 +272,8 @@ impl Consumer {
         // After the commit, and only then: acks and delayed redeliveries. If these fail the
         // messages come back after their lease and are recognised as duplicates.
         self.transport.ack(&to_ack).await?;
-        for (tag, delay) in &retries {
-            self.transport.retry_later(tag, *delay).await?;
+        for (delivery, delay) in &retries {
+            self.transport.retry_later(delivery, *delay).await?;
         }
 
         metrics::counter!("dedup_events_received_total").increment(outcome.received as u64);

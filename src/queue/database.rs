@@ -153,13 +153,27 @@ impl Transport for DatabaseQueue {
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
-        let ids: Vec<i64> = tags.iter().map(|DeliveryTag::Row(id)| *id).collect();
+        let ids: Vec<i64> = tags
+            .iter()
+            .filter_map(|tag| match tag {
+                DeliveryTag::Row(id) => Some(*id),
+                DeliveryTag::Amqp { .. } => None,
+            })
+            .collect();
         Ok(self.store.ack_messages(&ids).await?)
     }
 
-    async fn retry_later(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), TransportError> {
-        let DeliveryTag::Row(id) = tag;
-        Ok(self.store.release_message(*id, delay).await?)
+    async fn retry_later(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+    ) -> Result<(), TransportError> {
+        match delivery.tag {
+            DeliveryTag::Row(id) => Ok(self.store.release_message(id, delay).await?),
+            DeliveryTag::Amqp { .. } => Err(TransportError::Unavailable(
+                "not a database queue delivery".into(),
+            )),
+        }
     }
 
     async fn ready(&self) -> Result<(), TransportError> {

@@ -7,6 +7,7 @@
 //! * `ack` is called only after the consumer's transaction committed.
 
 pub mod database;
+pub mod rabbitmq;
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use database::DatabaseQueue;
+pub use rabbitmq::RabbitMqQueue;
 
 /// A message to publish.
 #[derive(Debug, Clone)]
@@ -33,6 +35,8 @@ pub struct OutgoingMessage {
 pub enum DeliveryTag {
     /// A database queue row id.
     Row(i64),
+    /// A RabbitMQ delivery tag, valid only on the channel (generation) that delivered it.
+    Amqp { generation: u64, tag: u64 },
 }
 
 /// A received message.
@@ -74,8 +78,10 @@ pub trait Transport: Send + Sync + 'static {
     /// Acknowledges deliveries (after the consumer's commit).
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
 
-    /// Makes a delivery come back after `delay` (retryable handler failure).
-    async fn retry_later(&self, tag: &DeliveryTag, delay: Duration) -> Result<(), TransportError>;
+    /// Makes a delivery come back after `delay` (retryable handler failure). It gets the whole
+    /// delivery because a broker without delayed redelivery republishes a copy.
+    async fn retry_later(&self, delivery: &Delivery, delay: Duration)
+        -> Result<(), TransportError>;
 
     /// Whether the transport can take messages now (for `/readyz`).
     async fn ready(&self) -> Result<(), TransportError>;

@@ -412,3 +412,78 @@ impl TestApp {
         let _ = self.task.await;
     }
 }
+
+/// Which transport a binary test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Database,
+    Rabbitmq,
+}
+
+/// A queue of the test's own: a unique name, and for RabbitMQ its queues deleted afterwards.
+pub struct TestQueue {
+    pub transport: Transport,
+    pub name: String,
+}
+
+impl TestQueue {
+    pub fn new(transport: Transport) -> Self {
+        TestQueue {
+            transport,
+            name: format!("dw_test_{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    /// `DEDUP_TRANSPORT` value.
+    pub fn kind(&self) -> &'static str {
+        match self.transport {
+            Transport::Database => "database",
+            Transport::Rabbitmq => "rabbitmq",
+        }
+    }
+
+    fn rabbit(&self) -> dedup_worker::queue::RabbitMqQueue {
+        dedup_worker::queue::RabbitMqQueue::new(
+            std::env::var("AMQP_URL")
+                .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
+            self.name.clone(),
+            dedup_worker::queue::rabbitmq::RabbitOptions {
+                prefetch: 1,
+                delivery_limit: 20,
+                retry_max: Duration::from_secs(600),
+            },
+        )
+    }
+
+    /// Nothing left to do: the queue is empty and no outbox row is pending. (For RabbitMQ the
+    /// broker's count, read with a passive declare.)
+    pub async fn drained(&self, store: &Store) -> bool {
+        let outbox_pending = store
+            .outbox_counts()
+            .await
+            .map(|c| c.pending)
+            .unwrap_or(i64::MAX);
+        let queue_empty = match self.transport {
+            Transport::Database => store
+                .queue_depth(&self.name)
+                .await
+                .map(|n| n == 0)
+                .unwrap_or(false),
+            Transport::Rabbitmq => {
+                let rabbit = self.rabbit();
+                let depth = rabbit.depth().await;
+                rabbit.close().await;
+                depth.map(|n| n == 0).unwrap_or(false)
+            }
+        };
+        queue_empty && outbox_pending == 0
+    }
+
+    pub async fn cleanup(&self) {
+        if self.transport == Transport::Rabbitmq {
+            let rabbit = self.rabbit();
+            let _ = rabbit.delete_queues().await;
+            rabbit.close().await;
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! The RabbitMQ transport (lapin).
+//!
+//! Topology, declared on every (re)connect so a fresh broker needs no set-up:
+//! * `<queue>`: a durable quorum queue with an explicit `x-delivery-limit` and a dead-letter
+//!   route to `<queue>.dead`, so a message that keeps crashing its consumers stops after the
+//!   limit instead of looping forever;
+//! * `<queue>.dead`: where the broker parks those;
+//! * `<queue>.retry.<ms>`: delay buckets for retryable handler failures. RabbitMQ has no
+//!   delayed redelivery, so a retry republishes a copy into the bucket whose TTL is the delay
+//!   (rounded up to a power of two, so a long delay never holds up a short one) and whose
+//!   dead-letter route leads back to `<queue>`; the original is then acked.
+//!
+//! Guarantees: `publish` returns only after the broker's publisher confirm (mandatory publish,
+//! so an unroutable message is an error, not a silent drop); many confirms are in flight at
+//! once on one channel. Unacked deliveries return to the queue when the channel closes (a
+//! crashed consumer). Acks of a contiguous run of delivery tags are one `multiple` ack.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::Confirmation;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+
+/// Header carrying the event source (first half of the dedup key).
+const SOURCE_HEADER: &str = "x-dedup-source";
+/// Header carrying how many deliveries a republished retry already had.
+const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
+
+/// RabbitMQ options (see `[transport]` in config/default.toml).
+#[derive(Debug, Clone)]
+pub struct RabbitOptions {
+    /// Unacked messages the broker may push to this consumer (bounds memory).
+    pub prefetch: u16,
+    /// Quorum queue `x-delivery-limit`: redeliveries before the broker dead-letters a message.
+    pub delivery_limit: u32,
+    /// The longest retry bucket.
+    pub retry_max: Duration,
+}
+
+/// The consuming side: one channel, its consumer stream, and the tags it has not acked.
+struct ConsumerSide {
+    /// Keeps the connection open while the side lives.
+    connection: Connection,
+    channel: Channel,
+    /// Polled by one receiver at a time.
+    stream: Mutex<lapin::Consumer>,
+    /// Tags are per channel: a tag from an older generation must never be acked on this one.
+    generation: u64,
+    unacked: std::sync::Mutex<BTreeSet<u64>>,
+}
+
+/// The publishing side: a channel in confirm mode, shared by concurrent publishers.
+struct PublisherSide {
+    /// Keeps the connection open while the side lives.
+    connection: Connection,
+    channel: Channel,
+}
+
+pub struct RabbitMqQueue {
+    url: String,
+    queue: String,
+    options: RabbitOptions,
+    publisher: Mutex<Option<Arc<PublisherSide>>>,
+    consumer: Mutex<Option<Arc<ConsumerSide>>>,
+    generation: AtomicU64,
+    /// Retry buckets declared so far (by TTL in ms).
+    buckets: std::sync::Mutex<HashSet<u64>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Unavailable(format!("rabbitmq: {e}"))
+}
+
+fn long(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+impl RabbitMqQueue {
+    /// Creates the transport; connections are made on first use (and again after a failure),
+    /// so a broker that is down at start-up makes `/readyz` and ingress answer 503 rather than
+    /// stopping the process.
+    pub fn new(url: String, queue: String, options: RabbitOptions) -> Self {
+        RabbitMqQueue {
+            url,
+            queue,
+            options,
+            publisher: Mutex::new(None),
+            consumer: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            buckets: std::sync::Mutex::new(HashSet::new()),
+        }
+    }
+
+    async fn connect(&self) -> Result<(Connection, Channel), TransportError> {
+        let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(unavailable)?;
+        let channel = connection.create_channel().await.map_err(unavailable)?;
+        self.declare_topology(&channel).await?;
+        Ok((connection, channel))
+    }
+
+    async fn declare_topology(&self, channel: &Channel) -> Result<(), TransportError> {
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let dead = format!("{}.dead", self.queue);
+        let mut quorum = FieldTable::default();
+        quorum.insert("x-queue-type".into(), long("quorum"));
+        channel
+            .queue_declare(dead.as_str().into(), durable, quorum.clone())
+            .await
+            .map_err(unavailable)?;
+        let mut main = quorum;
+        main.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongInt(i32::try_from(self.options.delivery_limit).unwrap_or(i32::MAX)),
+        );
+        main.insert("x-dead-letter-exchange".into(), long(""));
+        main.insert("x-dead-letter-routing-key".into(), long(&dead));
+        channel
+            .queue_declare(self.queue.as_str().into(), durable, main)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn publisher(&self) -> Result<Arc<PublisherSide>, TransportError> {
+        let mut slot = self.publisher.lock().await;
+        if let Some(side) = slot.as_ref().filter(|s| s.channel.status().connected()) {
+            return Ok(side.clone());
+        }
+        let (connection, channel) = self.connect().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+        let side = Arc::new(PublisherSide {
+            connection,
+            channel,
+        });
+        *slot = Some(side.clone());
+        Ok(side)
+    }
+
+    async fn consumer(&self) -> Result<Arc<ConsumerSide>, TransportError> {
+        let mut slot = self.consumer.lock().await;
+        if let Some(side) = slot.as_ref().filter(|s| s.channel.status().connected()) {
+            return Ok(side.clone());
+        }
+        let (connection, channel) = self.connect().await?;
+        channel
+            .basic_qos(self.options.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(unavailable)?;
+        let stream = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let side = Arc::new(ConsumerSide {
+            connection,
+            channel,
+            stream: Mutex::new(stream),
+            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+            unacked: std::sync::Mutex::new(BTreeSet::new()),
+        });
+        *slot = Some(side.clone());
+        Ok(side)
+    }
+
+    /// Forgets a side after an error so the next call reconnects.
+    async fn reset_consumer(&self) {
+        *self.consumer.lock().await = None;
+    }
+
+    async fn reset_publisher(&self) {
+        *self.publisher.lock().await = None;
+    }
+
+    /// Publishes to the default exchange with routing key `routing_key` and waits for the
+    /// broker's confirm.
+    async fn publish_to(
+        &self,
+        routing_key: &str,
+        message: &OutgoingMessage,
+        attempts: u32,
+    ) -> Result<(), TransportError> {
+        let side = self.publisher().await?;
+        let mut headers = FieldTable::default();
+        if let Some(source) = &message.source {
+            headers.insert(SOURCE_HEADER.into(), long(source));
+        }
+        if attempts > 0 {
+            headers.insert(
+                ATTEMPTS_HEADER.into(),
+                AMQPValue::LongLongInt(i64::from(attempts)),
+            );
+        }
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_headers(headers);
+        if let Some(id) = &message.message_id {
+            properties = properties.with_message_id(id.as_str().into());
+        }
+        if let Some(kind) = &message.message_type {
+            properties = properties.with_type(kind.as_str().into());
+        }
+        let confirm = side
+            .channel
+            .basic_publish(
+                ShortString::from(""),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &message.payload,
+                properties,
+            )
+            .await;
+        let confirmation = match confirm {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        match confirmation {
+            Ok(Confirmation::Ack(None)) => Ok(()),
+            Ok(Confirmation::Ack(Some(_))) => Err(unavailable(format!(
+                "message returned unroutable by {routing_key}"
+            ))),
+            Ok(Confirmation::Nack(_)) => Err(unavailable("broker nacked the message")),
+            Ok(Confirmation::NotRequested) => Err(unavailable("publisher confirms are off")),
+            Err(e) => {
+                self.reset_publisher().await;
+                Err(unavailable(e))
+            }
+        }
+    }
+
+    /// The retry bucket for `delay`: a power of two milliseconds, at least 100 ms.
+    async fn retry_bucket(&self, delay: Duration) -> Result<String, TransportError> {
+        let wanted = delay.min(self.options.retry_max).as_millis().max(100) as u64;
+        let ttl = wanted.next_power_of_two();
+        let name = format!("{}.retry.{ttl}", self.queue);
+        let known = self
+            .buckets
+            .lock()
+            .map(|b| b.contains(&ttl))
+            .unwrap_or(false);
+        if !known {
+            let side = self.publisher().await?;
+            let mut args = FieldTable::default();
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl as i64));
+            args.insert("x-dead-letter-exchange".into(), long(""));
+            args.insert("x-dead-letter-routing-key".into(), long(&self.queue));
+            side.channel
+                .queue_declare(
+                    name.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    args,
+                )
+                .await
+                .map_err(unavailable)?;
+            if let Ok(mut buckets) = self.buckets.lock() {
+                buckets.insert(ttl);
+            }
+        }
+        Ok(name)
+    }
+
+    /// Closes both connections; unacked deliveries go back to the queue (as when the process
+    /// dies), and the next call reconnects.
+    pub async fn close(&self) {
+        let consumer = self.consumer.lock().await.take();
+        let publisher = self.publisher.lock().await.take();
+        if let Some(side) = consumer {
+            let _ = side.connection.close(200, "closing".into()).await;
+        }
+        if let Some(side) = publisher {
+            let _ = side.connection.close(200, "closing".into()).await;
+        }
+    }
+
+    /// Messages ready or unacked in the queue (a passive declare), for tests and operators.
+    pub async fn depth(&self) -> Result<u32, TransportError> {
+        let side = self.publisher().await?;
+        let queue = side
+            .channel
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(queue.message_count())
+    }
+
+    /// Deletes the queue, its dead-letter queue and the retry buckets this instance declared
+    /// (tests clean up with it).
+    pub async fn delete_queues(&self) -> Result<(), TransportError> {
+        let side = self.publisher().await?;
+        let buckets: Vec<u64> = self
+            .buckets
+            .lock()
+            .map(|b| b.iter().copied().collect())
+            .unwrap_or_default();
+        let mut names = vec![self.queue.clone(), format!("{}.dead", self.queue)];
+        names.extend(
+            buckets
+                .iter()
+                .map(|ttl| format!("{}.retry.{ttl}", self.queue)),
+        );
+        for name in names {
+            side.channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    fn convert(side: &ConsumerSide, d: lapin::message::Delivery) -> Delivery {
+        let headers = d.properties.headers().clone().unwrap_or_default();
+        let header = |name: &str| headers.inner().get(&ShortString::from(name)).cloned();
+        let source = match header(SOURCE_HEADER) {
+            Some(AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
+            _ => None,
+        };
+        let as_u32 = |v: Option<AMQPValue>| -> u32 {
+            match v {
+                Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(0),
+                Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(0),
+                Some(AMQPValue::LongUInt(n)) => n,
+                _ => 0,
+            }
+        };
+        // Quorum queues count redeliveries in x-delivery-count; republished retries carry ours.
+        let redelivered = match header("x-delivery-count") {
+            None if d.redelivered => 1,
+            other => as_u32(other),
+        };
+        let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
+        if let Ok(mut unacked) = side.unacked.lock() {
+            unacked.insert(d.delivery_tag);
+        }
+        Delivery {
+            tag: DeliveryTag::Amqp {
+                generation: side.generation,
+                tag: d.delivery_tag,
+            },
+            source,
+            message_id: d
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.as_str().to_owned()),
+            message_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
+            payload: Bytes::from(d.data),
+            attempts,
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for RabbitMqQueue {
+    async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
+        self.publish_to(&self.queue, &message, 0).await
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
+        let side = self.consumer().await?;
+        let mut stream = side.stream.lock().await;
+        let first = match tokio::time::timeout(wait, stream.next()).await {
+            Err(_) => return Ok(Vec::new()),
+            Ok(Some(Ok(delivery))) => delivery,
+            Ok(Some(Err(e))) => {
+                drop(stream);
+                self.reset_consumer().await;
+                return Err(unavailable(e));
+            }
+            Ok(None) => {
+                drop(stream);
+                self.reset_consumer().await;
+                return Err(unavailable("consumer stream ended"));
+            }
+        };
+        let mut out = vec![Self::convert(&side, first)];
+        // Take what is already buffered (up to the prefetch), without waiting for more.
+        while out.len() < max {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(delivery))) => out.push(Self::convert(&side, delivery)),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
+        let Some(side) = self.consumer.lock().await.clone() else {
+            return Ok(());
+        };
+        // Tags from an older channel are void: the broker requeued those messages already.
+        let mut mine: Vec<u64> = tags
+            .iter()
+            .filter_map(|t| match t {
+                DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
+                    Some(*tag)
+                }
+                _ => None,
+            })
+            .collect();
+        if mine.is_empty() {
+            return Ok(());
+        }
+        mine.sort_unstable();
+        let last = *mine.last().unwrap_or(&0);
+        // One `multiple` ack when the tags are exactly every unacked tag up to the last one.
+        let contiguous = side
+            .unacked
+            .lock()
+            .map(|unacked| unacked.range(..=last).copied().eq(mine.iter().copied()))
+            .unwrap_or(false);
+        let result = if contiguous {
+            side.channel
+                .basic_ack(last, BasicAckOptions { multiple: true })
+                .await
+        } else {
+            let mut result = Ok(());
+            for tag in &mine {
+                result = side
+                    .channel
+                    .basic_ack(*tag, BasicAckOptions::default())
+                    .await;
+                if result.is_err() {
+                    break;
+                }
+            }
+            result
+        };
+        if let Ok(mut unacked) = side.unacked.lock() {
+            for tag in &mine {
+                unacked.remove(tag);
+            }
+        }
+        if let Err(e) = result {
+            self.reset_consumer().await;
+            return Err(unavailable(e));
+        }
+        Ok(())
+    }
+
+    async fn retry_later(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+    ) -> Result<(), TransportError> {
+        let bucket = self.retry_bucket(delay).await?;
+        let copy = OutgoingMessage {
+            source: delivery.source.clone(),
+            message_id: delivery.message_id.clone(),
+            message_type: delivery.message_type.clone(),
+            payload: delivery.payload.clone(),
+        };
+        // The copy is confirmed before the original is acked: a crash in between delivers
+        // the event twice, which the dedup record absorbs; the other order could lose it.
+        self.publish_to(&bucket, &copy, delivery.attempts).await?;
+        self.ack(std::slice::from_ref(&delivery.tag)).await
+    }
+
+    async fn ready(&self) -> Result<(), TransportError> {
+        self.publisher().await.map(|_| ())
+    }
+
+    fn queue_name(&self) -> &str {
+        &self.queue
+    }
+}

@@ -1,0 +1,250 @@
+//! One contract, every transport: the database queue on PostgreSQL and on SQLite, and RabbitMQ
+//! (a real broker on 127.0.0.1:5672, a queue of its own per test, deleted after).
+//! * what is published (concurrently) is received with its id, type, source and bytes intact,
+//!   and once acked it does not come back;
+//! * what a consumer received but never acked comes back to the next consumer, counted as a
+//!   further attempt;
+//! * `retry_later` brings a delivery back, with its attempts counted.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{wait_for, Backend, TestDb};
+use dedup_worker::queue::database::GroupCommit;
+use dedup_worker::queue::rabbitmq::RabbitOptions;
+use dedup_worker::queue::{DatabaseQueue, Delivery, OutgoingMessage, RabbitMqQueue, Transport};
+use dedup_worker::store::Wakeups;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    DatabasePostgres,
+    DatabaseSqlite,
+    Rabbitmq,
+}
+
+/// Owns what a test's transports share (database or broker queue) and removes it after.
+struct Harness {
+    kind: Kind,
+    queue: String,
+    db: Option<TestDb>,
+    /// Every RabbitMQ instance made, to close and clean up.
+    rabbits: Vec<Arc<RabbitMqQueue>>,
+}
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+impl Harness {
+    async fn new(kind: Kind) -> Self {
+        let db = match kind {
+            Kind::DatabasePostgres => Some(TestDb::new(Backend::Postgres).await),
+            Kind::DatabaseSqlite => Some(TestDb::new(Backend::Sqlite).await),
+            Kind::Rabbitmq => None,
+        };
+        Harness {
+            kind,
+            queue: format!("dw_test_{}", uuid::Uuid::new_v4().simple()),
+            db,
+            rabbits: Vec::new(),
+        }
+    }
+
+    /// A new transport instance on the same queue: what a new process would open.
+    async fn transport(&mut self) -> Arc<dyn Transport> {
+        match self.kind {
+            Kind::DatabasePostgres | Kind::DatabaseSqlite => {
+                let store = self.db.as_ref().expect("db").store().await;
+                Arc::new(DatabaseQueue::start(
+                    store,
+                    self.queue.clone(),
+                    Arc::new(Wakeups::default()),
+                    GroupCommit {
+                        max_batch: 64,
+                        writers: 2,
+                        channel_capacity: 256,
+                        lease: Duration::from_millis(500),
+                    },
+                ))
+            }
+            Kind::Rabbitmq => {
+                let queue = Arc::new(RabbitMqQueue::new(
+                    amqp_url(),
+                    self.queue.clone(),
+                    RabbitOptions {
+                        prefetch: 200,
+                        delivery_limit: 20,
+                        retry_max: Duration::from_secs(10),
+                    },
+                ));
+                self.rabbits.push(queue.clone());
+                queue
+            }
+        }
+    }
+
+    /// Makes `transport` let go of what it received without acking (a crash).
+    async fn abandon(&self, transport: Arc<dyn Transport>) {
+        // The database queue's leases simply run out; RabbitMQ requeues on connection close.
+        for rabbit in &self.rabbits {
+            if std::ptr::addr_eq(Arc::as_ptr(rabbit), Arc::as_ptr(&transport)) {
+                rabbit.close().await;
+            }
+        }
+    }
+
+    async fn cleanup(self) {
+        if let Some(first) = self.rabbits.first() {
+            first.delete_queues().await.expect("delete test queues");
+        }
+        for rabbit in &self.rabbits {
+            rabbit.close().await;
+        }
+    }
+}
+
+fn message(i: usize) -> OutgoingMessage {
+    OutgoingMessage {
+        source: Some("stripe".into()),
+        message_id: Some(format!("evt_{i}")),
+        message_type: Some("invoice.paid".into()),
+        payload: Bytes::from(format!("{{\"id\":\"evt_{i}\",\"n\":{i}}}")),
+    }
+}
+
+/// Receives until `n` deliveries arrived (or panics at the deadline).
+async fn receive_n(transport: &Arc<dyn Transport>, n: usize) -> Vec<Delivery> {
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "received {} of {n}",
+            got.len()
+        );
+        got.extend(
+            transport
+                .receive(n - got.len(), Duration::from_millis(200))
+                .await
+                .expect("receive"),
+        );
+    }
+    got
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod database_postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Kind::DatabasePostgres).await } )*
+        }
+        mod database_sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Kind::DatabaseSqlite).await } )*
+        }
+        mod rabbitmq {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Kind::Rabbitmq).await } )*
+        }
+    };
+}
+
+contract!(
+    published_messages_arrive_intact_and_acked_ones_stay_gone,
+    unacked_messages_come_back_to_the_next_consumer,
+    retry_later_brings_a_delivery_back,
+);
+
+async fn published_messages_arrive_intact_and_acked_ones_stay_gone(kind: Kind) {
+    let mut h = Harness::new(kind).await;
+    let transport = h.transport().await;
+    let publishes: Vec<_> = (0..100).map(|i| transport.publish(message(i))).collect();
+    for result in futures::future::join_all(publishes).await {
+        result.expect("publish is confirmed");
+    }
+    let got = receive_n(&transport, 100).await;
+    let by_id: HashMap<String, &Delivery> = got
+        .iter()
+        .map(|d| (d.message_id.clone().unwrap(), d))
+        .collect();
+    assert_eq!(by_id.len(), 100, "each message once");
+    let d = by_id["evt_42"];
+    assert_eq!(d.payload, Bytes::from("{\"id\":\"evt_42\",\"n\":42}"));
+    assert_eq!(d.message_type.as_deref(), Some("invoice.paid"));
+    assert_eq!(d.source.as_deref(), Some("stripe"));
+    assert_eq!(d.attempts, 1);
+    let tags: Vec<_> = got.iter().map(|d| d.tag.clone()).collect();
+    transport.ack(&tags).await.expect("ack");
+    // Acked: a fresh consumer finds nothing, even after the database lease would have run out.
+    h.abandon(transport).await;
+    let next = h.transport().await;
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        again.extend(
+            next.receive(10, Duration::from_millis(250))
+                .await
+                .expect("receive"),
+        );
+    }
+    assert!(again.is_empty(), "acked messages came back: {again:?}");
+    h.cleanup().await;
+}
+
+async fn unacked_messages_come_back_to_the_next_consumer(kind: Kind) {
+    let mut h = Harness::new(kind).await;
+    let first = h.transport().await;
+    for i in 0..3 {
+        first.publish(message(i)).await.expect("publish");
+    }
+    let got = receive_n(&first, 3).await;
+    // One is acked, two are abandoned by a "crash".
+    let acked = got[0].message_id.clone().unwrap();
+    first.ack(std::slice::from_ref(&got[0].tag)).await.expect("ack");
+    h.abandon(first).await;
+    let second = h.transport().await;
+    let back = receive_n(&second, 2).await;
+    let ids: HashSet<String> = back.iter().map(|d| d.message_id.clone().unwrap()).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(!ids.contains(&acked));
+    assert!(
+        back.iter().all(|d| d.attempts >= 2),
+        "redeliveries count: {back:?}"
+    );
+    second
+        .ack(&back.iter().map(|d| d.tag.clone()).collect::<Vec<_>>())
+        .await
+        .expect("ack");
+    h.cleanup().await;
+}
+
+async fn retry_later_brings_a_delivery_back(kind: Kind) {
+    let mut h = Harness::new(kind).await;
+    let transport = h.transport().await;
+    transport.publish(message(7)).await.expect("publish");
+    let first = receive_n(&transport, 1).await.remove(0);
+    transport
+        .retry_later(&first, Duration::from_millis(150))
+        .await
+        .expect("retry later");
+    let again = wait_for("the retried delivery", Duration::from_secs(30), || {
+        let transport = transport.clone();
+        async move {
+            let got = transport
+                .receive(1, Duration::from_millis(200))
+                .await
+                .expect("receive");
+            got.into_iter().next()
+        }
+    })
+    .await;
+    assert_eq!(again.message_id.as_deref(), Some("evt_7"));
+    assert_eq!(again.payload, first.payload);
+    assert_eq!(again.source.as_deref(), Some("stripe"));
+    assert_eq!(again.attempts, 2);
+    transport.ack(std::slice::from_ref(&again.tag)).await.expect("ack");
+    h.cleanup().await;
+}
