@@ -69,11 +69,14 @@ async fn post(
 }
 
 fn layer(env: &TestEnv) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+    // `x-account` names the account; without it the request belongs to "default", except that
+    // `x-account: none` stands for a caller the extractor cannot identify.
     IdempotencyLayer::builder(env.store()).account(|p| {
-        p.headers
-            .get("x-account")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+        match p.headers.get("x-account").and_then(|v| v.to_str().ok()) {
+            Some("none") => None,
+            Some(account) => Some(account.to_owned()),
+            None => Some("default".to_owned()),
+        }
     })
 }
 
@@ -394,6 +397,17 @@ async fn same_key_under_two_accounts_is_two_requests() {
     assert_eq!(a2.body["account"], "acct_a");
     assert_eq!(b2.body["account"], "acct_b");
     assert_eq!(h.runs(), 2);
+    // A caller the extractor cannot identify is refused, never pooled with others.
+    let anonymous = post(
+        &c,
+        addr,
+        Some("shared-key"),
+        Some("none"),
+        r#"{"amount":1}"#,
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.runs(), 2);
     env.cleanup().await;
 }
 
@@ -534,6 +548,18 @@ async fn declined_402_is_replayed_and_5xx_releases_the_key() {
     let f3 = post(&c, addr, Some("k-5xx"), None, r#"{"mode":"fail_once"}"#).await;
     assert!(f3.replayed());
     assert_eq!(h.runs(), 3);
+
+    // 429 (like 408, 409 and 425) says "not now", not "this is the outcome": not stored.
+    let t1 = post(&c, addr, Some("k-429"), None, r#"{"mode":"busy_once"}"#).await;
+    assert_eq!(t1.status, StatusCode::TOO_MANY_REQUESTS);
+    let t2 = post(&c, addr, Some("k-429"), None, r#"{"mode":"busy_once"}"#).await;
+    assert_eq!(
+        t2.status,
+        StatusCode::CREATED,
+        "the retry after a 429 executes"
+    );
+    assert!(!t2.replayed());
+    assert_eq!(h.runs(), 5);
 
     // keep_5xx: Stripe's behaviour, the 500 is replayed.
     let h2 = Counting::default();
@@ -698,8 +724,25 @@ async fn a_request_whose_lease_was_taken_over_cannot_complete_or_release() {
     let Claim::Acquired(old) = store.claim("a", "k", &fp, lease, ttl).await.unwrap() else {
         panic!("first claim")
     };
-    // Another fingerprint never takes over, even after the lease.
+    // Another fingerprint never takes over, even after the lease (while the key's TTL runs).
     let other = Fingerprint([8; 32]);
+    poll(Duration::from_secs(20), || {
+        let pool = env.pool.clone();
+        async move {
+            let lapsed: bool = sqlx::query_scalar(
+                "SELECT locked_until <= now() FROM idempotency_keys WHERE account = 'a' AND key = 'k'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            lapsed.then_some(())
+        }
+    })
+    .await;
+    assert!(matches!(
+        store.claim("a", "k", &other, lease, ttl).await.unwrap(),
+        Claim::InProgress { fingerprint, .. } if fingerprint == fp
+    ));
     let new = poll(Duration::from_secs(20), || {
         let store = store.clone();
         async move {
@@ -734,6 +777,56 @@ async fn a_request_whose_lease_was_taken_over_cannot_complete_or_release() {
         Claim::Completed { response, .. } => assert_eq!(&response.body[..], b"new"),
         other => panic!("expected the new holder's result, got {other:?}"),
     }
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_claim_past_its_ttl_is_neither_taken_over_nor_collected() {
+    let env = TestEnv::new().await;
+    let store = env.store();
+    let fp = Fingerprint([7; 32]);
+    let lease = Duration::from_secs(60);
+    let ttl = Duration::from_millis(200);
+    let Claim::Acquired(token) = store.claim("a", "slow", &fp, lease, ttl).await.unwrap() else {
+        panic!("first claim")
+    };
+    poll(Duration::from_secs(20), || {
+        let pool = env.pool.clone();
+        async move {
+            let expired: bool = sqlx::query_scalar(
+                "SELECT expires_at <= now() FROM idempotency_keys WHERE account = 'a' AND key = 'slow'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            expired.then_some(())
+        }
+    })
+    .await;
+    for fingerprint in [fp, Fingerprint([6; 32])] {
+        assert!(
+            matches!(
+                store
+                    .claim("a", "slow", &fingerprint, lease, ttl)
+                    .await
+                    .unwrap(),
+                Claim::InProgress { .. }
+            ),
+            "a live lease wins over an expired TTL"
+        );
+    }
+    assert_eq!(
+        store.delete_expired(100).await.unwrap(),
+        0,
+        "a running claim is not collected"
+    );
+    assert!(matches!(
+        store
+            .complete("a", "slow", token, &stored(201, "done"))
+            .await
+            .unwrap(),
+        Ownership::Owned { .. }
+    ));
     env.cleanup().await;
 }
 

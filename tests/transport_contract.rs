@@ -203,7 +203,10 @@ async fn unacked_messages_come_back_to_the_next_consumer(kind: Kind) {
     let got = receive_n(&first, 3).await;
     // One is acked, two are abandoned by a "crash".
     let acked = got[0].message_id.clone().unwrap();
-    first.ack(std::slice::from_ref(&got[0].tag)).await.expect("ack");
+    first
+        .ack(std::slice::from_ref(&got[0].tag))
+        .await
+        .expect("ack");
     h.abandon(first).await;
     let second = h.transport().await;
     let back = receive_n(&second, 2).await;
@@ -245,6 +248,9 @@ async fn retry_later_brings_a_delivery_back(kind: Kind) {
     assert_eq!(again.payload, first.payload);
     assert_eq!(again.source.as_deref(), Some("stripe"));
     assert_eq!(again.attempts, 2);
-    transport.ack(std::slice::from_ref(&again.tag)).await.expect("ack");
+    transport
+        .ack(std::slice::from_ref(&again.tag))
+        .await
+        .expect("ack");
     h.cleanup().await;
 }

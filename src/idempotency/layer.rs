@@ -41,7 +41,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Extracts the account that scopes keys from the request head (e.g. the authenticated
-/// principal). `None` puts the request in the anonymous scope `""`.
+/// principal). `None` refuses the request (401): pooling unidentified callers in one scope
+/// would replay one caller's result to another. The default, for single-tenant APIs, puts
+/// every request in one scope.
 pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// How error responses produced by the layer look.
@@ -65,6 +67,7 @@ pub struct IdempotencyConfig {
     error_style: ErrorStyle,
     keep_5xx: bool,
     max_body_bytes: usize,
+    max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for IdempotencyConfig {
@@ -77,6 +80,7 @@ impl std::fmt::Debug for IdempotencyConfig {
             .field("error_style", &self.error_style)
             .field("keep_5xx", &self.keep_5xx)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -143,6 +147,14 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Largest response body stored for replay (default 8 MiB). A larger response is answered
+    /// with 500 and its key released: such an endpoint is not protected, so keep replayable
+    /// responses small.
+    pub fn max_response_bytes(mut self, n: usize) -> Self {
+        self.config.max_response_bytes = n;
+        self
+    }
+
     /// Redis fast path (optional).
     pub fn redis(mut self, cache: RedisCache) -> Self {
         self.redis = Some(cache);
@@ -185,10 +197,11 @@ impl IdempotencyLayer {
                 required: true,
                 ttl: Duration::from_secs(24 * 3600),
                 lease: Duration::from_secs(30),
-                account: Arc::new(|_| None),
+                account: Arc::new(|_| Some(String::new())),
                 error_style: ErrorStyle::Problem,
                 keep_5xx: false,
                 max_body_bytes: 1024 * 1024,
+                max_response_bytes: 8 * 1024 * 1024,
             },
         }
     }
@@ -295,7 +308,10 @@ where
         &parts.headers,
         &bytes,
     );
-    let account = (cfg.account)(&parts).unwrap_or_default();
+    let Some(account) = (cfg.account)(&parts) else {
+        outcome("no_account");
+        return Ok(Rejection::NoAccount.into_response(style));
+    };
 
     // Redis fast path: a plain GET. Every error falls through to PostgreSQL.
     if let Some(cache) = &shared.redis {
@@ -417,7 +433,10 @@ where
                 return Ok(Rejection::Reused.into_response(style));
             }
             outcome("in_progress");
-            return Ok(Rejection::InProgress(retry_after).into_response(style));
+            // Not the whole remaining lease: the holder usually finishes long before it ends.
+            return Ok(
+                Rejection::InProgress(retry_after.min(IN_PROGRESS_RETRY_MAX)).into_response(style),
+            );
         }
         Err(e) => {
             tracing::error!(error = %e, "idempotency claim failed");
@@ -427,49 +446,41 @@ where
         }
     };
 
-    // We hold the key: run the handler, with a lease heartbeat while it runs.
+    // We hold the key. The lease heartbeat is a task of its own for as long as the outcome is
+    // not recorded (handler, response body, storing the result): a slow store call never
+    // stalls the handler, and a live request's lease never lapses.
+    let heartbeat = Heartbeat::start(shared.clone(), account.clone(), k.to_owned(), token);
     let req = Request::from_parts(parts, Body::from(bytes));
-    let handler = AssertUnwindSafe(inner.call(req)).catch_unwind();
-    tokio::pin!(handler);
-    let beat = cfg.lease / 3;
-    let result = loop {
-        tokio::select! {
-            r = &mut handler => break r,
-            _ = tokio::time::sleep(beat) => {
-                match shared.store.extend(&account, k, token, cfg.lease).await {
-                    Ok(Ownership::Owned { .. }) => {}
-                    Ok(Ownership::Lost) => tracing::warn!(key = k, "idempotency lease lost while running"),
-                    Err(e) => tracing::warn!(error = %e, "idempotency lease extension failed"),
-                }
-            }
-        }
-    };
-
+    let result = AssertUnwindSafe(inner.call(req)).catch_unwind().await;
     let response = match result {
         Ok(Ok(r)) => r.into_response(),
         Ok(Err(e)) => {
+            drop(heartbeat);
             release(&shared, &account, k, token, lock.as_deref()).await;
             return Err(e);
         }
         Err(_panic) => {
+            drop(heartbeat);
             tracing::error!(key = k, "handler panicked; idempotency key released");
             release(&shared, &account, k, token, lock.as_deref()).await;
             return Ok(Rejection::Internal.into_response(style));
         }
     };
     let (head, body) = response.into_parts();
-    let body = match axum::body::to_bytes(body, usize::MAX).await {
+    let body = match axum::body::to_bytes(body, cfg.max_response_bytes).await {
         Ok(b) => b,
         Err(e) => {
-            tracing::error!(error = %e, "response body failed; idempotency key released");
+            drop(heartbeat);
+            tracing::error!(error = %e, key = k, "response body failed or exceeded max_response_bytes; idempotency key released");
             release(&shared, &account, k, token, lock.as_deref()).await;
             return Ok(Rejection::Internal.into_response(style));
         }
     };
 
-    if head.status.is_server_error() && !cfg.keep_5xx {
+    if releases_key(head.status, cfg.keep_5xx) {
+        drop(heartbeat);
         release(&shared, &account, k, token, lock.as_deref()).await;
-        outcome("released_5xx");
+        outcome("released");
         return Ok(Response::from_parts(head, Body::from(body)));
     }
 
@@ -483,25 +494,105 @@ where
             .collect(),
         body: body.clone(),
     };
-    // A failed completion would leave the key in progress until the lease ends and then let a
-    // retry run the operation again, so it is worth a few quick retries.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match shared.store.complete(&account, k, token, &stored).await {
+    // The operation has run: its result must be stored, or a retry after the lease would run
+    // it again. A few quick tries here; if the store is still failing, the client gets its
+    // answer now and a background task keeps trying (with the heartbeat alive) for up to the
+    // key's TTL.
+    let completion = Completion {
+        shared: shared.clone(),
+        account: account.clone(),
+        key: k.to_owned(),
+        token,
+        lock: lock.clone(),
+        fingerprint,
+        stored,
+    };
+    if !completion.try_store(4).await {
+        outcome("store_retrying");
+        tokio::spawn(async move {
+            let _heartbeat = heartbeat;
+            completion.store_until_ttl().await;
+        });
+    }
+    Ok(Response::from_parts(head, Body::from(body)))
+}
+
+/// The longest `Retry-After` for a 409: short, since the holder usually finishes soon.
+const IN_PROGRESS_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Results a client is expected to retry are not stored: 5xx (unless `keep_5xx`), and 408,
+/// 409, 425 and 429, which say "not now" rather than "this is the outcome".
+fn releases_key(status: StatusCode, keep_5xx: bool) -> bool {
+    (status.is_server_error() && !keep_5xx) || matches!(status.as_u16(), 408 | 409 | 425 | 429)
+}
+
+/// Extends the lease every third of it until dropped.
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    fn start(shared: Arc<Shared>, account: String, key: String, token: ClaimToken) -> Self {
+        Heartbeat(tokio::spawn(async move {
+            let lease = shared.config.lease;
+            let beat = lease / 3;
+            loop {
+                tokio::time::sleep(beat).await;
+                // Bounded, so one stuck call cannot let the lease run out unnoticed.
+                match tokio::time::timeout(beat, shared.store.extend(&account, &key, token, lease))
+                    .await
+                {
+                    Ok(Ok(Ownership::Owned { .. })) => {}
+                    Ok(Ok(Ownership::Lost)) => {
+                        tracing::warn!(key, "idempotency lease lost while running");
+                        return;
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "idempotency lease extension failed"),
+                    Err(_) => tracing::warn!(key, "idempotency lease extension timed out"),
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Everything needed to store one result.
+struct Completion {
+    shared: Arc<Shared>,
+    account: String,
+    key: String,
+    token: ClaimToken,
+    lock: Option<String>,
+    fingerprint: Fingerprint,
+    stored: StoredResponse,
+}
+
+impl Completion {
+    /// One attempt: `Some(true)` stored, `Some(false)` the claim was lost, `None` store error.
+    async fn attempt(&self) -> Option<bool> {
+        let k = self.key.as_str();
+        match self
+            .shared
+            .store
+            .complete(&self.account, k, self.token, &self.stored)
+            .await
+        {
             Ok(Ownership::Owned { ttl }) => {
                 mirror(
-                    &shared,
-                    &account,
+                    &self.shared,
+                    &self.account,
                     k,
-                    lock.as_deref(),
-                    fingerprint,
-                    &stored,
+                    self.lock.as_deref(),
+                    self.fingerprint,
+                    &self.stored,
                     ttl,
                 )
                 .await;
                 outcome("executed");
-                break;
+                Some(true)
             }
             Ok(Ownership::Lost) => {
                 tracing::error!(
@@ -509,20 +600,45 @@ where
                     "idempotency claim was taken over before completion; result not stored"
                 );
                 outcome("lost_claim");
-                break;
-            }
-            Err(e) if attempt < 4 => {
-                tracing::warn!(error = %e, attempt, "storing idempotent result failed; retrying");
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                Some(false)
             }
             Err(e) => {
-                tracing::error!(error = %e, "storing idempotent result failed");
-                outcome("store_error");
-                break;
+                tracing::warn!(error = %e, key = k, "storing idempotent result failed; will retry");
+                None
             }
         }
     }
-    Ok(Response::from_parts(head, Body::from(body)))
+
+    /// Up to `tries` quick attempts; false if the store kept failing.
+    async fn try_store(&self, tries: u32) -> bool {
+        for attempt in 1..=tries {
+            if self.attempt().await.is_some() {
+                return true;
+            }
+            if attempt < tries {
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+        }
+        false
+    }
+
+    /// Keeps trying with capped backoff until stored, lost, or the key's TTL has passed.
+    async fn store_until_ttl(self) {
+        let deadline = tokio::time::Instant::now() + self.shared.config.ttl;
+        let mut delay = Duration::from_millis(500);
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(delay).await;
+            if self.attempt().await.is_some() {
+                return;
+            }
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+        tracing::error!(
+            key = self.key,
+            "gave up storing an idempotent result; a retry may run again"
+        );
+        outcome("store_error");
+    }
 }
 
 /// Redis trouble never fails a request; while the breaker is open, say so quietly rather than
@@ -630,6 +746,8 @@ pub enum Rejection {
     Unavailable,
     /// 500: the handler panicked or its body failed.
     Internal,
+    /// 401: the account extractor found no account to scope the key.
+    NoAccount,
 }
 
 const PROBLEM_TYPE: &str =
@@ -644,6 +762,7 @@ impl Rejection {
             Rejection::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Rejection::NoAccount => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -684,6 +803,11 @@ impl Rejection {
                 "Internal error",
                 "The request failed; retry with the same Idempotency-Key.".into(),
                 "internal_error",
+            ),
+            Rejection::NoAccount => (
+                "No account for this request",
+                "Idempotency keys are scoped by account, and this request names none.".into(),
+                "account_missing",
             ),
         }
     }

@@ -110,9 +110,12 @@ WITH claimed AS (
             response_body = NULL,
             created_at = EXCLUDED.created_at,
             expires_at = EXCLUDED.expires_at
-        WHERE k.expires_at <= now()
+        -- A completed key is taken over only once expired; a running one only once its lease
+        -- ended (never while it runs, even past its TTL), by the same request or, past the
+        -- TTL, by any.
+        WHERE (k.status = 'completed' AND k.expires_at <= now())
            OR (k.status = 'in_progress' AND k.locked_until <= now()
-               AND k.fingerprint = EXCLUDED.fingerprint)
+               AND (k.fingerprint = EXCLUDED.fingerprint OR k.expires_at <= now()))
     RETURNING 1
 )
 SELECT true AS claimed, NULL::bytea AS fingerprint, NULL::text AS status,
@@ -126,6 +129,9 @@ SELECT false, k.fingerprint, k.status,
        k.response_status, k.response_headers, k.response_body
 FROM idempotency_keys k
 WHERE k.account = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
+  -- An expired result seen in this statement's snapshot may already have been taken over by
+  -- a transaction we waited on; leave it to the fresh read below rather than replay it.
+  AND NOT (k.status = 'completed' AND k.expires_at <= now())
 "#;
 
 // Used only when the claim statement's snapshot could not see a row that a concurrent
@@ -136,7 +142,7 @@ SELECT false AS claimed, k.fingerprint, k.status,
        GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms,
        k.response_status, k.response_headers, k.response_body
 FROM idempotency_keys k
-WHERE k.account = $1 AND k.key = $2 AND k.expires_at > now()
+WHERE k.account = $1 AND k.key = $2 AND NOT (k.status = 'completed' AND k.expires_at <= now())
 "#;
 
 impl PgIdempotencyStore {
@@ -278,7 +284,8 @@ impl PgIdempotencyStore {
     ) -> Result<Ownership, StoreError> {
         self.count();
         let done = sqlx::query(
-            r#"UPDATE idempotency_keys SET locked_until = now() + $4::bigint * interval '1 millisecond'
+            r#"UPDATE idempotency_keys SET locked_until = now() + $4::bigint * interval '1 millisecond',
+                      expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 millisecond')
                WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,
         )
         .bind(account)
@@ -304,6 +311,7 @@ impl PgIdempotencyStore {
                WHERE (account, key) IN (
                    SELECT account, key FROM idempotency_keys
                    WHERE expires_at <= now()
+                     AND (status = 'completed' OR locked_until <= now())
                    LIMIT $1
                    FOR UPDATE SKIP LOCKED)"#,
         )

@@ -208,13 +208,15 @@ where
 }
 
 /// The handler behind the layer in most tests: counts executions and behaves by body `mode`:
-/// `declined` → 402, `fail_once` → 503 on its first execution, `boom` → 500, otherwise 201.
+/// `declined` → 402, `fail_once` → 503 on its first execution, `busy_once` → 429 on its first
+/// execution, `boom` → 500, otherwise 201.
 /// With a gate, each execution waits for one permit (lets tests hold a request in flight).
 #[derive(Clone, Default)]
 pub struct Counting {
     pub count: Arc<AtomicU64>,
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
     pub fail_once_done: Arc<AtomicU64>,
+    pub busy_once_done: Arc<AtomicU64>,
 }
 
 impl Counting {
@@ -266,6 +268,9 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
         }
         Some("fail_once") if c.fail_once_done.fetch_add(1, Ordering::SeqCst) == 0 => {
             return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"run": n}))).into_response()
+        }
+        Some("busy_once") if c.busy_once_done.fetch_add(1, Ordering::SeqCst) == 0 => {
+            return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"run": n}))).into_response()
         }
         _ => {}
     }
