@@ -279,7 +279,11 @@ async fn hundred_at_once(env: &TestEnv, h: &Counting, addr: SocketAddr, key: &st
     if let Some(gate) = &h.gate {
         // The one execution is held inside the handler: every other request must be refused.
         while replies.len() < 99 {
-            replies.push(set.join_next().await.unwrap().unwrap());
+            // Bounded: a second execution would block on the gate, which must fail, not hang.
+            let next = tokio::time::timeout(Duration::from_secs(60), set.join_next())
+                .await
+                .expect("a request hung: a second execution is waiting on the gate");
+            replies.push(next.unwrap().unwrap());
         }
         gate.add_permits(1);
     }
@@ -1004,6 +1008,10 @@ async fn double_charge_timeline_a_lost_response_and_a_retry_charge_once() {
         "one charge at the provider"
     );
     assert_eq!(charges["data"][0]["idempotency_key"], resp.key.as_str());
+    assert_eq!(
+        charges["data"][0]["executions"], 1,
+        "the provider's charge code ran once: its layer replayed the retry"
+    );
 
     // A second operation is a new key and a second charge; a declined card is final (402).
     let resp2 = client.post_json(&url, Some("acct_1"), &pay).await.unwrap();

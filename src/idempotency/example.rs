@@ -44,7 +44,8 @@ pub async fn setup(pool: &PgPool) -> Result<(), sqlx::Error> {
     .execute(pool)
     .await?;
     // The unique constraint is the stub's own last line of defence: one charge per key even
-    // if it were deployed without the layer.
+    // if it were deployed without the layer. `executions` counts how often the charge code ran
+    // for the key, so a test can tell the layer (1) from the constraint (> 1) doing the work.
     sqlx::query(
         r#"CREATE TABLE IF NOT EXISTS provider_charges (
                id BIGSERIAL PRIMARY KEY,
@@ -52,6 +53,7 @@ pub async fn setup(pool: &PgPool) -> Result<(), sqlx::Error> {
                idempotency_key TEXT NOT NULL,
                amount BIGINT NOT NULL,
                currency TEXT NOT NULL,
+               executions INT NOT NULL DEFAULT 1,
                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
                UNIQUE (merchant, idempotency_key))"#,
     )
@@ -141,11 +143,10 @@ async fn create_charge(
         r#"WITH ins AS (
                INSERT INTO provider_charges (merchant, idempotency_key, amount, currency)
                VALUES ($1, $2, $3, $4)
-               ON CONFLICT (merchant, idempotency_key) DO NOTHING
+               ON CONFLICT (merchant, idempotency_key)
+                   DO UPDATE SET executions = provider_charges.executions + 1
                RETURNING id)
-           SELECT id FROM ins
-           UNION ALL
-           SELECT id FROM provider_charges WHERE merchant = $1 AND idempotency_key = $2"#,
+           SELECT id FROM ins"#,
     )
     .bind(&merchant)
     .bind(key.as_str())
@@ -155,7 +156,7 @@ async fn create_charge(
     .await;
     match res {
         Ok(row) => {
-            let id: i64 = row.get(0);
+            let id: i64 = row.try_get(0).unwrap_or_default();
             (
                 StatusCode::OK,
                 Json(json!({"id": format!("ch_{id}"), "amount": req.amount, "currency": req.currency})),
@@ -177,7 +178,7 @@ async fn create_charge(
 async fn list_charges(State(pool): State<PgPool>, headers: HeaderMap) -> Response {
     let merchant = bearer(&headers).unwrap_or_default();
     let rows = sqlx::query(
-        "SELECT id, idempotency_key, amount, currency FROM provider_charges WHERE merchant = $1 ORDER BY id",
+        "SELECT id, idempotency_key, amount, currency, executions FROM provider_charges WHERE merchant = $1 ORDER BY id",
     )
     .bind(&merchant)
     .fetch_all(&pool)
@@ -187,8 +188,11 @@ async fn list_charges(State(pool): State<PgPool>, headers: HeaderMap) -> Respons
             let data: Vec<_> = rows
                 .iter()
                 .map(|r| {
-                    json!({"id": format!("ch_{}", r.get::<i64, _>(0)), "idempotency_key": r.get::<String, _>(1),
-                           "amount": r.get::<i64, _>(2), "currency": r.get::<String, _>(3)})
+                    json!({"id": format!("ch_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
+                           "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
+                           "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
+                           "currency": r.try_get::<String, _>(3).unwrap_or_default(),
+                           "executions": r.try_get::<i32, _>(4).unwrap_or_default()})
                 })
                 .collect();
             Json(json!({"data": data})).into_response()
@@ -308,7 +312,7 @@ async fn create_payment(
     .await;
     match row {
         Ok(row) => {
-            let id = format!("pay_{}", row.get::<i64, _>(0));
+            let id = format!("pay_{}", row.try_get::<i64, _>(0).unwrap_or_default());
             (
                 StatusCode::CREATED,
                 [(header::LOCATION, format!("/v1/payments/{id}"))],
@@ -344,9 +348,11 @@ async fn list_payments(State(st): State<CheckoutState>, headers: HeaderMap) -> R
             let data: Vec<_> = rows
                 .iter()
                 .map(|r| {
-                    json!({"id": format!("pay_{}", r.get::<i64, _>(0)), "idempotency_key": r.get::<String, _>(1),
-                           "amount": r.get::<i64, _>(2), "currency": r.get::<String, _>(3),
-                           "charge": r.get::<String, _>(4)})
+                    json!({"id": format!("pay_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
+                           "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
+                           "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
+                           "currency": r.try_get::<String, _>(3).unwrap_or_default(),
+                           "charge": r.try_get::<String, _>(4).unwrap_or_default()})
                 })
                 .collect();
             Json(json!({"data": data})).into_response()

@@ -299,12 +299,26 @@ where
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, cfg.max_body_bytes).await {
         Ok(b) => b,
-        Err(_) => return Ok(Rejection::TooLarge.into_response(style)),
+        Err(e) => {
+            let rejection = if e.into_inner().is::<http_body_util::LengthLimitError>() {
+                Rejection::TooLarge
+            } else {
+                Rejection::UnreadableBody
+            };
+            return Ok(rejection.into_response(style));
+        }
     };
+    // Under `Router::nest` the URI seen here has the prefix stripped; the fingerprint uses the
+    // path the client sent, so two nested routes never share a fingerprint.
+    let uri = parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map(|original| original.0.clone())
+        .unwrap_or_else(|| parts.uri.clone());
     let fingerprint = Fingerprint::compute(
         &parts.method,
-        parts.uri.path(),
-        parts.uri.query(),
+        uri.path(),
+        uri.query(),
         &parts.headers,
         &bytes,
     );
@@ -748,6 +762,8 @@ pub enum Rejection {
     Internal,
     /// 401: the account extractor found no account to scope the key.
     NoAccount,
+    /// 400: the request body could not be read (the client went away mid-body).
+    UnreadableBody,
 }
 
 const PROBLEM_TYPE: &str =
@@ -763,6 +779,7 @@ impl Rejection {
             Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Rejection::NoAccount => StatusCode::UNAUTHORIZED,
+            Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -803,6 +820,11 @@ impl Rejection {
                 "Internal error",
                 "The request failed; retry with the same Idempotency-Key.".into(),
                 "internal_error",
+            ),
+            Rejection::UnreadableBody => (
+                "Unreadable request body",
+                "The request body could not be read; nothing was executed.".into(),
+                "request_body_unreadable",
             ),
             Rejection::NoAccount => (
                 "No account for this request",
