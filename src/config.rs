@@ -334,10 +334,13 @@ impl Settings {
         if self.standard_webhooks.source.is_empty() {
             return Err(invalid("standard_webhooks.source", "must not be empty"));
         }
-        if self.transport.kind == TransportKind::Sqs {
+        if self.transport.kind == TransportKind::Sqs
+            && !(self.transport.queue.starts_with("https://")
+                || self.transport.queue.starts_with("http://"))
+        {
             return Err(invalid(
-                "transport.kind",
-                "`sqs` is not available in this build yet; use `database` or `rabbitmq` (env DEDUP_TRANSPORT)",
+                "transport.queue",
+                "with transport.kind = sqs this is the queue URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/events (env DEDUP_QUEUE)",
             ));
         }
         if self.transport.kind == TransportKind::Rabbitmq {

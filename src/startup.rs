@@ -23,7 +23,7 @@ use crate::outbox::relay::{Relay, RelayOptions};
 use crate::outbox::sink::SinkSpec;
 use crate::queue::database::GroupCommit;
 use crate::queue::rabbitmq::RabbitOptions;
-use crate::queue::{DatabaseQueue, RabbitMqQueue, Transport};
+use crate::queue::{DatabaseQueue, RabbitMqQueue, SqsQueue, Transport};
 use crate::store::{Store, StoreError, Wakeups};
 use crate::webhook::ingress::StandardProvider;
 use crate::webhook::{router, Clock, IngressState};
@@ -80,8 +80,14 @@ impl Application {
                     retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
                 },
             )),
-            // Validation refuses `sqs` in this build.
-            TransportKind::Database | TransportKind::Sqs => {
+            TransportKind::Sqs => Arc::new(
+                SqsQueue::from_env(
+                    settings.transport.queue.clone(),
+                    Duration::from_secs(settings.consumer.lease_secs),
+                )
+                .await,
+            ),
+            TransportKind::Database => {
                 Arc::new(DatabaseQueue::start(
                     store.clone(),
                     settings.transport.queue.clone(),

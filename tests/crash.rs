@@ -24,6 +24,11 @@ async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres_and_sqs() {
+    sigkill_mid_flight(Backend::Postgres, Transport::Sqs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres_and_rabbitmq() {
     sigkill_mid_flight(Backend::Postgres, Transport::Rabbitmq).await;
 }
@@ -54,7 +59,7 @@ fn env(db: &TestDb, receiver: &Receiver, queue: &TestQueue) -> Vec<(&'static str
 
 async fn sigkill_mid_flight(backend: Backend, transport: Transport) {
     let db = TestDb::new(backend).await;
-    let queue = TestQueue::new(transport);
+    let queue = TestQueue::new(transport).await;
     let queue_ref = &queue;
     let work = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;

@@ -27,13 +27,18 @@ async fn thousand_events_with_duplicates_once_each_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_events_with_duplicates_once_each_on_postgres_and_sqs() {
+    thousand_events_with_duplicates_once_each(Backend::Postgres, Transport::Sqs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_events_with_duplicates_once_each_on_postgres_and_rabbitmq() {
     thousand_events_with_duplicates_once_each(Backend::Postgres, Transport::Rabbitmq).await;
 }
 
 async fn thousand_events_with_duplicates_once_each(backend: Backend, transport: Transport) {
     let db = TestDb::new(backend).await;
-    let queue = TestQueue::new(transport);
+    let queue = TestQueue::new(transport).await;
     let work = tempfile::tempdir().unwrap();
     let sink = work.path().join("events.jsonl");
     let bin = RunningBinary::start(

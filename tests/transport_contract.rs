@@ -1,5 +1,6 @@
-//! One contract, every transport: the database queue on PostgreSQL and on SQLite, and RabbitMQ
-//! (a real broker on 127.0.0.1:5672, a queue of its own per test, deleted after).
+//! One contract, every transport: the database queue on PostgreSQL and on SQLite, RabbitMQ (a
+//! real broker on 127.0.0.1:5672) and SQS (the moto_server emulator that scripts/test.sh starts
+//! and points `AWS_ENDPOINT_URL` at); each test has a queue of its own, deleted after.
 //! * what is published (concurrently) is received with its id, type, source and bytes intact,
 //!   and once acked it does not come back;
 //! * what a consumer received but never acked comes back to the next consumer, counted as a
@@ -16,7 +17,9 @@ use bytes::Bytes;
 use common::{wait_for, Backend, TestDb};
 use dedup_worker::queue::database::GroupCommit;
 use dedup_worker::queue::rabbitmq::RabbitOptions;
-use dedup_worker::queue::{DatabaseQueue, Delivery, OutgoingMessage, RabbitMqQueue, Transport};
+use dedup_worker::queue::{
+    DatabaseQueue, Delivery, OutgoingMessage, RabbitMqQueue, SqsQueue, Transport,
+};
 use dedup_worker::store::Wakeups;
 
 #[derive(Clone, Copy)]
@@ -24,6 +27,7 @@ enum Kind {
     DatabasePostgres,
     DatabaseSqlite,
     Rabbitmq,
+    Sqs,
 }
 
 /// Owns what a test's transports share (database or broker queue) and removes it after.
@@ -33,6 +37,8 @@ struct Harness {
     db: Option<TestDb>,
     /// Every RabbitMQ instance made, to close and clean up.
     rabbits: Vec<Arc<RabbitMqQueue>>,
+    /// The SQS client and queue URL.
+    sqs: Option<(aws_sdk_sqs::Client, String)>,
 }
 
 fn amqp_url() -> String {
@@ -44,13 +50,32 @@ impl Harness {
         let db = match kind {
             Kind::DatabasePostgres => Some(TestDb::new(Backend::Postgres).await),
             Kind::DatabaseSqlite => Some(TestDb::new(Backend::Sqlite).await),
-            Kind::Rabbitmq => None,
+            Kind::Rabbitmq | Kind::Sqs => None,
+        };
+        let queue = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+        let sqs = match kind {
+            Kind::Sqs => {
+                let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                let client = aws_sdk_sqs::Client::new(&config);
+                let url = client
+                    .create_queue()
+                    .queue_name(&queue)
+                    .send()
+                    .await
+                    .expect("create SQS queue (is moto_server running? use scripts/test.sh)")
+                    .queue_url()
+                    .expect("queue url")
+                    .to_owned();
+                Some((client, url))
+            }
+            _ => None,
         };
         Harness {
             kind,
-            queue: format!("dw_test_{}", uuid::Uuid::new_v4().simple()),
+            queue,
             db,
             rabbits: Vec::new(),
+            sqs,
         }
     }
 
@@ -70,6 +95,11 @@ impl Harness {
                         lease: Duration::from_millis(500),
                     },
                 ))
+            }
+            Kind::Sqs => {
+                let (client, url) = self.sqs.clone().expect("sqs");
+                // A one-second visibility timeout stands for the consumer's lease.
+                Arc::new(SqsQueue::with_client(client, url, Duration::from_secs(1)))
             }
             Kind::Rabbitmq => {
                 let queue = Arc::new(RabbitMqQueue::new(
@@ -98,6 +128,14 @@ impl Harness {
     }
 
     async fn cleanup(self) {
+        if let Some((client, url)) = &self.sqs {
+            client
+                .delete_queue()
+                .queue_url(url)
+                .send()
+                .await
+                .expect("delete SQS queue");
+        }
         if let Some(first) = self.rabbits.first() {
             first.delete_queues().await.expect("delete test queues");
         }
@@ -149,6 +187,10 @@ macro_rules! contract {
         mod rabbitmq {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                async fn $name() { super::$name(super::Kind::Rabbitmq).await } )*
+        }
+        mod sqs {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Kind::Sqs).await } )*
         }
     };
 }

@@ -157,7 +157,7 @@ impl Transport for DatabaseQueue {
             .iter()
             .filter_map(|tag| match tag {
                 DeliveryTag::Row(id) => Some(*id),
-                DeliveryTag::Amqp { .. } => None,
+                _ => None,
             })
             .collect();
         Ok(self.store.ack_messages(&ids).await?)
@@ -168,9 +168,9 @@ impl Transport for DatabaseQueue {
         delivery: &Delivery,
         delay: Duration,
     ) -> Result<(), TransportError> {
-        match delivery.tag {
-            DeliveryTag::Row(id) => Ok(self.store.release_message(id, delay).await?),
-            DeliveryTag::Amqp { .. } => Err(TransportError::Unavailable(
+        match &delivery.tag {
+            DeliveryTag::Row(id) => Ok(self.store.release_message(*id, delay).await?),
+            _ => Err(TransportError::Unavailable(
                 "not a database queue delivery".into(),
             )),
         }

@@ -8,6 +8,7 @@
 
 pub mod database;
 pub mod rabbitmq;
+pub mod sqs;
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use bytes::Bytes;
 
 pub use database::DatabaseQueue;
 pub use rabbitmq::RabbitMqQueue;
+pub use sqs::SqsQueue;
 
 /// A message to publish.
 #[derive(Debug, Clone)]
@@ -37,6 +39,8 @@ pub enum DeliveryTag {
     Row(i64),
     /// A RabbitMQ delivery tag, valid only on the channel (generation) that delivered it.
     Amqp { generation: u64, tag: u64 },
+    /// An SQS receipt handle.
+    Sqs { receipt_handle: String },
 }
 
 /// A received message.

@@ -213,6 +213,18 @@ impl RunningBinary {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(stderr);
+        // The brokers' and the AWS SDK's own settings pass through (scripts/test.sh sets them).
+        for name in [
+            "AMQP_URL",
+            "AWS_ENDPOINT_URL",
+            "AWS_REGION",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        ] {
+            if let Ok(value) = std::env::var(name) {
+                cmd.env(name, value);
+            }
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -418,19 +430,42 @@ impl TestApp {
 pub enum Transport {
     Database,
     Rabbitmq,
+    Sqs,
 }
 
 /// A queue of the test's own: a unique name, and for RabbitMQ its queues deleted afterwards.
 pub struct TestQueue {
     pub transport: Transport,
+    /// Queue name, or for SQS the queue URL (what `DEDUP_QUEUE` takes).
     pub name: String,
+    sqs: Option<aws_sdk_sqs::Client>,
 }
 
 impl TestQueue {
-    pub fn new(transport: Transport) -> Self {
+    pub async fn new(transport: Transport) -> Self {
+        let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+        if transport != Transport::Sqs {
+            return TestQueue {
+                transport,
+                name,
+                sqs: None,
+            };
+        }
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let client = aws_sdk_sqs::Client::new(&config);
+        let url = client
+            .create_queue()
+            .queue_name(&name)
+            .send()
+            .await
+            .expect("create SQS queue (is moto_server running? use scripts/test.sh)")
+            .queue_url()
+            .expect("queue url")
+            .to_owned();
         TestQueue {
             transport,
-            name: format!("dw_test_{}", uuid::Uuid::new_v4().simple()),
+            name: url,
+            sqs: Some(client),
         }
     }
 
@@ -439,6 +474,7 @@ impl TestQueue {
         match self.transport {
             Transport::Database => "database",
             Transport::Rabbitmq => "rabbitmq",
+            Transport::Sqs => "sqs",
         }
     }
 
@@ -475,11 +511,34 @@ impl TestQueue {
                 rabbit.close().await;
                 depth.map(|n| n == 0).unwrap_or(false)
             }
+            Transport::Sqs => {
+                use aws_sdk_sqs::types::QueueAttributeName as A;
+                let Some(client) = &self.sqs else {
+                    return false;
+                };
+                match client
+                    .get_queue_attributes()
+                    .queue_url(&self.name)
+                    .attribute_names(A::ApproximateNumberOfMessages)
+                    .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+                    .send()
+                    .await
+                {
+                    Ok(out) => out
+                        .attributes()
+                        .map(|a| a.values().all(|v| v == "0"))
+                        .unwrap_or(false),
+                    Err(_) => false,
+                }
+            }
         };
         queue_empty && outbox_pending == 0
     }
 
     pub async fn cleanup(&self) {
+        if let Some(client) = &self.sqs {
+            let _ = client.delete_queue().queue_url(&self.name).send().await;
+        }
         if self.transport == Transport::Rabbitmq {
             let rabbit = self.rabbit();
             let _ = rabbit.delete_queues().await;

@@ -1,0 +1,263 @@
+//! The SQS transport (aws-sdk-sqs). Credentials, region and endpoint come from the AWS SDK's
+//! own environment (`AWS_REGION`, `AWS_ENDPOINT_URL`, …), so emulators work unchanged.
+//!
+//! * `publish` returns once `SendMessage` succeeded (SQS stores it redundantly before
+//!   answering). The event id, type and source travel as message attributes; a FIFO queue
+//!   (`….fifo`) also gets the event id as its deduplication id.
+//! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
+//!   invisible for the lease (`consumer.lease_secs`) and comes back if not deleted.
+//! * `ack` is `DeleteMessageBatch` in tens, with duplicate receipt handles removed first (SQS
+//!   rejects a batch whose entry ids repeat).
+//! * `retry_later` changes the message's visibility to the backoff delay (at most 12 h).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
+use aws_sdk_sqs::Client;
+use base64::Engine;
+use bytes::Bytes;
+
+use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+
+const ID_ATTRIBUTE: &str = "dedup-message-id";
+const TYPE_ATTRIBUTE: &str = "dedup-type";
+const SOURCE_ATTRIBUTE: &str = "dedup-source";
+/// Set to `base64` when the payload was not UTF-8 (SQS bodies are text).
+const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
+/// SQS's limit on a visibility timeout.
+const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+
+fn unavailable(e: impl std::error::Error) -> TransportError {
+    TransportError::Unavailable(format!("sqs: {}", DisplayErrorContext(e)))
+}
+
+fn invalid(what: impl std::fmt::Display) -> TransportError {
+    TransportError::Unavailable(format!("sqs: {what}"))
+}
+
+pub struct SqsQueue {
+    client: Client,
+    /// The queue URL (`DEDUP_QUEUE`).
+    url: String,
+    /// How long a received message stays invisible.
+    lease: Duration,
+}
+
+fn string_attribute(value: &str) -> Result<MessageAttributeValue, TransportError> {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()
+        .map_err(invalid)
+}
+
+impl SqsQueue {
+    /// Builds a client from the SDK's environment.
+    pub async fn from_env(url: String, lease: Duration) -> Self {
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        SqsQueue {
+            client: Client::new(&config),
+            url,
+            lease,
+        }
+    }
+
+    /// For tests and tools that already have a client.
+    pub fn with_client(client: Client, url: String, lease: Duration) -> Self {
+        SqsQueue { client, url, lease }
+    }
+
+    fn secs(d: Duration) -> i32 {
+        i32::try_from(d.min(MAX_VISIBILITY).as_secs()).unwrap_or(i32::MAX)
+    }
+
+    fn convert(message: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
+        let receipt = message.receipt_handle()?.to_owned();
+        let attributes = message.message_attributes();
+        let attribute = |name: &str| {
+            attributes
+                .and_then(|a| a.get(name))
+                .and_then(|v| v.string_value())
+                .map(str::to_owned)
+        };
+        let body = message.body().unwrap_or_default();
+        let payload = if attribute(ENCODING_ATTRIBUTE).as_deref() == Some("base64") {
+            Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(body)
+                    .ok()?,
+            )
+        } else {
+            Bytes::copy_from_slice(body.as_bytes())
+        };
+        let attempts = message
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        Some(Delivery {
+            tag: DeliveryTag::Sqs {
+                receipt_handle: receipt,
+            },
+            source: attribute(SOURCE_ATTRIBUTE),
+            message_id: attribute(ID_ATTRIBUTE),
+            message_type: attribute(TYPE_ATTRIBUTE),
+            payload,
+            attempts,
+        })
+    }
+
+    async fn receive_once(
+        &self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, TransportError> {
+        let output = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .visibility_timeout(Self::secs(self.lease))
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(output.messages().iter().filter_map(Self::convert).collect())
+    }
+}
+
+#[async_trait]
+impl Transport for SqsQueue {
+    async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
+        let (body, encoded) = match std::str::from_utf8(&message.payload) {
+            Ok(text) => (text.to_owned(), false),
+            Err(_) => (
+                base64::engine::general_purpose::STANDARD.encode(&message.payload),
+                true,
+            ),
+        };
+        let mut request = self
+            .client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body);
+        if let Some(id) = &message.message_id {
+            request = request.message_attributes(ID_ATTRIBUTE, string_attribute(id)?);
+            if self.url.ends_with(".fifo") {
+                request = request
+                    .message_deduplication_id(id)
+                    .message_group_id(message.source.as_deref().unwrap_or("events"));
+            }
+        }
+        if let Some(kind) = &message.message_type {
+            request = request.message_attributes(TYPE_ATTRIBUTE, string_attribute(kind)?);
+        }
+        if let Some(source) = &message.source {
+            request = request.message_attributes(SOURCE_ATTRIBUTE, string_attribute(source)?);
+        }
+        if encoded {
+            request = request.message_attributes(ENCODING_ATTRIBUTE, string_attribute("base64")?);
+        }
+        request.send().await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
+        let mut out = self.receive_once(max, wait).await?;
+        // Fill the batch while full pages keep coming, without waiting again.
+        while out.len() < max && out.len() % 10 == 0 && !out.is_empty() {
+            let more = self.receive_once(max - out.len(), Duration::ZERO).await?;
+            if more.is_empty() {
+                break;
+            }
+            out.extend(more);
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
+        let mut seen = HashSet::new();
+        let handles: Vec<&str> = tags
+            .iter()
+            .filter_map(|t| match t {
+                DeliveryTag::Sqs { receipt_handle } => Some(receipt_handle.as_str()),
+                _ => None,
+            })
+            .filter(|h| seen.insert(*h))
+            .collect();
+        for chunk in handles.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, handle)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(*handle)
+                        .build()
+                        .map_err(invalid)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let output = self
+                .client
+                .delete_message_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(unavailable)?;
+            if let Some(failed) = output.failed().first() {
+                // Not deleted: it comes back after its visibility timeout and is recognised as
+                // a duplicate then.
+                return Err(invalid(format!(
+                    "{} of {} deletes failed, e.g. {}",
+                    output.failed().len(),
+                    chunk.len(),
+                    failed.message().unwrap_or(failed.code())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn retry_later(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+    ) -> Result<(), TransportError> {
+        let DeliveryTag::Sqs { receipt_handle } = &delivery.tag else {
+            return Err(invalid("not an SQS delivery"));
+        };
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(Self::secs(delay))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn ready(&self) -> Result<(), TransportError> {
+        self.client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    fn queue_name(&self) -> &str {
+        &self.url
+    }
+}
