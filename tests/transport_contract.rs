@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{wait_for, Backend, TestDb};
+use common::{wait_for, Backend, TestDb, TestQueue};
 use dedup_worker::queue::database::GroupCommit;
 use dedup_worker::queue::rabbitmq::RabbitOptions;
 use dedup_worker::queue::{
@@ -55,18 +55,9 @@ impl Harness {
         let queue = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
         let sqs = match kind {
             Kind::Sqs => {
-                let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                let client = aws_sdk_sqs::Client::new(&config);
-                let url = client
-                    .create_queue()
-                    .queue_name(&queue)
-                    .send()
-                    .await
-                    .expect("create SQS queue (is moto_server running? use scripts/test.sh)")
-                    .queue_url()
-                    .expect("queue url")
-                    .to_owned();
-                Some((client, url))
+                let q = TestQueue::new(common::Transport::Sqs).await;
+                let client = q.sqs_client().expect("sqs client").clone();
+                Some((client, q.name.clone()))
             }
             _ => None,
         };

@@ -469,6 +469,11 @@ impl TestQueue {
         }
     }
 
+    /// The SQS client that created the queue (SQS only).
+    pub fn sqs_client(&self) -> Option<&aws_sdk_sqs::Client> {
+        self.sqs.as_ref()
+    }
+
     /// `DEDUP_TRANSPORT` value.
     pub fn kind(&self) -> &'static str {
         match self.transport {
