@@ -141,3 +141,50 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
     }
     drop(bin);
 }
+
+/// A broker that cannot be reached: ingress answers 503 problem+json (never a 2xx) and
+/// `/readyz` says not ready, for RabbitMQ and for SQS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_brokers_answer_503() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let work = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    // Port 1 on loopback: nothing listens there, so connections are refused at once.
+    let cases: [&[(&str, String)]; 2] = [
+        &[
+            ("DEDUP_TRANSPORT", "rabbitmq".into()),
+            ("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f".into()),
+        ],
+        &[
+            ("DEDUP_TRANSPORT", "sqs".into()),
+            (
+                "DEDUP_QUEUE",
+                "http://127.0.0.1:1/000000000000/nowhere".into(),
+            ),
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:1".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_MAX_ATTEMPTS", "1".into()),
+        ],
+    ];
+    for extra in cases {
+        let mut env = vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+        ];
+        env.extend(extra.iter().cloned());
+        let bin = RunningBinary::start(&env, work.path());
+        let response = send(&client, &bin.url("/webhooks/stripe"), "evt_nowhere").await;
+        assert_eq!(response.status(), 503, "{extra:?}");
+        assert_eq!(
+            response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json")
+        );
+        let ready = client.get(bin.url("/readyz")).send().await.unwrap();
+        assert_eq!(ready.status(), 503, "{extra:?}");
+    }
+}
