@@ -165,6 +165,7 @@ impl Relay {
         };
         let sink: Arc<dyn Sink> =
             build_sink(&spec, self.options.http_timeout, self.options.concurrency)
+                .await
                 .map_err(|e| e.to_string())?
                 .into();
         sinks.insert(destination.clone(), sink.clone());

@@ -1,7 +1,9 @@
 //! Sinks: where the relay delivers outbox rows. One small trait; a spec string picks the kind.
 //!
 //! Delivery is at least once (a relay can die after delivering and before marking the row), so
-//! every sink passes the row's idempotency key along for the receiver to deduplicate again.
+//! every sink passes the row's idempotency key along for the receiver to deduplicate again:
+//! `Idempotency-Key` (HTTP), `message_id` (AMQP), the `dedup-message-id` attribute and, on FIFO
+//! queues, the deduplication id (SQS).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +23,15 @@ pub enum SinkSpec {
     File(PathBuf),
     /// POST each event to the URL.
     Http(String),
+    /// Publish each event to an exchange (`amqp://…?exchange=NAME`), routing key = event type.
+    Amqp {
+        /// The broker URL without the `exchange` parameter.
+        url: String,
+        exchange: String,
+    },
+    /// Send each event to an SQS queue (`https://sqs.<region>.amazonaws.com/…`, or `sqs:URL`
+    /// for an emulator's queue URL).
+    Sqs(String),
 }
 
 impl SinkSpec {
@@ -32,13 +43,49 @@ impl SinkSpec {
                 return Err("file: needs a path, e.g. file:/var/lib/dedup/events.jsonl".into());
             }
             Ok(SinkSpec::File(PathBuf::from(path)))
+        } else if let Some(url) = spec.strip_prefix("sqs:") {
+            reqwest::Url::parse(url).map_err(|e| format!("invalid SQS queue URL {url:?}: {e}"))?;
+            Ok(SinkSpec::Sqs(url.to_owned()))
         } else if spec.starts_with("http://") || spec.starts_with("https://") {
-            reqwest::Url::parse(spec).map_err(|e| format!("invalid URL {spec:?}: {e}"))?;
-            Ok(SinkSpec::Http(spec.to_owned()))
+            let url =
+                reqwest::Url::parse(spec).map_err(|e| format!("invalid URL {spec:?}: {e}"))?;
+            let host = url.host_str().unwrap_or_default();
+            if host.starts_with("sqs.") && host.ends_with(".amazonaws.com") {
+                Ok(SinkSpec::Sqs(spec.to_owned()))
+            } else {
+                Ok(SinkSpec::Http(spec.to_owned()))
+            }
+        } else if spec.starts_with("amqp://") || spec.starts_with("amqps://") {
+            let mut url =
+                reqwest::Url::parse(spec).map_err(|e| format!("invalid URL {spec:?}: {e}"))?;
+            let mut exchange = None;
+            let rest: Vec<(String, String)> = url
+                .query_pairs()
+                .filter_map(|(k, v)| {
+                    if k == "exchange" {
+                        exchange = Some(v.into_owned());
+                        None
+                    } else {
+                        Some((k.into_owned(), v.into_owned()))
+                    }
+                })
+                .collect();
+            let exchange = exchange
+                .filter(|e| !e.is_empty())
+                .ok_or("an amqp sink names its exchange: amqp://host/vhost?exchange=NAME")?;
+            if rest.is_empty() {
+                url.set_query(None);
+            } else {
+                url.query_pairs_mut().clear().extend_pairs(rest);
+            }
+            Ok(SinkSpec::Amqp {
+                url: url.to_string(),
+                exchange,
+            })
         } else {
             Err(format!(
-                "unsupported sink {spec:?}: expected log, file:PATH or an http(s):// URL \
-                 (amqp and SQS sinks are not in this build)"
+                "unsupported sink {spec:?}: expected log, file:PATH, an http(s):// URL, \
+                 amqp://…?exchange=NAME or an SQS queue URL (sqs:URL for emulators)"
             ))
         }
     }
@@ -51,6 +98,10 @@ pub enum SinkError {
     Http(#[from] reqwest::Error),
     #[error("receiver answered {status}")]
     Status { status: u16 },
+    #[error("AMQP delivery failed: {0}")]
+    Amqp(String),
+    #[error("SQS delivery failed: {0}")]
+    Sqs(String),
     #[error("unusable destination: {0}")]
     Destination(String),
     #[error("file write failed: {0}")]
@@ -64,7 +115,7 @@ pub trait Sink: Send + Sync + 'static {
 }
 
 /// Builds the sink for a spec.
-pub fn build_sink(
+pub async fn build_sink(
     spec: &SinkSpec,
     http_timeout: Duration,
     concurrency: usize,
@@ -73,7 +124,152 @@ pub fn build_sink(
         SinkSpec::Log => Box::new(LogSink),
         SinkSpec::File(path) => Box::new(FileSink::new(path.clone())),
         SinkSpec::Http(url) => Box::new(HttpSink::new(url.clone(), http_timeout, concurrency)?),
+        SinkSpec::Amqp { url, exchange } => Box::new(AmqpSink::new(url.clone(), exchange.clone())),
+        SinkSpec::Sqs(url) => Box::new(SqsSink {
+            queue: crate::queue::SqsQueue::from_env(url.clone(), Duration::from_secs(30)).await,
+            concurrency,
+        }),
     })
+}
+
+/// Publishes to an exchange with publisher confirms; routing key = event type, `message_id` =
+/// idempotency key. Mandatory publishing: a message no queue is bound for is a failed delivery
+/// (retried, then marked failed), not a silent drop.
+pub struct AmqpSink {
+    url: String,
+    exchange: String,
+    /// The confirm-mode channel (and its connection), made on first use and after errors.
+    channel: Mutex<Option<(lapin::Connection, lapin::Channel)>>,
+}
+
+impl AmqpSink {
+    pub fn new(url: String, exchange: String) -> Self {
+        AmqpSink {
+            url,
+            exchange,
+            channel: Mutex::new(None),
+        }
+    }
+
+    async fn channel(&self) -> Result<lapin::Channel, SinkError> {
+        use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+        let mut slot = self.channel.lock().await;
+        if let Some((_, channel)) = slot.as_ref().filter(|(_, c)| c.status().connected()) {
+            return Ok(channel.clone());
+        }
+        let amqp = |e: lapin::Error| SinkError::Amqp(e.to_string());
+        let connection =
+            lapin::Connection::connect(&self.url, lapin::ConnectionProperties::default())
+                .await
+                .map_err(amqp)?;
+        let channel = connection.create_channel().await.map_err(amqp)?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(amqp)?;
+        // Declared so a fresh broker works; an existing exchange of another kind is an error
+        // that names the problem.
+        channel
+            .exchange_declare(
+                self.exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map_err(amqp)?;
+        *slot = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    async fn publish(&self, channel: &lapin::Channel, row: &OutboxRow) -> Result<(), SinkError> {
+        let properties = lapin::BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(row.idempotency_key.as_str().into())
+            .with_type(row.event_type.as_str().into());
+        let confirm = channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                row.event_type.as_str().into(),
+                lapin::options::BasicPublishOptions {
+                    mandatory: true,
+                    ..lapin::options::BasicPublishOptions::default()
+                },
+                &row.payload,
+                properties,
+            )
+            .await
+            .map_err(|e| SinkError::Amqp(e.to_string()))?
+            .await
+            .map_err(|e| SinkError::Amqp(e.to_string()))?;
+        match confirm {
+            lapin::Confirmation::Ack(None) => Ok(()),
+            lapin::Confirmation::Ack(Some(_)) => Err(SinkError::Amqp(format!(
+                "no queue is bound to exchange {} for routing key {}",
+                self.exchange, row.event_type
+            ))),
+            other => Err(SinkError::Amqp(format!("not confirmed: {other:?}"))),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for AmqpSink {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+        let channel = match self.channel().await {
+            Ok(channel) => channel,
+            Err(e) => {
+                let message = e.to_string();
+                return rows
+                    .iter()
+                    .map(|_| Err(SinkError::Amqp(message.clone())))
+                    .collect();
+            }
+        };
+        // All publishes go out before any confirm is awaited: the confirms are pipelined.
+        let results =
+            futures::future::join_all(rows.iter().map(|row| self.publish(&channel, row))).await;
+        if results.iter().any(Result::is_err) && !channel.status().connected() {
+            *self.channel.lock().await = None;
+        }
+        results
+    }
+}
+
+/// Sends to an SQS queue through the SQS transport's publish (same attributes, so another
+/// dedup-worker can consume the queue and deduplicate again).
+pub struct SqsSink {
+    queue: crate::queue::SqsQueue,
+    /// SendMessage calls in flight.
+    concurrency: usize,
+}
+
+#[async_trait]
+impl Sink for SqsSink {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+        use crate::queue::Transport;
+        use futures::stream::{self, StreamExt};
+        let sends: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                self.queue.publish(crate::queue::OutgoingMessage {
+                    source: None,
+                    message_id: Some(row.idempotency_key.clone()),
+                    message_type: Some(row.event_type.clone()),
+                    payload: bytes::Bytes::from(row.payload.clone()),
+                })
+            })
+            .collect();
+        stream::iter(sends)
+            .buffered(self.concurrency)
+            .map(|r| r.map_err(|e| SinkError::Sqs(e.to_string())))
+            .collect()
+            .await
+    }
 }
 
 /// Logs each event.
@@ -231,6 +427,28 @@ mod tests {
             Ok(SinkSpec::Http("http://127.0.0.1:9/hook".into()))
         );
         assert!(SinkSpec::parse("file:").is_err());
+        assert_eq!(
+            SinkSpec::parse("amqp://guest:guest@127.0.0.1:5672/%2f?exchange=out&heartbeat=10"),
+            Ok(SinkSpec::Amqp {
+                url: "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10".into(),
+                exchange: "out".into()
+            })
+        );
+        assert!(SinkSpec::parse("amqp://127.0.0.1/%2f")
+            .unwrap_err()
+            .contains("exchange"));
+        assert_eq!(
+            SinkSpec::parse("https://sqs.eu-west-1.amazonaws.com/123456789012/out"),
+            Ok(SinkSpec::Sqs(
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/out".into()
+            ))
+        );
+        assert_eq!(
+            SinkSpec::parse("sqs:http://127.0.0.1:4566/000000000000/out"),
+            Ok(SinkSpec::Sqs(
+                "http://127.0.0.1:4566/000000000000/out".into()
+            ))
+        );
         assert!(SinkSpec::parse("ftp://x")
             .unwrap_err()
             .contains("unsupported sink"));

@@ -1,0 +1,202 @@
+//! The broker sinks, end to end in the running app: events deduplicated by the consumer are
+//! published by the relay to a RabbitMQ exchange (routing key = event type, `message_id` =
+//! event id) and to an SQS queue (the `dedup-message-id` attribute = event id), once each, with
+//! the raw payload.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{
+    now, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb, TestQueue, Transport,
+};
+use dedup_worker::queue::{SqsQueue, Transport as _};
+use dedup_worker::startup::Overrides;
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use serde_json::json;
+
+const SECRET: &str = "whsec_test_secret";
+
+/// Posts each id as a signed Stripe event (a repeated id is a duplicate delivery).
+async fn post_events(app: &TestApp, ids: &[&str]) -> Vec<Vec<u8>> {
+    let client = reqwest::Client::new();
+    let mut bodies = Vec::new();
+    for id in ids {
+        let body = stripe_event(id, "charge.refunded");
+        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
+        let r = client
+            .post(app.url("/webhooks/stripe"))
+            .header("Stripe-Signature", header)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        bodies.push(body);
+    }
+    bodies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
+    let amqp = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+    // The receiving side: a queue bound to the exchange for every routing key.
+    let connection = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            name.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_declare(
+            name.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            name.as_str().into(),
+            name.as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let db = TestDb::new(Backend::Sqlite).await;
+    let sink = format!("{amqp}?exchange={name}");
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                ("outbox.sink", json!(sink)),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let bodies = post_events(&app, &["evt_amqp_1", "evt_amqp_2", "evt_amqp_1"]).await;
+
+    let received = Arc::new(Mutex::new(Vec::new()));
+    wait_for(
+        "two messages at the exchange's queue",
+        Duration::from_secs(30),
+        || {
+            let (channel, name, received) = (channel.clone(), name.clone(), received.clone());
+            async move {
+                while let Some(m) = channel
+                    .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+                {
+                    received.lock().unwrap().push(m.delivery);
+                }
+                (received.lock().unwrap().len() >= 2).then_some(())
+            }
+        },
+    )
+    .await;
+    let got = std::mem::take(&mut *received.lock().unwrap());
+    // Nothing more arrives once the outbox is drained.
+    wait_for("the outbox to drain", Duration::from_secs(30), || async {
+        (app.store.outbox_counts().await.unwrap().pending == 0).then_some(())
+    })
+    .await;
+    assert!(channel
+        .basic_get(name.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(got.len(), 2, "the duplicate delivery was not forwarded");
+    let first = got
+        .iter()
+        .find(|d| d.properties.message_id().as_ref().map(|s| s.as_str()) == Some("evt_amqp_1"))
+        .expect("message_id = event id");
+    assert_eq!(first.routing_key.as_str(), "charge.refunded");
+    assert_eq!(first.data, bodies[0], "the raw payload, byte for byte");
+
+    app.stop().await;
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = connection.close(200, "done".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_sink_sends_each_event_once_to_the_queue() {
+    let queue = TestQueue::new(Transport::Sqs).await;
+    let client = queue.sqs_client().expect("sqs").clone();
+    let db = TestDb::new(Backend::Sqlite).await;
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                ("outbox.sink", json!(format!("sqs:{}", queue.name))),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let bodies = post_events(&app, &["evt_sqs_1", "evt_sqs_2", "evt_sqs_2"]).await;
+
+    let reader = SqsQueue::with_client(client, queue.name.clone(), Duration::from_secs(30));
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let reader = Arc::new(reader);
+    wait_for(
+        "two messages on the SQS queue",
+        Duration::from_secs(30),
+        || {
+            let (reader, received) = (reader.clone(), received.clone());
+            async move {
+                let batch = reader.receive(10, Duration::from_secs(1)).await.unwrap();
+                let mut received = received.lock().unwrap();
+                received.extend(batch);
+                (received.len() >= 2).then_some(())
+            }
+        },
+    )
+    .await;
+    let mut got = std::mem::take(&mut *received.lock().unwrap());
+    wait_for("the outbox to drain", Duration::from_secs(30), || async {
+        (app.store.outbox_counts().await.unwrap().pending == 0).then_some(())
+    })
+    .await;
+    got.extend(reader.receive(10, Duration::from_secs(1)).await.unwrap());
+    assert_eq!(got.len(), 2, "the duplicate delivery was not forwarded");
+    let second = got
+        .iter()
+        .find(|d| d.message_id.as_deref() == Some("evt_sqs_2"))
+        .expect("dedup-message-id = event id");
+    assert_eq!(second.message_type.as_deref(), Some("charge.refunded"));
+    assert_eq!(second.payload, bodies[1]);
+
+    app.stop().await;
+    queue.cleanup().await;
+}
