@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{
-    file_sink_ids, ledger_counts, now, pipeline_drained, stripe_event, test_settings, wait_for,
-    Backend, TestApp, TestDb,
+    file_sink_ids, ledger_counts, pipeline_drained, post_signed, stripe_event, test_settings,
+    wait_for, Backend, TestApp, TestDb,
 };
 use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
 use dedup_worker::event::Event;
@@ -68,12 +68,7 @@ impl Handler for Picky {
 
 async fn post(client: &reqwest::Client, app: &TestApp, id: &str) {
     let body = stripe_event(id, "customer.created");
-    let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-    let r = client
-        .post(app.url("/webhooks/stripe"))
-        .header("Stripe-Signature", header)
-        .body(body)
-        .send()
+    let r = post_signed(client, &app.url("/webhooks/stripe"), SECRET, body)
         .await
         .unwrap();
     assert_eq!(r.status(), 200);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    ledger_counts, now, stripe_event, wait_for, Backend, Receiver, RunningBinary, TestDb,
+    ledger_counts, post_signed, stripe_event, wait_for, Backend, Receiver, RunningBinary, TestDb,
     TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
@@ -80,14 +80,7 @@ async fn sigkill_mid_flight(backend: Backend, transport: Transport) {
                         (acked.clone(), answered.clone(), client.clone(), url.clone());
                     async move {
                         let body = stripe_event(&id, "charge.succeeded");
-                        let header =
-                            dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-                        let result = client
-                            .post(&url)
-                            .header("Stripe-Signature", header)
-                            .body(body)
-                            .send()
-                            .await;
+                        let result = post_signed(&client, &url, SECRET, body).await;
                         if matches!(&result, Ok(r) if r.status().is_success()) {
                             acked.lock().unwrap().insert(id);
                         }
@@ -130,12 +123,7 @@ async fn sigkill_mid_flight(backend: Backend, transport: Transport) {
             let (client, url) = (client.clone(), url.clone());
             async move {
                 let body = stripe_event(&id, "charge.succeeded");
-                let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-                let r = client
-                    .post(&url)
-                    .header("Stripe-Signature", header)
-                    .body(body)
-                    .send()
+                let r = post_signed(&client, &url, SECRET, body)
                     .await
                     .expect("send");
                 r.status().as_u16()

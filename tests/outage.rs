@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    file_sink_ids, now, pg_admin_url, pipeline_drained, stripe_event, wait_for, Backend,
+    file_sink_ids, pg_admin_url, pipeline_drained, post_signed, stripe_event, wait_for, Backend,
     RunningBinary, TestDb,
 };
 
@@ -22,13 +22,7 @@ async fn admin(sql: &str) {
 }
 
 async fn send(client: &reqwest::Client, url: &str, id: &str) -> reqwest::Response {
-    let body = stripe_event(id, "charge.refunded");
-    let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-    client
-        .post(url)
-        .header("Stripe-Signature", header)
-        .body(body)
-        .send()
+    post_signed(client, url, SECRET, stripe_event(id, "charge.refunded"))
         .await
         .expect("ingress answers even when the store is down")
 }

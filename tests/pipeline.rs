@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    file_sink_ids, ledger_counts, now, stripe_event, wait_for, Backend, RunningBinary, TestDb,
-    TestQueue, Transport,
+    file_sink_ids, ledger_counts, post_signed, stripe_event, wait_for, Backend, RunningBinary,
+    TestDb, TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
 
@@ -69,12 +69,12 @@ async fn thousand_events_with_duplicates_once_each(backend: Backend, transport: 
 
     let send = |id: &str| {
         let body = payloads[id].clone();
-        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-        let request = client
-            .post(&url)
-            .header("Stripe-Signature", header)
-            .body(body);
-        async move { request.send().await.map(|r| r.status().as_u16()) }
+        let (client, url) = (&client, &url);
+        async move {
+            post_signed(client, url, SECRET, body)
+                .await
+                .map(|r| r.status().as_u16())
+        }
     };
 
     // The storm of copies first, each group of 20 all at once.

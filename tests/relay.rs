@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use common::{now, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
+use common::{post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
 use dedup_worker::startup::Overrides;
 use serde_json::json;
 
@@ -102,12 +102,7 @@ async fn http_sink_retries(backend: Backend) {
     let client = reqwest::Client::new();
     for id in ["evt_ok_1", "evt_retry_1", "evt_never_1"] {
         let body = stripe_event(id, "payout.paid");
-        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-        let r = client
-            .post(app.url("/webhooks/stripe"))
-            .header("Stripe-Signature", header)
-            .body(body)
-            .send()
+        let r = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body)
             .await
             .unwrap();
         assert_eq!(r.status(), 200);

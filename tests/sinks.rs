@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    now, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb, TestQueue, Transport,
+    post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb, TestQueue,
+    Transport,
 };
 use dedup_worker::queue::{SqsQueue, Transport as _};
 use dedup_worker::startup::Overrides;
@@ -28,12 +29,7 @@ async fn post_events(app: &TestApp, ids: &[&str]) -> Vec<Vec<u8>> {
     let mut bodies = Vec::new();
     for id in ids {
         let body = stripe_event(id, "charge.refunded");
-        let header = dedup_worker::webhook::stripe::signature_header(SECRET, now(), &body);
-        let r = client
-            .post(app.url("/webhooks/stripe"))
-            .header("Stripe-Signature", header)
-            .body(body.clone())
-            .send()
+        let r = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body.clone())
             .await
             .unwrap();
         assert_eq!(r.status(), 200);

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    now, pipeline_drained, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb,
+    now, pipeline_drained, post_signed, stripe_event, test_settings, wait_for, Backend, TestApp,
+    TestDb,
 };
 use dedup_worker::startup::Overrides;
 use dedup_worker::webhook::standard::{decode_secret, standard_signature};
@@ -134,16 +135,14 @@ async fn webhook_id_dedups_under_its_own_source() {
         assert_eq!(status, 200);
     }
     // A Stripe event with the same id is another provider's event.
-    let stripe_body = stripe_event(shared_id, "invoice.paid");
-    let header =
-        dedup_worker::webhook::stripe::signature_header("whsec_test_secret", now(), &stripe_body);
-    let r = reqwest::Client::new()
-        .post(app.url("/webhooks/stripe"))
-        .header("Stripe-Signature", header)
-        .body(stripe_body)
-        .send()
-        .await
-        .unwrap();
+    let r = post_signed(
+        &reqwest::Client::new(),
+        &app.url("/webhooks/stripe"),
+        "whsec_test_secret",
+        stripe_event(shared_id, "invoice.paid"),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 200);
 
     let store = Arc::new(app.store.clone());

@@ -153,6 +153,23 @@ pub fn stripe_event(id: &str, event_type: &str) -> Vec<u8> {
     .expect("serialize")
 }
 
+/// Signs `body` with `secret` at the current time (our signer) and POSTs it to `url` as a
+/// Stripe webhook.
+pub async fn post_signed(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &str,
+    body: Vec<u8>,
+) -> reqwest::Result<reqwest::Response> {
+    let header = dedup_worker::webhook::stripe::signature_header(secret, now(), &body);
+    client
+        .post(url)
+        .header("Stripe-Signature", header)
+        .body(body)
+        .send()
+        .await
+}
+
 /// Signs with the official stripe-python library, one process for many payloads.
 /// Returns one header per payload, in order.
 pub fn stripe_python_sign(secret: &str, items: &[(Vec<u8>, i64)]) -> Vec<String> {
