@@ -1,12 +1,16 @@
 //! Store outage: with PostgreSQL refusing connections, ingress answers 503 (never a 2xx) and
 //! `/readyz` says not ready; once it is back, everything that got a 200 before, during or after
-//! the outage reaches the sink, and the retried deliveries of the refused events do too.
+//! the outage reaches the sink, and the retried deliveries of the refused events do too. An
+//! outage between a delivery and its mark costs neither the mark nor a second delivery.
 
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use axum::{extract::State, http::StatusCode, routing::post, Router};
+use tokio::sync::Semaphore;
 
 use common::{
     file_sink_ids, pg_admin_url, pipeline_drained, post_signed, stripe_event, wait_for, Backend,
@@ -19,6 +23,19 @@ async fn admin(sql: &str) {
     let pool = sqlx::PgPool::connect(&pg_admin_url()).await.expect("admin");
     sqlx::query(sql).execute(&pool).await.expect(sql);
     pool.close().await;
+}
+
+/// Cuts the test database off: no new connections, existing ones terminated.
+async fn cut_off(name: &str) {
+    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false")).await;
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    ))
+    .await;
+}
+
+async fn reconnect(name: &str) {
+    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).await;
 }
 
 async fn send(client: &reqwest::Client, url: &str, id: &str) -> reqwest::Response {
@@ -41,6 +58,9 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
             ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
             ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
             ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            // A batch the consumer had claimed when the outage hit comes back when its lease
+            // ends (the designed recovery); a short lease keeps the test short.
+            ("DEDUP_CONSUMER__LEASE_SECS", "5".into()),
         ],
         work.path(),
     );
@@ -53,12 +73,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
         acked.insert(id);
     }
 
-    // The outage: no new connections, existing ones terminated.
-    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false")).await;
-    admin(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-    ))
-    .await;
+    cut_off(&name).await;
 
     let mut refused = Vec::new();
     for i in 0..10 {
@@ -90,7 +105,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
     assert_eq!(ready.status(), 503);
 
     // Back again: the provider's retries of the refused events succeed.
-    admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).await;
+    reconnect(&name).await;
     let first = refused[0].clone();
     wait_for("ingress to recover", Duration::from_secs(30), || {
         let (client, url, first) = (client.clone(), url.clone(), first.clone());
@@ -113,7 +128,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
 
     let store = Arc::new(db.store().await);
     let expected = acked.len();
-    wait_for(
+    bin.wait_for(
         "acknowledged events to reach the sink",
         Duration::from_secs(60),
         || {
@@ -134,6 +149,115 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
         );
     }
     drop(bin);
+}
+
+/// The store goes away after the sink accepted a delivery and before the relay marked it. The
+/// relay keeps the mark and writes it once the store is back: the row is `dispatched` long
+/// before its 120 s lease would have expired, and the sink saw the event exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let name = db.url.rsplit('/').next().unwrap().to_owned();
+    let sink = GatedSink::start().await;
+    let work = tempfile::tempdir().unwrap();
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", sink.url.clone()),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ],
+        work.path(),
+    );
+    let client = reqwest::Client::new();
+    let response = send(&client, &bin.url("/webhooks/stripe"), "evt_unmarked").await;
+    assert_eq!(response.status(), 200);
+
+    // The relay's POST has arrived and is held; cut the store off, then let the sink say 200.
+    bin.wait_for(
+        "the delivery to reach the sink",
+        Duration::from_secs(30),
+        || {
+            let seen = sink.seen();
+            async move { (!seen.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    cut_off(&name).await;
+    sink.release.add_permits(1_000);
+
+    // The relay learns of the outage when its mark fails, and only then is the store back.
+    bin.wait_for("the relay's mark to fail", Duration::from_secs(30), || {
+        let logged = bin.stderr().contains("relay step failed");
+        async move { logged.then_some(()) }
+    })
+    .await;
+    reconnect(&name).await;
+    let store = db.store().await;
+    bin.wait_for(
+        "the delivered row to be marked dispatched",
+        Duration::from_secs(45),
+        || {
+            let store = store.clone();
+            async move {
+                let counts = store.outbox_counts().await.ok()?;
+                (counts.pending == 0 && counts.dispatched == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(sink.seen(), vec!["evt_unmarked".to_owned()]);
+}
+
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// An HTTP sink that records each delivery's `Idempotency-Key` at once and answers 200 only
+/// when the test adds permits to `release`.
+struct GatedSink {
+    url: String,
+    seen: Seen,
+    release: Arc<Semaphore>,
+}
+
+impl GatedSink {
+    async fn start() -> Self {
+        let seen: Seen = Arc::default();
+        let release = Arc::new(Semaphore::new(0));
+        let state = (seen.clone(), release.clone());
+        let app = Router::new()
+            .route(
+                "/hook",
+                post(
+                    |State((seen, release)): State<(Seen, Arc<Semaphore>)>,
+                     headers: axum::http::HeaderMap| async move {
+                        let key = headers
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned();
+                        seen.lock().unwrap().push(key);
+                        let _permit = release.acquire().await.unwrap();
+                        StatusCode::OK
+                    },
+                ),
+            )
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        GatedSink {
+            url: format!("http://{addr}/hook"),
+            seen,
+            release,
+        }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
 }
 
 /// A broker that cannot be reached: ingress answers 503 problem+json (never a 2xx) and

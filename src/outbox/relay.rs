@@ -42,6 +42,11 @@ pub struct Relay {
     options: RelayOptions,
     /// Sinks built so far, by destination spec (`None`: the default sink).
     sinks: Mutex<HashMap<Option<String>, Arc<dyn Sink>>>,
+    /// Rows the sink accepted whose `dispatched` mark did not reach the store (an outage
+    /// between delivering and marking). They are marked before the next claim, so a store blip
+    /// does not turn into a second delivery when their lease runs out. Bounded by one batch:
+    /// while marking fails, claiming fails too.
+    unmarked: std::sync::Mutex<Vec<i64>>,
 }
 
 impl Relay {
@@ -51,6 +56,7 @@ impl Relay {
             wakeups,
             options,
             sinks: Mutex::new(HashMap::new()),
+            unmarked: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -93,8 +99,10 @@ impl Relay {
         tracing::debug!("relay stopped");
     }
 
-    /// Claims one batch of due rows and delivers it.
+    /// Claims one batch of due rows and delivers it. Rows delivered by an earlier step whose
+    /// mark was lost are marked first.
     pub async fn try_step(&self) -> Result<RelayOutcome, StoreError> {
+        self.mark_unmarked().await?;
         let rows = self
             .store
             .claim_outbox(self.options.batch_size, self.options.lease)
@@ -114,6 +122,7 @@ impl Relay {
                 .push(row);
         }
         let mut delivered = Vec::new();
+        let mut failures = Vec::new();
         for (destination, rows) in by_destination {
             let results = match self.sink_for(&destination).await {
                 Ok(sink) => sink.deliver_batch(&rows).await,
@@ -122,36 +131,64 @@ impl Relay {
                     .map(|_| Err(SinkError::Destination(reason.clone())))
                     .collect(),
             };
-            for (row, result) in rows.iter().zip(results) {
+            for (row, result) in rows.into_iter().zip(results) {
                 match result {
                     Ok(()) => delivered.push(row.id),
-                    Err(error) => {
-                        outcome.failed_attempts += 1;
-                        let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
-                        let delay = backoff_delay(
-                            self.options.retry_base,
-                            self.options.retry_max,
-                            attempts,
-                        );
-                        tracing::warn!(outbox_id = row.id, event_id = %row.event_id, attempts, %error, ?delay, "delivery failed");
-                        self.store
-                            .mark_delivery_failed(
-                                row.id,
-                                &error.to_string(),
-                                delay,
-                                self.options.max_attempts,
-                            )
-                            .await?;
-                    }
+                    Err(error) => failures.push((row, error)),
                 }
             }
         }
-        self.store.mark_dispatched(&delivered).await?;
+        // Deliveries are marked first: an outage now must not lose what the sink already has.
+        if let Err(error) = self.store.mark_dispatched(&delivered).await {
+            self.lock_unmarked().extend_from_slice(&delivered);
+            return Err(error);
+        }
         outcome.dispatched = delivered.len();
         metrics::counter!("dedup_outbox_dispatched_total").increment(outcome.dispatched as u64);
+        for (row, error) in failures {
+            outcome.failed_attempts += 1;
+            let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
+            let delay = backoff_delay(self.options.retry_base, self.options.retry_max, attempts);
+            tracing::warn!(outbox_id = row.id, event_id = %row.event_id, attempts, %error, ?delay, "delivery failed");
+            // If this mark is lost, the row is simply retried when its lease ends.
+            self.store
+                .mark_delivery_failed(row.id, &error.to_string(), delay, self.options.max_attempts)
+                .await?;
+        }
         metrics::counter!("dedup_outbox_delivery_failures_total")
             .increment(outcome.failed_attempts as u64);
         Ok(outcome)
+    }
+
+    /// Marks the rows a failed step delivered but could not mark; they stay remembered until
+    /// the store takes the mark. Marking is idempotent (`status = 'pending'` guard), so a row
+    /// another relay re-delivered after the lease meanwhile is fine too.
+    async fn mark_unmarked(&self) -> Result<(), StoreError> {
+        let ids = std::mem::take(&mut *self.lock_unmarked());
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match self.store.mark_dispatched(&ids).await {
+            Ok(()) => {
+                metrics::counter!("dedup_outbox_dispatched_total").increment(ids.len() as u64);
+                tracing::info!(
+                    rows = ids.len(),
+                    "marked deliveries an outage left unmarked"
+                );
+                Ok(())
+            }
+            Err(error) => {
+                self.lock_unmarked().extend_from_slice(&ids);
+                Err(error)
+            }
+        }
+    }
+
+    fn lock_unmarked(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+        // A poisoned lock only means a panic elsewhere mid-push; the ids are still valid.
+        self.unmarked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn sink_for(&self, destination: &Option<String>) -> Result<Arc<dyn Sink>, String> {

@@ -118,7 +118,18 @@ impl Drop for TestDb {
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll_until(timeout, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or gives `None` after `timeout`.
+async fn poll_until<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -126,10 +137,10 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Some(value);
         }
         if Instant::now() > deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -280,6 +291,22 @@ impl RunningBinary {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// [`wait_for`], but a timeout also shows what the binary logged, so a failure in CI says
+    /// why the pipeline stalled rather than only that it did.
+    #[allow(dead_code)]
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        poll_until(timeout, check).await.unwrap_or_else(|| {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; the binary logged:\n{}",
+                self.stderr()
+            )
+        })
     }
 }
 
