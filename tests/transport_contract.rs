@@ -5,7 +5,9 @@
 //!   and once acked it does not come back;
 //! * what a consumer received but never acked comes back to the next consumer, counted as a
 //!   further attempt;
-//! * `retry_later` brings a delivery back, with its attempts counted.
+//! * `retry_later` brings a delivery back, with its attempts counted;
+//! * an ack that arrives after the lease ran out and the message was received again is not an
+//!   error, and the current holder's ack removes the message.
 
 mod common;
 
@@ -191,6 +193,70 @@ contract!(
     unacked_messages_come_back_to_the_next_consumer,
     retry_later_brings_a_delivery_back,
 );
+
+/// Transports whose deliveries come back when a lease runs out while the first receiver still
+/// holds its tag. (RabbitMQ redelivers only once the receiving channel is closed, when its tags
+/// can no longer be used at all.)
+mod late_ack_after_the_lease {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn database_postgres() {
+        super::a_late_ack_with_a_replaced_tag_is_harmless(super::Kind::DatabasePostgres).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn database_sqlite() {
+        super::a_late_ack_with_a_replaced_tag_is_harmless(super::Kind::DatabaseSqlite).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqs() {
+        super::a_late_ack_with_a_replaced_tag_is_harmless(super::Kind::Sqs).await
+    }
+}
+
+/// A consumer slower than its lease acks after the message was received again: that ack is not
+/// an error (the work is committed; the new holder acks its copy), and once the new holder
+/// acked, the message is gone.
+async fn a_late_ack_with_a_replaced_tag_is_harmless(kind: Kind) {
+    let mut h = Harness::new(kind).await;
+    let transport = h.transport().await;
+    transport.publish(message(3)).await.expect("publish");
+    let first = receive_n(&transport, 1).await.remove(0);
+    let second = wait_for(
+        "the redelivery after the lease",
+        Duration::from_secs(30),
+        || {
+            let transport = transport.clone();
+            async move {
+                let got = transport
+                    .receive(1, Duration::from_millis(200))
+                    .await
+                    .expect("receive");
+                got.into_iter().next()
+            }
+        },
+    )
+    .await;
+    assert_eq!(second.message_id, first.message_id);
+    transport
+        .ack(std::slice::from_ref(&first.tag))
+        .await
+        .expect("a late ack with the replaced tag is not an error");
+    transport
+        .ack(std::slice::from_ref(&second.tag))
+        .await
+        .expect("the current holder's ack");
+    // Longer than the lease (0.5 s database, 1 s SQS): an undeleted message would be back.
+    let mut again = Vec::new();
+    for _ in 0..8 {
+        again.extend(
+            transport
+                .receive(10, Duration::from_millis(250))
+                .await
+                .expect("receive"),
+        );
+    }
+    assert!(again.is_empty(), "acked message came back: {again:?}");
+    h.cleanup().await;
+}
 
 async fn published_messages_arrive_intact_and_acked_ones_stay_gone(kind: Kind) {
     let mut h = Harness::new(kind).await;

@@ -7,7 +7,9 @@
 //! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
 //!   invisible for the lease (`consumer.lease_secs`) and comes back if not deleted.
 //! * `ack` is `DeleteMessageBatch` in tens, with duplicate receipt handles removed first (SQS
-//!   rejects a batch whose entry ids repeat).
+//!   rejects a batch whose entry ids repeat). A handle that a later receive replaced (the
+//!   lease ran out first) is not an error: the message's work is committed and its new holder
+//!   deletes it as a duplicate.
 //! * `retry_later` changes the message's visibility to the backoff delay (at most 12 h).
 
 use std::collections::HashSet;
@@ -30,6 +32,8 @@ const TYPE_ATTRIBUTE: &str = "dedup-type";
 const SOURCE_ATTRIBUTE: &str = "dedup-source";
 /// Set to `base64` when the payload was not UTF-8 (SQS bodies are text).
 const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
+/// The batch error code of a delete with a receipt handle that a newer receive replaced.
+const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
@@ -113,11 +117,12 @@ impl SqsQueue {
         })
     }
 
+    /// One `ReceiveMessage` call: each delivery with SQS's own message id.
     async fn receive_once(
         &self,
         max: usize,
         wait: Duration,
-    ) -> Result<Vec<Delivery>, TransportError> {
+    ) -> Result<Vec<(String, Delivery)>, TransportError> {
         let output = self
             .client
             .receive_message()
@@ -130,7 +135,11 @@ impl SqsQueue {
             .send()
             .await
             .map_err(unavailable)?;
-        Ok(output.messages().iter().filter_map(Self::convert).collect())
+        Ok(output
+            .messages()
+            .iter()
+            .filter_map(|m| Some((m.message_id()?.to_owned(), Self::convert(m)?)))
+            .collect())
     }
 }
 
@@ -180,7 +189,18 @@ impl Transport for SqsQueue {
             }
             out.extend(more);
         }
-        Ok(out)
+        // If filling took longer than the lease, a message from an early call may have come
+        // back in a later one. Only its newest receipt handle can delete it, so keep that one.
+        let mut newest = std::collections::HashMap::with_capacity(out.len());
+        for (position, (message_id, _)) in out.iter().enumerate() {
+            newest.insert(message_id.clone(), position);
+        }
+        Ok(out
+            .into_iter()
+            .enumerate()
+            .filter(|(position, (message_id, _))| newest.get(message_id) == Some(position))
+            .map(|(_, (_, delivery))| delivery)
+            .collect())
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
@@ -193,6 +213,7 @@ impl Transport for SqsQueue {
             })
             .filter(|h| seen.insert(*h))
             .collect();
+        let mut failures = Vec::new();
         for chunk in handles.chunks(10) {
             let entries = chunk
                 .iter()
@@ -213,18 +234,33 @@ impl Transport for SqsQueue {
                 .send()
                 .await
                 .map_err(unavailable)?;
-            if let Some(failed) = output.failed().first() {
+            for failed in output.failed() {
+                // A message received again after its lease ran out has a new receipt handle;
+                // the old one cannot delete it. Its work is committed, so whoever holds the new
+                // handle sees a duplicate and deletes it: nothing to do here.
+                if failed.code() == RECEIPT_HANDLE_IS_INVALID {
+                    tracing::debug!(
+                        "sqs delete of a message received again since; its new holder acks it"
+                    );
+                    continue;
+                }
                 // Not deleted: it comes back after its visibility timeout and is recognised as
-                // a duplicate then.
-                return Err(invalid(format!(
-                    "{} of {} deletes failed, e.g. {}",
-                    output.failed().len(),
-                    chunk.len(),
-                    failed.message().unwrap_or(failed.code())
-                )));
+                // a duplicate then. The other chunks are still deleted first.
+                failures.push(format!(
+                    "{}: {}",
+                    failed.code(),
+                    failed.message().unwrap_or_default()
+                ));
             }
         }
-        Ok(())
+        match failures.first() {
+            None => Ok(()),
+            Some(first) => Err(invalid(format!(
+                "{} of {} deletes failed, e.g. {first}",
+                failures.len(),
+                handles.len()
+            ))),
+        }
     }
 
     async fn retry_later(
