@@ -57,7 +57,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(r) = &redis {
         provider_layer = provider_layer.redis(r.clone());
     }
-    let provider = example::provider_router(pool.clone(), provider_layer.build());
+    let provider_layer = provider_layer.build();
+    let provider = example::provider_router(pool.clone(), provider_layer.clone());
     let provider_listener = tokio::net::TcpListener::bind(&provider_listen).await?;
     let provider_addr = provider_listener.local_addr()?;
     tokio::spawn(async move {
@@ -78,7 +79,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         provider_url: format!("http://{provider_addr}"),
         client: IdempotentClient::new(http),
     };
-    let app = example::checkout_router(state, checkout_layer.build());
+    let checkout_layer = checkout_layer.build();
+    let app = example::checkout_router(state, checkout_layer.clone());
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     tracing::info!(
         checkout = %listener.local_addr()?,
@@ -91,5 +93,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
+    // Requests whose clients went away still run; let them finish and store their results
+    // (checkout first: it may still be calling the provider).
+    checkout_layer.drain(Duration::from_secs(10)).await;
+    provider_layer.drain(Duration::from_secs(10)).await;
     Ok(())
 }

@@ -23,7 +23,7 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use clap::Parser;
-use dedup_worker::idempotency::{IdempotencyLayer, PgIdempotencyStore, RedisCache};
+use dedup_worker::idempotency::{GroupOptions, IdempotencyLayer, PgIdempotencyStore, RedisCache};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -48,6 +48,12 @@ struct Args {
     /// how much of the cost is the WAL flush).
     #[arg(long, default_value = "on")]
     synchronous_commit: String,
+    /// Rows per grouped claim/completion statement; 0 writes one statement per request.
+    #[arg(long, default_value_t = 64)]
+    group_max: usize,
+    /// Group writer tasks per statement kind.
+    #[arg(long, default_value_t = 4)]
+    group_writers: usize,
     /// Scenarios to run (comma-separated).
     #[arg(
         long,
@@ -227,7 +233,11 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
         .connect(url)
         .await?;
     dedup_worker::idempotency::migrate(&pool).await?;
-    let store = PgIdempotencyStore::new(pool.clone());
+    let grouping = (args.group_max > 0).then_some(GroupOptions {
+        max_batch: args.group_max,
+        writers: args.group_writers,
+    });
+    let store = PgIdempotencyStore::new(pool.clone()).with_grouping(grouping);
     let redis = RedisCache::new(redis_url, format!("idem_bench:{id}"))?;
     let account = |p: &http::request::Parts| {
         p.headers
@@ -256,8 +266,8 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     let d = Duration::from_secs(args.seconds);
     let n = args.connections;
     println!(
-        "connections {n}, {} s per scenario, server pool {}, synchronous_commit {}",
-        args.seconds, args.pool, args.synchronous_commit
+        "connections {n}, {} s per scenario, server pool {}, synchronous_commit {}, grouping {:?}",
+        args.seconds, args.pool, args.synchronous_commit, grouping
     );
     for scenario in args.scenarios.split(',').map(str::trim) {
         let q0 = store.query_count();

@@ -185,6 +185,93 @@ async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
     env.cleanup().await;
 }
 
+/// While the first request runs, the same key with another body is 422 (not a 409 that
+/// invites a retry of the wrong request) and the same request is 409 with `Retry-After`;
+/// decided by the Redis lock when there is one, by PostgreSQL otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_request_runs_another_request_is_422_and_a_duplicate_409() {
+    let env = TestEnv::new().await;
+    for with_redis in [true, false] {
+        let h = Counting::gated();
+        let mut b = layer(&env);
+        if with_redis {
+            b = b.redis(env.redis());
+        }
+        let addr = app(&env, &h, b.build()).await;
+        let c = http();
+        let key = format!("running-{with_redis}");
+        let first = {
+            let (c, key) = (c.clone(), key.clone());
+            tokio::spawn(async move { post(&c, addr, Some(&key), None, r#"{"amount":100}"#).await })
+        };
+        poll(Duration::from_secs(10), || {
+            let runs = h.runs();
+            async move { (runs == 1).then_some(()) }
+        })
+        .await;
+
+        let other = post(&c, addr, Some(&key), None, r#"{"amount":200}"#).await;
+        assert_eq!(
+            other.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "redis: {with_redis}"
+        );
+        assert_eq!(other.body["title"], "Idempotency-Key is already used");
+        let duplicate = post(&c, addr, Some(&key), None, r#"{"amount":100}"#).await;
+        assert_eq!(
+            duplicate.status,
+            StatusCode::CONFLICT,
+            "redis: {with_redis}"
+        );
+        assert!(duplicate.header("retry-after").is_some());
+
+        h.gate.as_ref().unwrap().add_permits(1);
+        let first = first.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(h.runs(), 1);
+    }
+    env.cleanup().await;
+}
+
+/// A client that gives up does not cancel its request: it runs on detached, `drain` waits for
+/// it at shutdown, and its result is stored for the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waits_for_a_request_whose_client_went_away() {
+    let env = TestEnv::new().await;
+    let h = Counting::gated();
+    let layer = layer(&env).build();
+    let addr = app(&env, &h, layer.clone()).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("http://{addr}/orders"))
+        .header("idempotency-key", "k-detached")
+        .header("content-type", "application/json")
+        .body(r#"{"amount":100}"#)
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the client timed out while the handler was held"
+    );
+    assert_eq!(h.runs(), 1);
+
+    assert!(
+        !layer.drain(Duration::from_millis(200)).await,
+        "the detached request is still running"
+    );
+    h.gate.as_ref().unwrap().add_permits(1);
+    assert!(layer.drain(Duration::from_secs(10)).await);
+
+    let retry = post(&http(), addr, Some("k-detached"), None, r#"{"amount":100}"#).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the detached run stored its result");
+    assert_eq!(h.runs(), 1);
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_presence_length_and_forms() {
     let env = TestEnv::new().await;
@@ -564,6 +651,19 @@ async fn declined_402_is_replayed_and_5xx_releases_the_key() {
     );
     assert!(!t2.replayed());
     assert_eq!(h.runs(), 5);
+
+    // A refusal the handler marks `NotExecuted` (failed validation) is not stored either: the
+    // client corrects the request and retries with the same key.
+    let v1 = post(&c, addr, Some("k-invalid"), None, r#"{"mode":"invalid"}"#).await;
+    assert_eq!(v1.status, StatusCode::BAD_REQUEST);
+    let v2 = post(&c, addr, Some("k-invalid"), None, r#"{"amount":100}"#).await;
+    assert_eq!(
+        v2.status,
+        StatusCode::CREATED,
+        "the corrected request executes"
+    );
+    assert!(!v2.replayed());
+    assert_eq!(h.runs(), 7);
 
     // keep_5xx: Stripe's behaviour, the 500 is replayed.
     let h2 = Counting::default();

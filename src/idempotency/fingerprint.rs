@@ -4,10 +4,13 @@
 //! length-prefixed so that no two different requests can produce the same byte stream
 //! (`/a` + `b=1` vs `/ab` + `=1`). JSON bodies are canonicalised first (object keys sorted,
 //! no insignificant whitespace), so a client library that reorders keys on a retry still
-//! gets its stored result, while any change of value is a different request (422).
+//! gets its stored result, while any change of value is a different request (422). Numbers
+//! are compared as written, never through `f64`.
+
+use std::collections::BTreeMap;
 
 use http::{HeaderMap, Method};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 request fingerprint.
@@ -86,42 +89,53 @@ fn canonical_json(headers: &HeaderMap, body: &[u8]) -> Option<String> {
     if !is_json(headers) {
         return None;
     }
-    let value: Value = serde_json::from_slice(body).ok()?;
+    let raw: &RawValue = serde_json::from_slice(body).ok()?;
     let mut out = String::with_capacity(body.len());
-    write_canonical(&value, &mut out);
+    write_canonical_raw(raw, &mut out).ok()?;
     Some(out)
 }
 
-/// Serialises with object keys sorted explicitly: serde_json's map order depends on whether
-/// some crate in the build enabled `preserve_order`, which must not change fingerprints.
-pub fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
+/// Writes `raw` with object keys sorted (explicitly: serde_json's map order depends on whether
+/// some crate in the build enabled `preserve_order`) and no insignificant whitespace. Numbers are copied as
+/// written: parsed into `f64`, `12345678901234567891` and `12345678901234567890` (or two
+/// amounts differing in the 17th digit) would be one request and replay each other's result.
+/// Strings are re-encoded, so `"\u0041"` and `"A"` are the same. A repeated object key keeps
+/// its last value, as JSON parsers that handlers use (serde_json among them) do.
+fn write_canonical_raw(raw: &RawValue, out: &mut String) -> Result<(), serde_json::Error> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let map: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
             out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
+            for (i, (k, v)) in map.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(&serde_json::to_string(&k)?);
                 out.push(':');
-                write_canonical(v, out);
+                write_canonical_raw(v, out)?;
             }
             out.push('}');
         }
-        Value::Array(items) => {
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
             out.push('[');
-            for (i, v) in items.iter().enumerate() {
+            for (i, v) in items.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                write_canonical(v, out);
+                write_canonical_raw(v, out)?;
             }
             out.push(']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        Some(b'"') => {
+            let s: String = serde_json::from_str(text)?;
+            out.push_str(&serde_json::to_string(&s)?);
+        }
+        // Numbers, true, false, null: the literal itself (RawValue has no surrounding space).
+        _ => out.push_str(text),
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -180,6 +194,46 @@ mod tests {
         assert_ne!(base, fp(Method::POST, "/q", Some("x=1"), &h, br#"{"a":1}"#));
         assert_ne!(base, fp(Method::POST, "/p", Some("x=2"), &h, br#"{"a":1}"#));
         assert_ne!(base, fp(Method::POST, "/p", None, &h, br#"{"a":1}"#));
+    }
+
+    #[test]
+    fn numbers_are_compared_exactly_not_as_f64() {
+        let h = json_headers();
+        let body = |n: &str| format!(r#"{{"amount":{n},"currency":"usd"}}"#);
+        let post = |b: String| fp(Method::POST, "/p", None, &h, b.as_bytes());
+        // Equal as f64, different amounts.
+        assert_ne!(
+            post(body("12345678901234567890123")),
+            post(body("12345678901234567890124"))
+        );
+        assert_ne!(
+            post(body("9007199254740993")),
+            post(body("9007199254740992"))
+        );
+        assert_ne!(
+            post(body("0.30000000000000004")),
+            post(body("0.3000000000000000444"))
+        );
+        // Layout still does not matter, string escapes neither.
+        assert_eq!(
+            post(body("12345678901234567890123")),
+            fp(
+                Method::POST,
+                "/p",
+                None,
+                &h,
+                b" { \"currency\" : \"\\u0075sd\", \"amount\" : 12345678901234567890123 } "
+            )
+        );
+    }
+
+    #[test]
+    fn repeated_keys_keep_the_last_value_like_the_handler_sees() {
+        let h = json_headers();
+        assert_eq!(
+            fp(Method::POST, "/p", None, &h, br#"{"a":1,"a":2}"#),
+            fp(Method::POST, "/p", None, &h, br#"{"a":2}"#)
+        );
     }
 
     #[test]

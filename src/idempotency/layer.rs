@@ -12,7 +12,8 @@
 //!    statement: a stored result is replayed (422 on another fingerprint), a running claim
 //!    answers 409 with `Retry-After`, otherwise this request holds the key;
 //! 5. the handler runs with a lease heartbeat, so only a dead process lets the lease lapse;
-//! 6. 2xx/4xx (and 5xx with `keep_5xx`) are stored and mirrored; other 5xx release the key.
+//! 6. 2xx/4xx (and 5xx with `keep_5xx`) are stored and mirrored; other 5xx, 408/409/425/429
+//!    and responses marked [`NotExecuted`] release the key.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -27,12 +28,12 @@ use futures::FutureExt;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
+use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
-use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::key::{IdempotencyKey, KeyError};
-use super::redis::{CacheError, CachedResponse, RedisCache};
+use super::redis::{CacheError, CachedResponse, LockOutcome, RedisCache};
 use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
 
 /// The request header.
@@ -168,6 +169,7 @@ impl IdempotencyLayerBuilder {
                 store: self.store,
                 redis: self.redis,
                 config: self.config,
+                tasks: TaskTracker::new(),
             }),
         }
     }
@@ -178,6 +180,9 @@ struct Shared {
     store: PgIdempotencyStore,
     redis: Option<RedisCache>,
     config: IdempotencyConfig,
+    /// Requests running detached from their connection, and results still being stored: what
+    /// [`IdempotencyLayer::drain`] waits for at shutdown.
+    tasks: TaskTracker,
 }
 
 /// The layer. Cheap to clone.
@@ -209,6 +214,23 @@ impl IdempotencyLayer {
     /// The PostgreSQL store (e.g. for its query counter or expiry task).
     pub fn store(&self) -> &PgIdempotencyStore {
         &self.shared.store
+    }
+
+    /// Waits up to `timeout` for requests still running and results still being stored; call
+    /// it after the server stopped accepting (e.g. after axum's graceful shutdown), since a
+    /// request whose client went away keeps running detached. `false` if some were still
+    /// running: their keys stay claimed until the lease ends, and a retry then runs them again.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let tasks = &self.shared.tasks;
+        tasks.close();
+        let drained = tokio::time::timeout(timeout, tasks.wait()).await.is_ok();
+        if !drained {
+            tracing::warn!(
+                running = tasks.len(),
+                "idempotent requests still running at shutdown; their keys wait for the lease"
+            );
+        }
+        drained
     }
 }
 
@@ -345,7 +367,7 @@ where
 
     // From the lock on, a task of its own: if the client goes away, hyper drops this future,
     // but the request still finishes, stores its result for the retry and drops its locks.
-    let task = tokio::spawn(execute(
+    let task = shared.tasks.clone().spawn(execute(
         Prepared {
             shared,
             parts,
@@ -396,10 +418,17 @@ where
     // The short lock: a duplicate arriving while we hold it is answered without PostgreSQL.
     let mut lock: Option<String> = None;
     if let Some(cache) = &shared.redis {
-        let token = Uuid::new_v4().to_string();
-        match cache.try_lock(&account, k, &token, cfg.lease).await {
-            Ok(true) => lock = Some(token),
-            Ok(false) => {
+        match cache.try_lock(&account, k, &fingerprint, cfg.lease).await {
+            Ok(LockOutcome::Acquired(token)) => lock = Some(token.as_str().to_owned()),
+            Ok(LockOutcome::Held {
+                fingerprint: Some(other),
+            }) if other != fingerprint => {
+                outcome("reused");
+                return Ok(Rejection::Reused.into_response(style));
+            }
+            // The same request (or a lock value we cannot read: PostgreSQL will tell the
+            // retry which it was).
+            Ok(LockOutcome::Held { .. }) => {
                 outcome("in_progress");
                 return Ok(Rejection::InProgress(Duration::from_secs(1)).into_response(style));
             }
@@ -491,7 +520,7 @@ where
         }
     };
 
-    if releases_key(head.status, cfg.keep_5xx) {
+    if releases_key(head.status, cfg.keep_5xx) || head.extensions.get::<NotExecuted>().is_some() {
         drop(heartbeat);
         release(&shared, &account, k, token, lock.as_deref()).await;
         outcome("released");
@@ -523,13 +552,29 @@ where
     };
     if !completion.try_store(4).await {
         outcome("store_retrying");
-        tokio::spawn(async move {
+        shared.tasks.spawn(async move {
             let _heartbeat = heartbeat;
             completion.store_until_ttl().await;
         });
     }
     Ok(Response::from_parts(head, Body::from(body)))
 }
+
+/// Put in a response's extensions by a handler that refused a request before doing anything
+/// (failed validation, say): the result is not stored and the key is released, so the client
+/// can fix the request and retry with the same key, as Stripe does for validation errors.
+/// Without it every 2xx and 4xx is stored and replayed.
+///
+/// ```
+/// use axum::{http::StatusCode, response::IntoResponse, Extension};
+/// use dedup_worker::idempotency::NotExecuted;
+///
+/// async fn create_payment() -> impl IntoResponse {
+///     (StatusCode::BAD_REQUEST, Extension(NotExecuted), "amount must be positive")
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotExecuted;
 
 /// The longest `Retry-After` for a 409: short, since the holder usually finishes soon.
 const IN_PROGRESS_RETRY_MAX: Duration = Duration::from_secs(2);

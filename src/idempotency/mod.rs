@@ -2,7 +2,8 @@
 //! draft-ietf-httpapi-idempotency-key-header and Stripe's documented behaviour).
 //!
 //! Owns: key parsing ([`key`]), request fingerprints ([`fingerprint`]), the tower/axum layer
-//! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth), the optional Redis
+//! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth, with concurrent
+//! writes grouped by [`group`]), the optional Redis
 //! fast path ([`redis`]), a retrying client helper ([`client`]) and the checkout example's
 //! routers ([`example`]).
 //!
@@ -19,6 +20,7 @@
 pub mod client;
 pub mod example;
 pub mod fingerprint;
+pub mod group;
 pub mod key;
 pub mod layer;
 pub mod redis;
@@ -26,12 +28,13 @@ pub mod store;
 
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
 pub use fingerprint::Fingerprint;
+pub use group::GroupOptions;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
-    ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, Rejection,
-    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, NotExecuted,
+    Rejection, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
-pub use redis::{CacheError, RedisCache};
+pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};
 pub use store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoreError, StoredResponse};
 
 /// Applies the crate's PostgreSQL migrations, this module's table included.

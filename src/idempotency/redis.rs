@@ -44,6 +44,29 @@ pub struct CachedResponse {
     pub response: StoredResponse,
 }
 
+/// Proof of holding the short lock (its value in Redis), for unlocking it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockToken(String);
+
+impl LockToken {
+    /// The lock's value.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What [`RedisCache::try_lock`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// This request holds the lock.
+    Acquired(LockToken),
+    /// Another request holds it; its fingerprint, if the value could be read.
+    Held {
+        /// The holder's request fingerprint.
+        fingerprint: Option<Fingerprint>,
+    },
+}
+
 /// Redis mirror and lock.
 #[derive(Clone)]
 pub struct RedisCache {
@@ -60,6 +83,7 @@ struct Inner {
     timeout: Duration,
     // Built once: `Script::new` hashes the source (SHA-1) for EVALSHA.
     store: redis::Script,
+    lock: redis::Script,
     unlock: redis::Script,
 }
 
@@ -82,6 +106,15 @@ end
 return 1
 "#;
 
+// Take the lock KEYS[1] (value ARGV[1], for ARGV[2] ms), or return the holder's value: one
+// round trip, atomic, on any Redis version (`SET NX GET` needs 7.0).
+const LOCK_SCRIPT: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
+return redis.call('GET', KEYS[1])
+"#;
+
 const UNLOCK_SCRIPT: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -102,6 +135,7 @@ impl RedisCache {
                 breaker: Duration::from_secs(1),
                 timeout: Duration::from_millis(500),
                 store: redis::Script::new(STORE_SCRIPT),
+                lock: redis::Script::new(LOCK_SCRIPT),
                 unlock: redis::Script::new(UNLOCK_SCRIPT),
             }),
         })
@@ -187,25 +221,36 @@ impl RedisCache {
         }
     }
 
-    /// Tries the short lock; `true` when acquired.
+    /// Tries the short lock for a request with `fingerprint`. The lock's value names the
+    /// holder's fingerprint, so a different request arriving meanwhile is told apart (422)
+    /// from a duplicate (409) without asking PostgreSQL.
     pub async fn try_lock(
         &self,
         account: &str,
         key: &str,
-        token: &str,
+        fingerprint: &Fingerprint,
         ttl: Duration,
-    ) -> Result<bool, CacheError> {
+    ) -> Result<LockOutcome, CacheError> {
         let mut conn = self.conn().await?;
-        let ok: Option<String> = redis::cmd("SET")
-            .arg(self.id("lock", account, key))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
+        let value = format!("{}:{}", uuid::Uuid::new_v4().simple(), fingerprint.to_hex());
+        let holder: Option<String> = self
+            .inner
+            .lock
+            .key(self.id("lock", account, key))
+            .arg(&value)
             .arg(ttl.as_millis().max(1) as u64)
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await
             .map_err(|e| self.failed(e.into()))?;
-        Ok(ok.is_some())
+        Ok(match holder {
+            None => LockOutcome::Acquired(LockToken(value)),
+            Some(holder) => LockOutcome::Held {
+                fingerprint: holder
+                    .split_once(':')
+                    .and_then(|(_, fp)| hex::decode(fp).ok())
+                    .and_then(|fp| Fingerprint::from_slice(&fp)),
+            },
+        })
     }
 
     /// Mirrors a completed response for `ttl` and drops our lock, in one round trip.

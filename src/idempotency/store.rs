@@ -11,7 +11,7 @@
 //! - expired rows are deleted in bounded batches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +20,7 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
+use super::group::{GroupOptions, Groups, NewClaim, NewCompletion};
 
 /// Errors from the PostgreSQL store.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,12 @@ pub enum StoreError {
     /// A stored row does not have the expected shape.
     #[error("idempotency store: corrupt row: {0}")]
     Corrupt(&'static str),
+    /// The grouped statement carrying this request failed (shared by its whole group).
+    #[error("idempotency store: {0}")]
+    Grouped(Arc<sqlx::Error>),
+    /// The group writers are gone (the runtime is shutting down).
+    #[error("idempotency store: group writer stopped")]
+    GroupClosed,
 }
 
 /// A response as stored and replayed.
@@ -90,7 +97,12 @@ pub enum Ownership {
 #[derive(Debug, Clone)]
 pub struct PgIdempotencyStore {
     pool: PgPool,
+    /// Statements sent, for tests and the benchmark (see [`Self::query_count`]).
     queries: Arc<AtomicU64>,
+    /// How first claims and completions are grouped; `None` writes each on its own.
+    grouping: Option<GroupOptions>,
+    /// The group writers, started on first use (inside the runtime that uses the store).
+    groups: Arc<OnceLock<Groups>>,
 }
 
 const CLAIM_SQL: &str = r#"
@@ -146,12 +158,31 @@ WHERE k.account = $1 AND k.key = $2 AND NOT (k.status = 'completed' AND k.expire
 "#;
 
 impl PgIdempotencyStore {
-    /// Wraps a pool. The table must exist (see [`migrate`](Self::migrate)).
+    /// Wraps a pool, grouping concurrent first claims and completions with the default
+    /// [`GroupOptions`]. The table must exist (see [`migrate`](Self::migrate)).
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
             queries: Arc::new(AtomicU64::new(0)),
+            grouping: Some(GroupOptions::default()),
+            groups: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Sets how statements are grouped (`None`: one statement per claim and completion).
+    pub fn with_grouping(mut self, grouping: Option<GroupOptions>) -> Self {
+        self.grouping = grouping;
+        self.groups = Arc::new(OnceLock::new());
+        self
+    }
+
+    fn groups(&self) -> Option<&Groups> {
+        let options = self.grouping?;
+        Some(self.groups.get_or_init(|| {
+            let queries = self.queries.clone();
+            let on_statement = Arc::new(move || count_statement(&queries));
+            Groups::start(self.pool.clone(), options, on_statement)
+        }))
     }
 
     /// Applies the crate's PostgreSQL migrations (the lead's and this module's).
@@ -172,8 +203,7 @@ impl PgIdempotencyStore {
     }
 
     fn count(&self) {
-        self.queries.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("idempotency_pg_queries_total").increment(1);
+        count_statement(&self.queries);
     }
 
     /// Claims `(account, key)` for a request with `fingerprint`, or reports what holds it.
@@ -185,6 +215,24 @@ impl PgIdempotencyStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
+        // The common case, a key never seen: created by a grouped insert. Anything else is
+        // decided below, one statement per request.
+        if let Some(groups) = self.groups() {
+            let token = Uuid::new_v4();
+            let created = groups
+                .claim_new(NewClaim {
+                    account: account.to_owned(),
+                    key: key.to_owned(),
+                    fingerprint: *fingerprint,
+                    token,
+                    lease_ms: millis(lease),
+                    ttl_ms: millis(ttl),
+                })
+                .await?;
+            if created {
+                return Ok(Claim::Acquired(ClaimToken(token)));
+            }
+        }
         // Bounded: each loop means a concurrent statement changed the row under us, which
         // cannot keep happening to one caller.
         for _ in 0..5 {
@@ -224,6 +272,22 @@ impl PgIdempotencyStore {
         token: ClaimToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
+        if let Some(groups) = self.groups() {
+            let stored = groups
+                .complete(NewCompletion {
+                    account: account.to_owned(),
+                    key: key.to_owned(),
+                    token: token.0,
+                    response: response.clone(),
+                })
+                .await?;
+            return Ok(match stored {
+                Some(ttl_ms) => Ownership::Owned {
+                    ttl: duration_ms(ttl_ms),
+                },
+                None => Ownership::Lost,
+            });
+        }
         self.count();
         let row = sqlx::query(
             r#"UPDATE idempotency_keys
@@ -351,6 +415,11 @@ impl PgIdempotencyStore {
             }
         })
     }
+}
+
+fn count_statement(queries: &AtomicU64) {
+    queries.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!("idempotency_pg_queries_total").increment(1);
 }
 
 fn millis(d: Duration) -> i64 {

@@ -13,8 +13,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
-use dedup_worker::idempotency::{example, PgIdempotencyStore, RedisCache};
+use axum::{Extension, Json, Router};
+use dedup_worker::idempotency::{example, NotExecuted, PgIdempotencyStore, RedisCache};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -208,7 +208,7 @@ where
 }
 
 /// The handler behind the layer in most tests: counts executions and behaves by body `mode`:
-/// `declined` → 402, `fail_once` → 503 on its first execution, `busy_once` → 429 on its first
+/// `declined` → 402, `invalid` → 400 marked [`NotExecuted`], `fail_once` → 503 on its first execution, `busy_once` → 429 on its first
 /// execution, `boom` → 500, otherwise 201.
 /// With a gate, each execution waits for one permit (lets tests hold a request in flight).
 #[derive(Clone, Default)]
@@ -260,6 +260,14 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
             return (
                 StatusCode::PAYMENT_REQUIRED,
                 Json(json!({"error": "card_declined", "run": n})),
+            )
+                .into_response()
+        }
+        Some("invalid") => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Extension(NotExecuted),
+                Json(json!({"error": "invalid_request", "run": n})),
             )
                 .into_response()
         }
