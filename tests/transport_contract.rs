@@ -41,6 +41,9 @@ struct Harness {
     rabbits: Vec<Arc<RabbitMqQueue>>,
     /// The SQS client and queue URL.
     sqs: Option<(aws_sdk_sqs::Client, String)>,
+    /// How long a received message stays invisible (database and SQS): short, so that what a
+    /// "crashed" consumer held comes back within the test.
+    lease: Duration,
 }
 
 fn amqp_url() -> String {
@@ -69,6 +72,10 @@ impl Harness {
             db,
             rabbits: Vec::new(),
             sqs,
+            lease: match kind {
+                Kind::Sqs => Duration::from_secs(1),
+                _ => Duration::from_millis(500),
+            },
         }
     }
 
@@ -85,14 +92,13 @@ impl Harness {
                         max_batch: 64,
                         writers: 2,
                         channel_capacity: 256,
-                        lease: Duration::from_millis(500),
+                        lease: self.lease,
                     },
                 ))
             }
             Kind::Sqs => {
                 let (client, url) = self.sqs.clone().expect("sqs");
-                // A one-second visibility timeout stands for the consumer's lease.
-                Arc::new(SqsQueue::with_client(client, url, Duration::from_secs(1)))
+                Arc::new(SqsQueue::with_client(client, url, self.lease))
             }
             Kind::Rabbitmq => {
                 let queue = Arc::new(RabbitMqQueue::new(
@@ -116,6 +122,35 @@ impl Harness {
         for rabbit in &self.rabbits {
             if std::ptr::addr_eq(Arc::as_ptr(rabbit), Arc::as_ptr(&transport)) {
                 rabbit.close().await;
+            }
+        }
+    }
+
+    /// Messages in the queue, received or not (RabbitMQ: ready ones; abandon first).
+    async fn depth(&self) -> i64 {
+        match self.kind {
+            Kind::DatabasePostgres | Kind::DatabaseSqlite => {
+                let store = self.db.as_ref().expect("db").store().await;
+                store.queue_depth(&self.queue).await.expect("queue depth")
+            }
+            Kind::Sqs => {
+                use aws_sdk_sqs::types::QueueAttributeName as A;
+                let (client, url) = self.sqs.as_ref().expect("sqs");
+                let out = client
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(A::ApproximateNumberOfMessages)
+                    .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+                    .send()
+                    .await
+                    .expect("queue attributes");
+                out.attributes()
+                    .map(|a| a.values().map(|v| v.parse::<i64>().unwrap_or(0)).sum())
+                    .unwrap_or(0)
+            }
+            Kind::Rabbitmq => {
+                let rabbit = self.rabbits.first().expect("a rabbit transport");
+                i64::from(rabbit.depth().await.expect("depth"))
             }
         }
     }
@@ -165,6 +200,21 @@ async fn receive_n(transport: &Arc<dyn Transport>, n: usize) -> Vec<Delivery> {
         );
     }
     got
+}
+
+/// Receives until one delivery arrives (or panics after 30 s naming `what`).
+async fn next_delivery(transport: &Arc<dyn Transport>, what: &str) -> Delivery {
+    wait_for(what, Duration::from_secs(30), || {
+        let transport = transport.clone();
+        async move {
+            let got = transport
+                .receive(1, Duration::from_millis(200))
+                .await
+                .expect("receive");
+            got.into_iter().next()
+        }
+    })
+    .await
 }
 
 macro_rules! contract {
@@ -220,21 +270,7 @@ async fn a_late_ack_with_a_replaced_tag_is_harmless(kind: Kind) {
     let transport = h.transport().await;
     transport.publish(message(3)).await.expect("publish");
     let first = receive_n(&transport, 1).await.remove(0);
-    let second = wait_for(
-        "the redelivery after the lease",
-        Duration::from_secs(30),
-        || {
-            let transport = transport.clone();
-            async move {
-                let got = transport
-                    .receive(1, Duration::from_millis(200))
-                    .await
-                    .expect("receive");
-                got.into_iter().next()
-            }
-        },
-    )
-    .await;
+    let second = next_delivery(&transport, "the redelivery after the lease").await;
     assert_eq!(second.message_id, first.message_id);
     transport
         .ack(std::slice::from_ref(&first.tag))
@@ -260,6 +296,9 @@ async fn a_late_ack_with_a_replaced_tag_is_harmless(kind: Kind) {
 
 async fn published_messages_arrive_intact_and_acked_ones_stay_gone(kind: Kind) {
     let mut h = Harness::new(kind).await;
+    // Long enough that no message comes back while the hundred are being received (moto can
+    // take seconds for that): "each message once" is about the transport, not the lease.
+    h.lease = Duration::from_secs(30);
     let transport = h.transport().await;
     let publishes: Vec<_> = (0..100).map(|i| transport.publish(message(i))).collect();
     for result in futures::future::join_all(publishes).await {
@@ -278,8 +317,14 @@ async fn published_messages_arrive_intact_and_acked_ones_stay_gone(kind: Kind) {
     assert_eq!(d.attempts, 1);
     let tags: Vec<_> = got.iter().map(|d| d.tag.clone()).collect();
     transport.ack(&tags).await.expect("ack");
-    // Acked: a fresh consumer finds nothing, even after the database lease would have run out.
+    // Acked: gone from the queue (not merely invisible), and a fresh consumer finds nothing.
     h.abandon(transport).await;
+    wait_for(
+        "the acked messages to leave the queue",
+        Duration::from_secs(30),
+        || async { (h.depth().await == 0).then_some(()) },
+    )
+    .await;
     let next = h.transport().await;
     let mut again = Vec::new();
     for _ in 0..4 {
@@ -332,17 +377,7 @@ async fn retry_later_brings_a_delivery_back(kind: Kind) {
         .retry_later(&first, Duration::from_millis(150))
         .await
         .expect("retry later");
-    let again = wait_for("the retried delivery", Duration::from_secs(30), || {
-        let transport = transport.clone();
-        async move {
-            let got = transport
-                .receive(1, Duration::from_millis(200))
-                .await
-                .expect("receive");
-            got.into_iter().next()
-        }
-    })
-    .await;
+    let again = next_delivery(&transport, "the retried delivery").await;
     assert_eq!(again.message_id.as_deref(), Some("evt_7"));
     assert_eq!(again.payload, first.payload);
     assert_eq!(again.source.as_deref(), Some("stripe"));

@@ -135,12 +135,7 @@ impl Groups {
 
     /// Creates the key if it does not exist; `false` means "decide it one at a time".
     pub(crate) async fn claim_new(&self, claim: NewClaim) -> Result<bool, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.claims
-            .send((claim, tx))
-            .await
-            .map_err(|_| StoreError::GroupClosed)?;
-        rx.await.map_err(|_| StoreError::GroupClosed)?
+        ask(&self.claims, claim).await
     }
 
     /// Stores a result; `None` when the claim was no longer ours.
@@ -148,13 +143,22 @@ impl Groups {
         &self,
         completion: NewCompletion,
     ) -> Result<Option<i64>, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.completions
-            .send((completion, tx))
-            .await
-            .map_err(|_| StoreError::GroupClosed)?;
-        rx.await.map_err(|_| StoreError::GroupClosed)?
+        ask(&self.completions, completion).await
     }
+}
+
+/// Hands `item` to the writers and waits for its answer. A writer that went away before
+/// answering (runtime shutdown) is an error, never a success.
+async fn ask<Item, Answer>(
+    writers: &mpsc::Sender<(Item, oneshot::Sender<Result<Answer, StoreError>>)>,
+    item: Item,
+) -> Result<Answer, StoreError> {
+    let (reply, answer) = oneshot::channel();
+    writers
+        .send((item, reply))
+        .await
+        .map_err(|_| StoreError::GroupClosed)?;
+    answer.await.map_err(|_| StoreError::GroupClosed)?
 }
 
 /// One kind of grouped statement: runs a group, answers each member.
