@@ -38,6 +38,13 @@ async fn reconnect(name: &str) {
     admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).await;
 }
 
+fn content_type(response: &reqwest::Response) -> Option<&str> {
+    response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+}
+
 async fn send(client: &reqwest::Client, url: &str, id: &str) -> reqwest::Response {
     post_signed(client, url, SECRET, stripe_event(id, "charge.refunded"))
         .await
@@ -86,13 +93,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
             acked.insert(id);
             continue;
         }
-        assert_eq!(
-            response
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok()),
-            Some("application/problem+json")
-        );
+        assert_eq!(content_type(&response), Some("application/problem+json"));
         assert!(response.headers().contains_key("retry-after"));
         refused.push(id);
     }
@@ -295,13 +296,7 @@ async fn unreachable_brokers_answer_503() {
         let bin = RunningBinary::start(&env, work.path());
         let response = send(&client, &bin.url("/webhooks/stripe"), "evt_nowhere").await;
         assert_eq!(response.status(), 503, "{extra:?}");
-        assert_eq!(
-            response
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok()),
-            Some("application/problem+json")
-        );
+        assert_eq!(content_type(&response), Some("application/problem+json"));
         let ready = client.get(bin.url("/readyz")).send().await.unwrap();
         assert_eq!(ready.status(), 503, "{extra:?}");
     }
