@@ -48,12 +48,14 @@ struct Args {
     /// how much of the cost is the WAL flush).
     #[arg(long, default_value = "on")]
     synchronous_commit: String,
-    /// Rows per grouped claim/completion statement; 0 writes one statement per request.
-    #[arg(long, default_value_t = 64)]
-    group_max: usize,
-    /// Group writer tasks per statement kind.
-    #[arg(long, default_value_t = 4)]
-    group_writers: usize,
+    /// Most claims plus completions per grouped statement; 0 writes one statement per request.
+    /// Default: the store's default (`GroupOptions::default()`).
+    #[arg(long)]
+    group_max: Option<usize>,
+    /// Grouped statements in flight (partitions of the key space, one writer each). Default:
+    /// the store's default.
+    #[arg(long)]
+    group_writers: Option<usize>,
     /// Scenarios to run (comma-separated).
     #[arg(
         long,
@@ -233,9 +235,10 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
         .connect(url)
         .await?;
     dedup_worker::idempotency::migrate(&pool).await?;
-    let grouping = (args.group_max > 0).then_some(GroupOptions {
-        max_batch: args.group_max,
-        writers: args.group_writers,
+    let defaults = GroupOptions::default();
+    let grouping = (args.group_max != Some(0)).then_some(GroupOptions {
+        max_batch: args.group_max.unwrap_or(defaults.max_batch),
+        writers: args.group_writers.unwrap_or(defaults.writers),
     });
     let store = PgIdempotencyStore::new(pool.clone()).with_grouping(grouping);
     let redis = RedisCache::new(redis_url, format!("idem_bench:{id}"))?;

@@ -1280,3 +1280,87 @@ async fn an_oversized_body_is_413_and_nothing_runs() {
     assert!(!ok.replayed());
     env.cleanup().await;
 }
+
+/// `(seq_tup_read, idx_scan)` of `idempotency_keys` as PostgreSQL's statistics last saw them:
+/// rows read by sequential scans, and index scans.
+async fn table_reads(pool: &sqlx::PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT seq_tup_read, COALESCE(idx_scan, 0) FROM pg_stat_user_tables
+          WHERE relname = 'idempotency_keys'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+/// One request's claim and completion through the store (grouped with whatever runs beside it).
+async fn claim_and_complete(store: &PgIdempotencyStore, key: String) {
+    let fp = Fingerprint([3; 32]);
+    let (lease, ttl) = (Duration::from_secs(60), Duration::from_secs(3600));
+    let Claim::Acquired(token) = store.claim("acct", &key, &fp, lease, ttl).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    assert!(matches!(
+        store
+            .complete("acct", &key, token, &stored(201, "ok"))
+            .await
+            .unwrap(),
+        Ownership::Owned { .. }
+    ));
+}
+
+/// The grouped statement's plan is made while the table is empty and then reused. Grown to
+/// 50,000 rows, the table must still be probed by its primary key, never read whole: left to
+/// the planner, that cached plan was a sequential scan feeding a hash join, and first
+/// executions slowed down as the table grew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_writes_probe_the_primary_key_after_the_table_has_grown() {
+    let env = TestEnv::new().await;
+    let store = env.store();
+    // Enough statements on the empty table for PostgreSQL to cache a generic plan on every
+    // writer connection (it switches after five).
+    for i in 0..24 {
+        claim_and_complete(&store, format!("warm-{i}")).await;
+    }
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account, key, fingerprint, status, response_status,
+                                       response_headers, response_body, expires_at)
+         SELECT 'other', 'k' || g, '\\x00', 'completed', 201, '[]', '\\x00',
+                now() + interval '1 hour'
+           FROM generate_series(1, 50000) g",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let (read_before, idx_before) = table_reads(&env.pool).await;
+    let requests = 32;
+    let all: Vec<_> = (0..requests)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { claim_and_complete(&store, format!("grown-{i}")).await })
+        })
+        .collect();
+    for request in all {
+        request.await.unwrap();
+    }
+    // Backends report their statistics when idle (within about ten seconds). Each claim
+    // probes the index for a conflict and each completion probes it for its row, so
+    // `requests * 2` more index scans say the writers' statistics have arrived. (Rows read
+    // by sequential scans, not their number, tell a whole-table read: the migration's index
+    // builds are sequential scans of the empty table that may be reported late.)
+    let (read_after, idx_after) = poll(Duration::from_secs(60), || {
+        let pool = env.pool.clone();
+        async move {
+            let (read, idx) = table_reads(&pool).await;
+            (read >= read_before + 50_000 || idx >= idx_before + requests * 2)
+                .then_some((read, idx))
+        }
+    })
+    .await;
+    assert!(
+        read_after - read_before < 50_000,
+        "grouped writes read the whole table ({} rows by sequential scans, {} index scans)",
+        read_after - read_before,
+        idx_after - idx_before
+    );
+    env.cleanup().await;
+}

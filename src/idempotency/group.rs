@@ -1,28 +1,42 @@
 //! Group commit for the idempotency store: concurrent first claims and completions are written
-//! as one multi-row statement each, so N requests cost one commit instead of N.
+//! together, so N requests cost one statement and one commit instead of 2N.
 //!
-//! On a small machine the ceiling of the layer is PostgreSQL's per-statement CPU (parse, bind,
+//! On a small machine the ceiling of the layer is PostgreSQL's per-statement CPU (bind, execute,
 //! commit, one backend wake-up per round trip), not the rows. Each request still makes at most
-//! two round trips of its own (it waits for the group holding its claim, then for the group
+//! two round trips of its own (it waits for the statement holding its claim, then for the one
 //! holding its completion); what is shared is the statement.
+//!
+//! Keys are split over `writers` partitions by a hash of `(account, key)`. A partition has one
+//! writer task with at most one statement in flight; whatever arrived while it ran (claims and
+//! completions alike, up to `max_batch`) goes into the next one.
 //!
 //! Guarantees:
 //! - a grouped claim is `INSERT … ON CONFLICT DO NOTHING`: it only ever creates a key that did
 //!   not exist. Anything else (a stored result, a running claim, an expired key, a lease to take
 //!   over) is left to the caller's single-row claim, which decides those cases one at a time;
-//! - two requests for the same key in one group: the primary key admits one, the other is told
-//!   it did not claim and goes to the single-row claim (which answers 409);
-//! - rows are inserted in `(account, key)` order, so two groups waiting on each other's
-//!   uncommitted keys always wait in the same order and never deadlock;
+//! - two requests for the same key in one statement: the primary key admits one, the other is
+//!   told it did not claim and goes to the single-row claim (which answers 409 or replays);
 //! - a grouped completion updates only rows still holding the caller's claim token;
+//! - one key always goes to the same partition, so two grouped statements never touch the same
+//!   key and never wait on each other: grouped statements cannot deadlock. (A single-row claim
+//!   holds one key, so it can make a group wait but never waits on one while holding another);
+//! - the grouped statement has one good plan whatever the table's size or statistics: each
+//!   completion found by a primary-key index probe (a nested loop over the unnested arrays).
+//!   The writers use their own connections, opened with hash and merge joins and sequential
+//!   scans disabled and the plan cached once (`plan_cache_mode = force_generic_plan`). Left to
+//!   the planner, a plan made while the table was small (a sequential scan feeding a hash join)
+//!   stays cached after the table has grown, and every completion then reads the whole table;
+//!   planning each statement anew instead costs more PostgreSQL time than executing it;
 //! - a failed statement fails every request of its group; none is told it succeeded.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{PgPool, Row};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
@@ -31,19 +45,21 @@ use super::store::{StoreError, StoredResponse};
 /// How statements are grouped.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupOptions {
-    /// Most requests written by one statement.
+    /// Most claims plus completions written by one statement.
     pub max_batch: usize,
-    /// Writer tasks per statement kind: how many grouped statements are in flight at once.
+    /// Partitions of the key space, each with one writer and its own connection: how many
+    /// grouped statements are in flight at once.
     pub writers: usize,
 }
 
 impl Default for GroupOptions {
-    /// 64 rows, 4 writers: at 32 concurrent requests a group holds whoever arrived while the
-    /// previous statements ran, and four in flight keep both cores busy.
+    /// 128 rows, 2 writers: measured in BENCHMARKS.md ("Idempotency-Key layer"). Fewer,
+    /// fuller statements cost PostgreSQL less than more, emptier ones; two in flight keep one
+    /// being executed while the other's answers travel.
     fn default() -> Self {
         GroupOptions {
-            max_batch: 64,
-            writers: 4,
+            max_batch: 128,
+            writers: 2,
         }
     }
 }
@@ -71,71 +87,124 @@ type ClaimReply = oneshot::Sender<Result<bool, StoreError>>;
 /// `Some(ttl_ms)`: stored; `None`: the claim was no longer ours.
 type CompletionReply = oneshot::Sender<Result<Option<i64>, StoreError>>;
 
-/// The channels to the writer tasks. The writers end when this is dropped (the channels close).
-#[derive(Debug)]
-pub(crate) struct Groups {
-    claims: mpsc::Sender<(NewClaim, ClaimReply)>,
-    completions: mpsc::Sender<(NewCompletion, CompletionReply)>,
+/// One request to a partition's writer and where its answer goes.
+enum Write {
+    Claim(NewClaim, ClaimReply),
+    Complete(NewCompletion, CompletionReply),
 }
 
-const GROUP_CLAIM_SQL: &str = r#"
-INSERT INTO idempotency_keys AS k
-    (account, key, fingerprint, status, claim_token, locked_until, created_at, expires_at)
-SELECT u.account, u.key, u.fingerprint, 'in_progress', u.token,
-       now() + u.lease_ms * interval '1 millisecond', now(),
-       now() + u.ttl_ms * interval '1 millisecond'
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]::uuid[], $5::int8[], $6::int8[])
-     AS u(account, key, fingerprint, token, lease_ms, ttl_ms)
-ORDER BY u.account, u.key
-ON CONFLICT (account, key) DO NOTHING
-RETURNING k.claim_token::text
-"#;
+/// The channels to the partition writers. The writers end when this is dropped (the channels
+/// close).
+#[derive(Debug)]
+pub(crate) struct Groups {
+    /// One sender per partition, indexed by the key's hash.
+    partitions: Vec<mpsc::Sender<Write>>,
+    /// Fixed-seed hasher: the same key must always reach the same partition.
+    hasher: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+}
 
-const GROUP_COMPLETE_SQL: &str = r#"
-UPDATE idempotency_keys AS k
-   SET status = 'completed', claim_token = NULL, locked_until = NULL,
-       response_status = u.status, response_headers = u.headers, response_body = u.body
-  FROM unnest($1::text[], $2::text[], $3::text[]::uuid[], $4::int2[], $5::jsonb[], $6::bytea[])
-       AS u(account, key, token, status, headers, body)
- WHERE k.account = u.account AND k.key = u.key AND k.claim_token = u.token
-   AND k.status = 'in_progress'
-RETURNING u.token::text,
-          GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint
-"#;
+// `$1..$6`: the claims, inserted in `(account, key)` order: whatever this statement waits on
+// (another statement's uncommitted row for one of its keys), it waits for in a fixed order.
+const CLAIMS_CTE: &str = r#"
+claimed AS (
+    INSERT INTO idempotency_keys AS k
+        (account, key, fingerprint, status, claim_token, locked_until, created_at, expires_at)
+    SELECT u.account, u.key, u.fingerprint, 'in_progress', u.token,
+           now() + u.lease_ms * interval '1 millisecond', now(),
+           now() + u.ttl_ms * interval '1 millisecond'
+    FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::int8[], $6::int8[])
+         AS u(account, key, fingerprint, token, lease_ms, ttl_ms)
+    ORDER BY u.account, u.key
+    ON CONFLICT (account, key) DO NOTHING
+    RETURNING k.claim_token
+)"#;
+
+// `$7..$12`: the completions.
+const COMPLETIONS_CTE: &str = r#"
+completed AS (
+    UPDATE idempotency_keys AS k
+       SET status = 'completed', claim_token = NULL, locked_until = NULL,
+           response_status = u.status, response_headers = u.headers, response_body = u.body
+      FROM unnest($7::text[], $8::text[], $9::uuid[], $10::int2[], $11::jsonb[], $12::bytea[])
+           AS u(account, key, token, status, headers, body)
+     WHERE k.account = u.account AND k.key = u.key AND k.claim_token = u.token
+       AND k.status = 'in_progress'
+    RETURNING u.token,
+              GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms
+)"#;
+
+/// One statement for both kinds; either array set may be empty. Rows: `(token, NULL)` for a
+/// created claim, `(token, ttl_ms)` for a stored completion.
+fn group_sql() -> String {
+    format!(
+        "WITH {CLAIMS_CTE},{COMPLETIONS_CTE}\n\
+         SELECT claim_token AS token, NULL::bigint AS ttl_ms FROM claimed\n\
+         UNION ALL SELECT token, ttl_ms FROM completed"
+    )
+}
+
+/// Session settings of the writers' connections (see the module's guarantees): the only plan
+/// left is a nested loop of primary-key probes, made once per connection and reused.
+const WRITER_SETTINGS: [(&str, &str); 4] = [
+    ("plan_cache_mode", "force_generic_plan"),
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
 
 impl Groups {
-    /// Starts the writer tasks on the current runtime.
+    /// Starts one writer per partition on the current runtime. The writers' connections are
+    /// opened lazily from `pool`'s connect options.
     pub(crate) fn start(
-        pool: PgPool,
+        pool: &PgPool,
         options: GroupOptions,
         on_statement: Arc<dyn Fn() + Send + Sync>,
     ) -> Self {
         let max_batch = options.max_batch.max(1);
-        let (claims, claim_rx) = mpsc::channel(max_batch * options.writers.max(1));
-        let (completions, completion_rx) = mpsc::channel(max_batch * options.writers.max(1));
-        let claim_rx = Arc::new(Mutex::new(claim_rx));
-        let completion_rx = Arc::new(Mutex::new(completion_rx));
-        for _ in 0..options.writers.max(1) {
-            tokio::spawn(write_groups(
-                claim_rx.clone(),
-                max_batch,
-                ClaimWriter(pool.clone(), on_statement.clone()),
-            ));
-            tokio::spawn(write_groups(
-                completion_rx.clone(),
-                max_batch,
-                CompletionWriter(pool.clone(), on_statement.clone()),
-            ));
-        }
+        let writers = options.writers.max(1);
+        let connect = pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .options(WRITER_SETTINGS);
+        let writer_pool = PgPoolOptions::new()
+            .max_connections(writers as u32)
+            .min_connections(0)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with(connect);
+        let sql: Arc<str> = group_sql().into();
+        let partitions = (0..writers)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(max_batch);
+                tokio::spawn(write_partition(
+                    rx,
+                    max_batch,
+                    writer_pool.clone(),
+                    sql.clone(),
+                    on_statement.clone(),
+                ));
+                tx
+            })
+            .collect();
         Groups {
-            claims,
-            completions,
+            partitions,
+            hasher: Default::default(),
         }
+    }
+
+    fn partition(&self, account: &str, key: &str) -> &mpsc::Sender<Write> {
+        let hash = self.hasher.hash_one((account, key));
+        &self.partitions[(hash % self.partitions.len() as u64) as usize]
     }
 
     /// Creates the key if it does not exist; `false` means "decide it one at a time".
     pub(crate) async fn claim_new(&self, claim: NewClaim) -> Result<bool, StoreError> {
-        ask(&self.claims, claim).await
+        let (reply, answer) = oneshot::channel();
+        self.partition(&claim.account, &claim.key)
+            .send(Write::Claim(claim, reply))
+            .await
+            .map_err(|_| StoreError::GroupClosed)?;
+        answer.await.map_err(|_| StoreError::GroupClosed)?
     }
 
     /// Stores a result; `None` when the claim was no longer ours.
@@ -143,135 +212,178 @@ impl Groups {
         &self,
         completion: NewCompletion,
     ) -> Result<Option<i64>, StoreError> {
-        ask(&self.completions, completion).await
+        let (reply, answer) = oneshot::channel();
+        self.partition(&completion.account, &completion.key)
+            .send(Write::Complete(completion, reply))
+            .await
+            .map_err(|_| StoreError::GroupClosed)?;
+        answer.await.map_err(|_| StoreError::GroupClosed)?
     }
 }
 
-/// Hands `item` to the writers and waits for its answer. A writer that went away before
-/// answering (runtime shutdown) is an error, never a success.
-async fn ask<Item, Answer>(
-    writers: &mpsc::Sender<(Item, oneshot::Sender<Result<Answer, StoreError>>)>,
-    item: Item,
-) -> Result<Answer, StoreError> {
-    let (reply, answer) = oneshot::channel();
-    writers
-        .send((item, reply))
-        .await
-        .map_err(|_| StoreError::GroupClosed)?;
-    answer.await.map_err(|_| StoreError::GroupClosed)?
-}
-
-/// One kind of grouped statement: runs a group, answers each member.
-trait GroupWriter<Item, Answer>: Send + 'static {
-    fn write(
-        &self,
-        items: &[Item],
-    ) -> impl std::future::Future<Output = Result<Vec<Answer>, sqlx::Error>> + Send;
-}
-
-/// The writers' common end of one channel: a request and where its answer goes.
-type SharedReceiver<Item, Answer> =
-    Arc<Mutex<mpsc::Receiver<(Item, oneshot::Sender<Result<Answer, StoreError>>)>>>;
-
-/// One writer: take whatever is waiting (up to `max_batch`), write it as one statement, answer
-/// everyone. Several writers share the receiver, so statements overlap.
-async fn write_groups<Item, Answer, W>(
-    rx: SharedReceiver<Item, Answer>,
+/// One partition's writer: take whatever is waiting (up to `max_batch`), write it as one
+/// statement, answer everyone; repeat until the channel closes. A writer that goes away before
+/// answering (runtime shutdown) drops the replies, which callers see as an error, never as a
+/// success.
+async fn write_partition(
+    mut rx: mpsc::Receiver<Write>,
     max_batch: usize,
-    writer: W,
-) where
-    Item: Send + 'static,
-    Answer: Send + 'static,
-    W: GroupWriter<Item, Answer>,
-{
+    pool: PgPool,
+    sql: Arc<str>,
+    on_statement: Arc<dyn Fn() + Send + Sync>,
+) {
     let mut group = Vec::with_capacity(max_batch);
     loop {
-        {
-            let mut rx = rx.lock().await;
-            if rx.recv_many(&mut group, max_batch).await == 0 {
-                return;
+        if rx.recv_many(&mut group, max_batch).await == 0 {
+            return;
+        }
+        linger(&mut rx, &mut group, max_batch).await;
+        let mut claims = Vec::new();
+        let mut completions = Vec::new();
+        for write in group.drain(..) {
+            match write {
+                Write::Claim(claim, reply) => claims.push((claim, reply)),
+                Write::Complete(completion, reply) => completions.push((completion, reply)),
             }
         }
-        let (items, replies): (Vec<_>, Vec<_>) = group.drain(..).unzip();
-        metrics::histogram!("idempotency_group_size").record(items.len() as f64);
-        match writer.write(&items).await {
-            Ok(answers) => {
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(Ok(answer));
-                }
-            }
-            Err(error) => {
-                let error = Arc::new(error);
-                for reply in replies {
-                    let _ = reply.send(Err(StoreError::Grouped(error.clone())));
-                }
-            }
+        metrics::histogram!("idempotency_group_size")
+            .record((claims.len() + completions.len()) as f64);
+        on_statement();
+        match write_group(&pool, &sql, &claims, &completions).await {
+            Ok(rows) => answer(claims, completions, rows),
+            Err(error) => fail(claims, completions, error),
         }
     }
 }
 
-struct ClaimWriter(PgPool, Arc<dyn Fn() + Send + Sync>);
+/// Most times a writer yields to collect more of its group before writing it.
+const MAX_LINGER_YIELDS: usize = 8;
 
-impl GroupWriter<NewClaim, bool> for ClaimWriter {
-    async fn write(&self, items: &[NewClaim]) -> Result<Vec<bool>, sqlx::Error> {
-        (self.1)();
-        let tokens: Vec<String> = items.iter().map(|c| c.token.to_string()).collect();
-        let rows = sqlx::query(GROUP_CLAIM_SQL)
-            .bind(items.iter().map(|c| c.account.as_str()).collect::<Vec<_>>())
-            .bind(items.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())
-            .bind(
-                items
-                    .iter()
-                    .map(|c| &c.fingerprint.0[..])
-                    .collect::<Vec<_>>(),
-            )
-            .bind(&tokens)
-            .bind(items.iter().map(|c| c.lease_ms).collect::<Vec<_>>())
-            .bind(items.iter().map(|c| c.ttl_ms).collect::<Vec<_>>())
-            .fetch_all(&self.0)
-            .await?;
-        let mut created = std::collections::HashSet::with_capacity(rows.len());
-        for row in rows {
-            created.insert(row.try_get::<String, _>(0)?);
+/// Lets the tasks that the last answers woke (queued behind this writer on the runtime) run
+/// first, and takes what they send: their next claims and completions then join this statement
+/// instead of waiting a whole statement for the next one. Yields again only while that brings
+/// more, so an idle writer adds one yield of latency and a busy one writes fuller statements.
+async fn linger(rx: &mut mpsc::Receiver<Write>, group: &mut Vec<Write>, max_batch: usize) {
+    for _ in 0..MAX_LINGER_YIELDS {
+        if group.len() >= max_batch {
+            return;
         }
-        Ok(tokens.iter().map(|t| created.contains(t)).collect())
+        tokio::task::yield_now().await;
+        let before = group.len();
+        while group.len() < max_batch {
+            match rx.try_recv() {
+                Ok(write) => group.push(write),
+                Err(_) => break,
+            }
+        }
+        if group.len() == before {
+            return;
+        }
     }
 }
 
-struct CompletionWriter(PgPool, Arc<dyn Fn() + Send + Sync>);
+/// Runs one grouped statement.
+async fn write_group(
+    pool: &PgPool,
+    sql: &str,
+    claims: &[(NewClaim, ClaimReply)],
+    completions: &[(NewCompletion, CompletionReply)],
+) -> Result<Vec<PgRow>, sqlx::Error> {
+    let claims = claims.iter().map(|(c, _)| c);
+    let completions = completions.iter().map(|(c, _)| c);
+    sqlx::query(sql)
+        .bind(
+            claims
+                .clone()
+                .map(|c| c.account.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(claims.clone().map(|c| c.key.as_str()).collect::<Vec<_>>())
+        .bind(
+            claims
+                .clone()
+                .map(|c| &c.fingerprint.0[..])
+                .collect::<Vec<_>>(),
+        )
+        .bind(claims.clone().map(|c| c.token).collect::<Vec<_>>())
+        .bind(claims.clone().map(|c| c.lease_ms).collect::<Vec<_>>())
+        .bind(claims.map(|c| c.ttl_ms).collect::<Vec<_>>())
+        .bind(
+            completions
+                .clone()
+                .map(|c| c.account.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            completions
+                .clone()
+                .map(|c| c.key.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(completions.clone().map(|c| c.token).collect::<Vec<_>>())
+        .bind(
+            completions
+                .clone()
+                .map(|c| c.response.status as i16)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            completions
+                .clone()
+                .map(|c| Json(&c.response.headers))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            completions
+                .map(|c| &c.response.body[..])
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(pool)
+        .await
+}
 
-impl GroupWriter<NewCompletion, Option<i64>> for CompletionWriter {
-    async fn write(&self, items: &[NewCompletion]) -> Result<Vec<Option<i64>>, sqlx::Error> {
-        (self.1)();
-        let tokens: Vec<String> = items.iter().map(|c| c.token.to_string()).collect();
-        let rows = sqlx::query(GROUP_COMPLETE_SQL)
-            .bind(items.iter().map(|c| c.account.as_str()).collect::<Vec<_>>())
-            .bind(items.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())
-            .bind(&tokens)
-            .bind(
-                items
-                    .iter()
-                    .map(|c| c.response.status as i16)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|c| Json(&c.response.headers))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                items
-                    .iter()
-                    .map(|c| &c.response.body[..])
-                    .collect::<Vec<_>>(),
-            )
-            .fetch_all(&self.0)
-            .await?;
-        let mut stored = HashMap::with_capacity(rows.len());
-        for row in rows {
-            stored.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
+/// Tells each member of a group what the statement did for it. Tokens are unique per request,
+/// so a returned token identifies exactly one claim or completion.
+fn answer(
+    claims: Vec<(NewClaim, ClaimReply)>,
+    completions: Vec<(NewCompletion, CompletionReply)>,
+    rows: Vec<PgRow>,
+) {
+    let mut created = HashSet::with_capacity(claims.len());
+    let mut stored = HashMap::with_capacity(completions.len());
+    for row in &rows {
+        let decoded = row
+            .try_get::<Uuid, _>("token")
+            .and_then(|token| Ok((token, row.try_get::<Option<i64>, _>("ttl_ms")?)));
+        match decoded {
+            Ok((token, None)) => {
+                created.insert(token);
+            }
+            Ok((token, Some(ttl_ms))) => {
+                stored.insert(token, ttl_ms);
+            }
+            Err(error) => return fail(claims, completions, error),
         }
-        Ok(tokens.iter().map(|t| stored.get(t).copied()).collect())
+    }
+    for (claim, reply) in claims {
+        let _ = reply.send(Ok(created.contains(&claim.token)));
+    }
+    for (completion, reply) in completions {
+        let _ = reply.send(Ok(stored.get(&completion.token).copied()));
+    }
+}
+
+/// Tells every member of a group that its statement failed.
+fn fail(
+    claims: Vec<(NewClaim, ClaimReply)>,
+    completions: Vec<(NewCompletion, CompletionReply)>,
+    error: sqlx::Error,
+) {
+    let error = Arc::new(error);
+    for (_, reply) in claims {
+        let _ = reply.send(Err(StoreError::Grouped(error.clone())));
+    }
+    for (_, reply) in completions {
+        let _ = reply.send(Err(StoreError::Grouped(error.clone())));
     }
 }

@@ -176,12 +176,18 @@ impl PgIdempotencyStore {
         self
     }
 
-    fn groups(&self) -> Option<&Groups> {
+    /// The group writers, for a request whose account can be written with others. PostgreSQL
+    /// text cannot hold NUL, so such an account (from a custom extractor) would fail the whole
+    /// statement: it goes on its own and fails alone.
+    fn groups_for(&self, account: &str) -> Option<&Groups> {
+        if account.contains('\0') {
+            return None;
+        }
         let options = self.grouping?;
         Some(self.groups.get_or_init(|| {
             let queries = self.queries.clone();
             let on_statement = Arc::new(move || count_statement(&queries));
-            Groups::start(self.pool.clone(), options, on_statement)
+            Groups::start(&self.pool, options, on_statement)
         }))
     }
 
@@ -217,7 +223,7 @@ impl PgIdempotencyStore {
     ) -> Result<Claim, StoreError> {
         // The common case, a key never seen: created by a grouped insert. Anything else is
         // decided below, one statement per request.
-        if let Some(groups) = self.groups() {
+        if let Some(groups) = self.groups_for(account) {
             let token = Uuid::new_v4();
             let created = groups
                 .claim_new(NewClaim {
@@ -272,7 +278,7 @@ impl PgIdempotencyStore {
         token: ClaimToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        if let Some(groups) = self.groups() {
+        if let Some(groups) = self.groups_for(account) {
             let stored = groups
                 .complete(NewCompletion {
                     account: account.to_owned(),
