@@ -12,10 +12,14 @@
 //!
 //! Guarantees:
 //! - a grouped claim is `INSERT … ON CONFLICT DO NOTHING`: it only ever creates a key that did
-//!   not exist. Anything else (a stored result, a running claim, an expired key, a lease to take
-//!   over) is left to the caller's single-row claim, which decides those cases one at a time;
-//! - two requests for the same key in one statement: the primary key admits one, the other is
-//!   told it did not claim and goes to the single-row claim (which answers 409 or replays);
+//!   not exist. The same statement reads the keys it did not create, as committed when it
+//!   started: a stored result that has not expired is replayed and a claim whose lease runs is
+//!   answered 409, exactly as the single-row claim would. Anything else (a lease to take over,
+//!   an expired key, a key another statement was writing) is left to the caller's single-row
+//!   claim, which decides those cases one at a time;
+//! - two requests for the same key in one statement: the primary key admits one, the other
+//!   does not find the row in the statement's snapshot and goes to the single-row claim (which
+//!   answers 409 or replays);
 //! - a grouped completion updates only rows still holding the caller's claim token;
 //! - one key always goes to the same partition, so two grouped statements never touch the same
 //!   key and never wait on each other: grouped statements cannot deadlock. (A single-row claim
@@ -40,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
-use super::store::{StoreError, StoredResponse};
+use super::store::{decode_existing, Claim, ClaimToken, StoreError, StoredResponse};
 
 /// How statements are grouped.
 #[derive(Debug, Clone, Copy)]
@@ -82,8 +86,9 @@ pub(crate) struct NewCompletion {
     pub response: StoredResponse,
 }
 
-/// `true`: the row was created, the caller holds the key.
-type ClaimReply = oneshot::Sender<Result<bool, StoreError>>;
+/// `Some`: decided (created, or the stored result or running claim found); `None`: decide it
+/// one at a time.
+type ClaimReply = oneshot::Sender<Result<Option<Claim>, StoreError>>;
 /// `Some(ttl_ms)`: stored; `None`: the claim was no longer ours.
 type CompletionReply = oneshot::Sender<Result<Option<i64>, StoreError>>;
 
@@ -133,13 +138,36 @@ completed AS (
               GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms
 )"#;
 
-/// One statement for both kinds; either array set may be empty. Rows: `(token, NULL)` for a
-/// created claim, `(token, ttl_ms)` for a stored completion.
+// `$1, $2, $4`: the claimed keys that existed when the statement started and can be answered
+// without a takeover: a stored result that has not expired, a claim whose lease runs.
+const FOUND_CTE: &str = r#"
+found AS (
+    SELECT u.token, k.fingerprint, k.status,
+           GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::bigint AS lease_ms,
+           GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms,
+           k.response_status, k.response_headers, k.response_body
+      FROM unnest($1::text[], $2::text[], $4::uuid[]) AS u(account, key, token)
+      JOIN idempotency_keys AS k ON k.account = u.account AND k.key = u.key
+     WHERE (k.status = 'completed' AND k.expires_at > now())
+        OR (k.status = 'in_progress' AND k.locked_until > now())
+)"#;
+
+/// One statement for both kinds; either array set may be empty. Rows, by `kind`: `created`
+/// (a claim's token), `completed` (a completion's token and `ttl_ms`), `found` (a claim's
+/// token and the row it found).
 fn group_sql() -> String {
     format!(
-        "WITH {CLAIMS_CTE},{COMPLETIONS_CTE}\n\
-         SELECT claim_token AS token, NULL::bigint AS ttl_ms FROM claimed\n\
-         UNION ALL SELECT token, ttl_ms FROM completed"
+        "WITH {CLAIMS_CTE},{COMPLETIONS_CTE},{FOUND_CTE}\n\
+         SELECT 'created' AS kind, claim_token AS token, NULL::bigint AS ttl_ms,\n\
+                NULL::bytea AS fingerprint, NULL::text AS status, NULL::bigint AS lease_ms,\n\
+                NULL::int2 AS response_status, NULL::jsonb AS response_headers,\n\
+                NULL::bytea AS response_body\n\
+           FROM claimed\n\
+         UNION ALL SELECT 'completed', token, ttl_ms, NULL, NULL, NULL, NULL, NULL, NULL\n\
+           FROM completed\n\
+         UNION ALL SELECT 'found', token, ttl_ms, fingerprint, status, lease_ms,\n\
+                response_status, response_headers, response_body\n\
+           FROM found"
     )
 }
 
@@ -197,8 +225,9 @@ impl Groups {
         &self.partitions[(hash % self.partitions.len() as u64) as usize]
     }
 
-    /// Creates the key if it does not exist; `false` means "decide it one at a time".
-    pub(crate) async fn claim_new(&self, claim: NewClaim) -> Result<bool, StoreError> {
+    /// Creates the key if it does not exist, or answers from the row found; `None` means
+    /// "decide it one at a time".
+    pub(crate) async fn claim(&self, claim: NewClaim) -> Result<Option<Claim>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.partition(&claim.account, &claim.key)
             .send(Write::Claim(claim, reply))
@@ -343,30 +372,44 @@ async fn write_group(
 }
 
 /// Tells each member of a group what the statement did for it. Tokens are unique per request,
-/// so a returned token identifies exactly one claim or completion.
+/// so a returned token identifies exactly one claim or completion. A key created by this
+/// statement wins over the row found for it: that row was deleted (released) after the
+/// statement started.
 fn answer(
     claims: Vec<(NewClaim, ClaimReply)>,
     completions: Vec<(NewCompletion, CompletionReply)>,
     rows: Vec<PgRow>,
 ) {
     let mut created = HashSet::with_capacity(claims.len());
+    let mut found = HashMap::new();
     let mut stored = HashMap::with_capacity(completions.len());
     for row in &rows {
-        let decoded = row
-            .try_get::<Uuid, _>("token")
-            .and_then(|token| Ok((token, row.try_get::<Option<i64>, _>("ttl_ms")?)));
-        match decoded {
-            Ok((token, None)) => {
-                created.insert(token);
+        let decoded = (|| -> Result<(), StoreError> {
+            let token: Uuid = row.try_get("token")?;
+            match row.try_get::<&str, _>("kind")? {
+                "created" => {
+                    created.insert(token);
+                }
+                "completed" => {
+                    stored.insert(token, row.try_get::<i64, _>("ttl_ms")?);
+                }
+                _ => {
+                    found.insert(token, decode_existing(row)?);
+                }
             }
-            Ok((token, Some(ttl_ms))) => {
-                stored.insert(token, ttl_ms);
-            }
-            Err(error) => return fail(claims, completions, error),
+            Ok(())
+        })();
+        if let Err(error) = decoded {
+            return fail(claims, completions, error);
         }
     }
     for (claim, reply) in claims {
-        let _ = reply.send(Ok(created.contains(&claim.token)));
+        let decided = if created.contains(&claim.token) {
+            Some(Claim::Acquired(ClaimToken(claim.token)))
+        } else {
+            found.remove(&claim.token)
+        };
+        let _ = reply.send(Ok(decided));
     }
     for (completion, reply) in completions {
         let _ = reply.send(Ok(stored.get(&completion.token).copied()));
@@ -377,9 +420,9 @@ fn answer(
 fn fail(
     claims: Vec<(NewClaim, ClaimReply)>,
     completions: Vec<(NewCompletion, CompletionReply)>,
-    error: sqlx::Error,
+    error: impl Into<StoreError>,
 ) {
-    let error = Arc::new(error);
+    let error = Arc::new(error.into());
     for (_, reply) in claims {
         let _ = reply.send(Err(StoreError::Grouped(error.clone())));
     }

@@ -35,8 +35,8 @@ pub enum StoreError {
     #[error("idempotency store: corrupt row: {0}")]
     Corrupt(&'static str),
     /// The grouped statement carrying this request failed (shared by its whole group).
-    #[error("idempotency store: {0}")]
-    Grouped(Arc<sqlx::Error>),
+    #[error("{0} (grouped statement)")]
+    Grouped(Arc<StoreError>),
     /// The group writers are gone (the runtime is shutting down).
     #[error("idempotency store: group writer stopped")]
     GroupClosed,
@@ -221,22 +221,23 @@ impl PgIdempotencyStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
-        // The common case, a key never seen: created by a grouped insert. Anything else is
-        // decided below, one statement per request.
+        // The common cases, a key never seen (created) and a key with a stored result or a
+        // running claim (read), are decided by the grouped statement. Anything else (a lease
+        // to take over, an expired key, a key another statement was writing) is decided
+        // below, one statement per request.
         if let Some(groups) = self.groups_for(account) {
-            let token = Uuid::new_v4();
-            let created = groups
-                .claim_new(NewClaim {
+            let decided = groups
+                .claim(NewClaim {
                     account: account.to_owned(),
                     key: key.to_owned(),
                     fingerprint: *fingerprint,
-                    token,
+                    token: Uuid::new_v4(),
                     lease_ms: millis(lease),
                     ttl_ms: millis(ttl),
                 })
                 .await?;
-            if created {
-                return Ok(Claim::Acquired(ClaimToken(token)));
+            if let Some(claim) = decided {
+                return Ok(claim);
             }
         }
         // Bounded: each loop means a concurrent statement changed the row under us, which
@@ -440,6 +441,12 @@ fn decode(row: &sqlx::postgres::PgRow, token: Uuid) -> Result<Claim, StoreError>
     if row.try_get::<bool, _>("claimed")? {
         return Ok(Claim::Acquired(ClaimToken(token)));
     }
+    decode_existing(row)
+}
+
+/// A row someone else holds or completed: `fingerprint`, `status`, `lease_ms`, `ttl_ms` and the
+/// `response_*` columns.
+pub(super) fn decode_existing(row: &sqlx::postgres::PgRow) -> Result<Claim, StoreError> {
     let fp: Vec<u8> = row.try_get("fingerprint")?;
     let fingerprint = Fingerprint::from_slice(&fp).ok_or(StoreError::Corrupt("fingerprint"))?;
     let status: String = row.try_get("status")?;
