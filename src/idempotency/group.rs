@@ -21,13 +21,20 @@
 //!   does not find the row in the statement's snapshot and goes to the single-row claim (which
 //!   answers 409 or replays);
 //! - a grouped completion updates only rows still holding the caller's claim token;
-//! - one key always goes to the same partition, so two grouped statements never touch the same
-//!   key and never wait on each other: grouped statements cannot deadlock. (A single-row claim
-//!   holds one key, so it can make a group wait but never waits on one while holding another);
+//! - no deadlock: claims are inserted in `(account, key)` order; a completion only locks a row
+//!   still holding its own token, which nothing else locks but that request's single-row
+//!   statements (extend, release) and a takeover after its lease; single-row statements never
+//!   wait while holding another key; the sweeper skips locked rows. `INSERT … DO NOTHING` does
+//!   wait for another transaction's uncommitted change to the same key, which delays but
+//!   cannot close a cycle. One key always goes to the same partition of a store, so within a
+//!   process grouped statements do not even wait on each other;
+//! - no statement waits forever: after `STATEMENT_TIMEOUT` its group fails (503, retried) and
+//!   the writer reconnects, instead of every key of the partition waiting behind it;
 //! - the grouped statement has one good plan whatever the table's size or statistics: each
 //!   completion found by a primary-key index probe (a nested loop over the unnested arrays).
-//!   The writers use their own connections, opened with hash and merge joins and sequential
-//!   scans disabled and the plan cached once (`plan_cache_mode = force_generic_plan`). Left to
+//!   Each writer keeps a connection of its own, opened with the store's pool's connect options
+//!   and set up with hash and merge joins and sequential scans disabled and the plan cached
+//!   once (`plan_cache_mode = force_generic_plan`). Left to
 //!   the planner, a plan made while the table was small (a sequential scan feeding a hash join)
 //!   stays cached after the table has grown, and every completion then reads the whole table;
 //!   planning each statement anew instead costs more PostgreSQL time than executing it;
@@ -37,9 +44,11 @@ use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use sqlx::postgres::{PgPoolOptions, PgRow};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::types::Json;
-use sqlx::{PgPool, Row};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -171,46 +180,41 @@ fn group_sql() -> String {
     )
 }
 
-/// Session settings of the writers' connections (see the module's guarantees): the only plan
-/// left is a nested loop of primary-key probes, made once per connection and reused.
-const WRITER_SETTINGS: [(&str, &str); 4] = [
-    ("plan_cache_mode", "force_generic_plan"),
-    ("enable_seqscan", "off"),
-    ("enable_hashjoin", "off"),
-    ("enable_mergejoin", "off"),
-];
+/// Session settings of a writer's connection, set once after it connects (see the module's
+/// guarantees): the only plan left is a nested loop of primary-key probes, made once and
+/// reused; the statement runs at READ COMMITTED whatever the server's default (the `found`
+/// read and `DO NOTHING` rely on it); and no statement waits longer than `STATEMENT_TIMEOUT`.
+const WRITER_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan; \
+     SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; \
+     SET default_transaction_isolation = 'read committed'; \
+     SET statement_timeout = '10s'";
+
+/// Longest a grouped statement may take, including waiting for a connection and for another
+/// statement's uncommitted row. It normally takes milliseconds; past this its group fails
+/// (503, retried by the client) instead of every key of the partition waiting behind it.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Groups {
-    /// Starts one writer per partition on the current runtime. The writers' connections are
-    /// opened lazily from `pool`'s connect options.
+    /// Starts one writer per partition on the current runtime. Each writer connects (lazily)
+    /// with `pool`'s connect options.
     pub(crate) fn start(
         pool: &PgPool,
         options: GroupOptions,
         on_statement: Arc<dyn Fn() + Send + Sync>,
     ) -> Self {
         let max_batch = options.max_batch.max(1);
-        let writers = options.writers.max(1);
-        let connect = pool
-            .connect_options()
-            .as_ref()
-            .clone()
-            .options(WRITER_SETTINGS);
-        let writer_pool = PgPoolOptions::new()
-            .max_connections(writers as u32)
-            .min_connections(0)
-            .acquire_timeout(pool.options().get_acquire_timeout())
-            .connect_lazy_with(connect);
+        let connect = Arc::new(pool.connect_options().as_ref().clone());
         let sql: Arc<str> = group_sql().into();
-        let partitions = (0..writers)
+        let partitions = (0..options.writers.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::channel(max_batch);
-                tokio::spawn(write_partition(
-                    rx,
-                    max_batch,
-                    writer_pool.clone(),
-                    sql.clone(),
-                    on_statement.clone(),
-                ));
+                let writer = Writer {
+                    connect: connect.clone(),
+                    connection: None,
+                    sql: sql.clone(),
+                    on_statement: on_statement.clone(),
+                };
+                tokio::spawn(writer.run(rx, max_batch));
                 tx
             })
             .collect();
@@ -250,38 +254,79 @@ impl Groups {
     }
 }
 
-/// One partition's writer: take whatever is waiting (up to `max_batch`), write it as one
-/// statement, answer everyone; repeat until the channel closes. A writer that goes away before
-/// answering (runtime shutdown) drops the replies, which callers see as an error, never as a
-/// success.
-async fn write_partition(
-    mut rx: mpsc::Receiver<Write>,
-    max_batch: usize,
-    pool: PgPool,
+/// One partition's writer.
+struct Writer {
+    /// How to connect (the store's pool's options).
+    connect: Arc<PgConnectOptions>,
+    /// A connection of its own, kept across statements: a pooled connection would add a ping
+    /// on every release and acquire, two round trips in front of each statement. Dropped on
+    /// any error and opened again for the next group.
+    connection: Option<PgConnection>,
+    /// The grouped statement.
     sql: Arc<str>,
+    /// Counts statements (the store's `query_count`).
     on_statement: Arc<dyn Fn() + Send + Sync>,
-) {
-    let mut group = Vec::with_capacity(max_batch);
-    loop {
-        if rx.recv_many(&mut group, max_batch).await == 0 {
-            return;
-        }
-        linger(&mut rx, &mut group, max_batch).await;
-        let mut claims = Vec::new();
-        let mut completions = Vec::new();
-        for write in group.drain(..) {
-            match write {
-                Write::Claim(claim, reply) => claims.push((claim, reply)),
-                Write::Complete(completion, reply) => completions.push((completion, reply)),
+}
+
+impl Writer {
+    /// Takes whatever is waiting (up to `max_batch`), writes it as one statement, answers
+    /// everyone; repeats until the channel closes. A writer that goes away before answering
+    /// (runtime shutdown) drops the replies, which callers see as an error, never as a success.
+    async fn run(mut self, mut rx: mpsc::Receiver<Write>, max_batch: usize) {
+        let mut group = Vec::with_capacity(max_batch);
+        loop {
+            if rx.recv_many(&mut group, max_batch).await == 0 {
+                return;
+            }
+            linger(&mut rx, &mut group, max_batch).await;
+            let mut claims = Vec::new();
+            let mut completions = Vec::new();
+            for write in group.drain(..) {
+                match write {
+                    Write::Claim(claim, reply) => claims.push((claim, reply)),
+                    Write::Complete(completion, reply) => completions.push((completion, reply)),
+                }
+            }
+            metrics::histogram!("idempotency_group_size")
+                .record((claims.len() + completions.len()) as f64);
+            let written =
+                tokio::time::timeout(STATEMENT_TIMEOUT, self.write(&claims, &completions)).await;
+            match written {
+                Ok(Ok(rows)) => answer(claims, completions, rows),
+                Ok(Err(error)) => {
+                    self.connection = None;
+                    fail(claims, completions, error);
+                }
+                Err(_) => {
+                    self.connection = None;
+                    fail(
+                        claims,
+                        completions,
+                        StoreError::GroupTimedOut(STATEMENT_TIMEOUT),
+                    );
+                }
             }
         }
-        metrics::histogram!("idempotency_group_size")
-            .record((claims.len() + completions.len()) as f64);
-        on_statement();
-        match write_group(&pool, &sql, &claims, &completions).await {
-            Ok(rows) => answer(claims, completions, rows),
-            Err(error) => fail(claims, completions, error),
-        }
+    }
+
+    /// Runs one grouped statement, connecting first if needed.
+    async fn write(
+        &mut self,
+        claims: &[(NewClaim, ClaimReply)],
+        completions: &[(NewCompletion, CompletionReply)],
+    ) -> Result<Vec<PgRow>, sqlx::Error> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            None => {
+                let mut connection = PgConnection::connect_with(&self.connect).await?;
+                connection.execute(WRITER_SETTINGS).await?;
+                self.connection.insert(connection)
+            }
+        };
+        (self.on_statement)();
+        connection
+            .fetch_all(group_query(&self.sql, claims, completions))
+            .await
     }
 }
 
@@ -311,13 +356,12 @@ async fn linger(rx: &mut mpsc::Receiver<Write>, group: &mut Vec<Write>, max_batc
     }
 }
 
-/// Runs one grouped statement.
-async fn write_group(
-    pool: &PgPool,
-    sql: &str,
-    claims: &[(NewClaim, ClaimReply)],
-    completions: &[(NewCompletion, CompletionReply)],
-) -> Result<Vec<PgRow>, sqlx::Error> {
+/// The grouped statement with its arrays bound.
+fn group_query<'q>(
+    sql: &'q str,
+    claims: &'q [(NewClaim, ClaimReply)],
+    completions: &'q [(NewCompletion, CompletionReply)],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     let claims = claims.iter().map(|(c, _)| c);
     let completions = completions.iter().map(|(c, _)| c);
     sqlx::query(sql)
@@ -367,8 +411,6 @@ async fn write_group(
                 .map(|c| &c.response.body[..])
                 .collect::<Vec<_>>(),
         )
-        .fetch_all(pool)
-        .await
 }
 
 /// Tells each member of a group what the statement did for it. Tokens are unique per request,
@@ -393,9 +435,14 @@ fn answer(
                 "completed" => {
                     stored.insert(token, row.try_get::<i64, _>("ttl_ms")?);
                 }
-                _ => {
-                    found.insert(token, decode_existing(row)?);
-                }
+                _ => match decode_existing(row) {
+                    Ok(claim) => {
+                        found.insert(token, claim);
+                    }
+                    // Only this claim is undecided: the single-row claim reads the row again
+                    // and reports the error to this request alone.
+                    Err(error) => tracing::warn!(%error, "idempotency key row unreadable"),
+                },
             }
             Ok(())
         })();

@@ -40,6 +40,9 @@ pub enum StoreError {
     /// The group writers are gone (the runtime is shutting down).
     #[error("idempotency store: group writer stopped")]
     GroupClosed,
+    /// A grouped statement took longer than its timeout.
+    #[error("idempotency store: grouped statement took longer than {0:?}")]
+    GroupTimedOut(Duration),
 }
 
 /// A response as stored and replayed.
@@ -235,9 +238,12 @@ impl PgIdempotencyStore {
                     lease_ms: millis(lease),
                     ttl_ms: millis(ttl),
                 })
-                .await?;
-            if let Some(claim) = decided {
-                return Ok(claim);
+                .await;
+            match decided {
+                Ok(Some(claim)) => return Ok(claim),
+                // Undecided, or the writer is gone: one statement of our own decides.
+                Ok(None) | Err(StoreError::GroupClosed) => {}
+                Err(error) => return Err(error),
             }
         }
         // Bounded: each loop means a concurrent statement changed the row under us, which
@@ -287,13 +293,19 @@ impl PgIdempotencyStore {
                     token: token.0,
                     response: response.clone(),
                 })
-                .await?;
-            return Ok(match stored {
-                Some(ttl_ms) => Ownership::Owned {
-                    ttl: duration_ms(ttl_ms),
-                },
-                None => Ownership::Lost,
-            });
+                .await;
+            match stored {
+                Ok(Some(ttl_ms)) => {
+                    return Ok(Ownership::Owned {
+                        ttl: duration_ms(ttl_ms),
+                    })
+                }
+                Ok(None) => return Ok(Ownership::Lost),
+                // The writer is gone: our own statement stores it (guarded by the token, so
+                // it cannot write twice).
+                Err(StoreError::GroupClosed) => {}
+                Err(error) => return Err(error),
+            }
         }
         self.count();
         let row = sqlx::query(
