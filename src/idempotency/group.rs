@@ -40,8 +40,9 @@
 //!   planning each statement anew instead costs more PostgreSQL time than executing it;
 //! - a failed statement fails every request of its group; none is told it succeeded.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -113,8 +114,6 @@ enum Write {
 pub(crate) struct Groups {
     /// One sender per partition, indexed by the key's hash.
     partitions: Vec<mpsc::Sender<Write>>,
-    /// Fixed-seed hasher: the same key must always reach the same partition.
-    hasher: std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
 }
 
 // `$1..$6`: the claims, inserted in `(account, key)` order: whatever this statement waits on
@@ -183,11 +182,19 @@ fn group_sql() -> String {
 /// Session settings of a writer's connection, set once after it connects (see the module's
 /// guarantees): the only plan left is a nested loop of primary-key probes, made once and
 /// reused; the statement runs at READ COMMITTED whatever the server's default (the `found`
-/// read and `DO NOTHING` rely on it); and no statement waits longer than `STATEMENT_TIMEOUT`.
+/// read and `DO NOTHING` rely on it). [`writer_settings`] adds the statement timeout.
 const WRITER_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan; \
      SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; \
-     SET default_transaction_isolation = 'read committed'; \
-     SET statement_timeout = '10s'";
+     SET default_transaction_isolation = 'read committed'";
+
+/// [`WRITER_SETTINGS`], and PostgreSQL's own `statement_timeout` at [`STATEMENT_TIMEOUT`]: the
+/// server gives up a statement the writer has stopped waiting for.
+fn writer_settings() -> String {
+    format!(
+        "{WRITER_SETTINGS}; SET statement_timeout = {}",
+        STATEMENT_TIMEOUT.as_millis()
+    )
+}
 
 /// Longest a grouped statement may take, including waiting for a connection and for another
 /// statement's uncommitted row. It normally takes milliseconds; past this its group fails
@@ -205,12 +212,14 @@ impl Groups {
         let max_batch = options.max_batch.max(1);
         let connect = Arc::new(pool.connect_options().as_ref().clone());
         let sql: Arc<str> = group_sql().into();
+        let settings: Arc<str> = writer_settings().into();
         let partitions = (0..options.writers.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::channel(max_batch);
                 let writer = Writer {
                     connect: connect.clone(),
                     connection: None,
+                    settings: settings.clone(),
                     sql: sql.clone(),
                     on_statement: on_statement.clone(),
                 };
@@ -218,26 +227,20 @@ impl Groups {
                 tx
             })
             .collect();
-        Groups {
-            partitions,
-            hasher: Default::default(),
-        }
+        Groups { partitions }
     }
 
+    /// The same key always reaches the same partition (a fixed-seed hash).
     fn partition(&self, account: &str, key: &str) -> &mpsc::Sender<Write> {
-        let hash = self.hasher.hash_one((account, key));
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one((account, key));
         &self.partitions[(hash % self.partitions.len() as u64) as usize]
     }
 
     /// Creates the key if it does not exist, or answers from the row found; `None` means
     /// "decide it one at a time".
     pub(crate) async fn claim(&self, claim: NewClaim) -> Result<Option<Claim>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.partition(&claim.account, &claim.key)
-            .send(Write::Claim(claim, reply))
-            .await
-            .map_err(|_| StoreError::GroupClosed)?;
-        answer.await.map_err(|_| StoreError::GroupClosed)?
+        let writer = self.partition(&claim.account, &claim.key);
+        ask(writer, |reply| Write::Claim(claim, reply)).await
     }
 
     /// Stores a result; `None` when the claim was no longer ours.
@@ -245,13 +248,23 @@ impl Groups {
         &self,
         completion: NewCompletion,
     ) -> Result<Option<i64>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.partition(&completion.account, &completion.key)
-            .send(Write::Complete(completion, reply))
-            .await
-            .map_err(|_| StoreError::GroupClosed)?;
-        answer.await.map_err(|_| StoreError::GroupClosed)?
+        let writer = self.partition(&completion.account, &completion.key);
+        ask(writer, |reply| Write::Complete(completion, reply)).await
     }
+}
+
+/// Hands `write` (made with the reply channel) to `writer` and waits for the answer. A writer
+/// that went away before answering is an error, never a success.
+async fn ask<T>(
+    writer: &mpsc::Sender<Write>,
+    write: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Write,
+) -> Result<T, StoreError> {
+    let (reply, answer) = oneshot::channel();
+    writer
+        .send(write(reply))
+        .await
+        .map_err(|_| StoreError::GroupClosed)?;
+    answer.await.map_err(|_| StoreError::GroupClosed)?
 }
 
 /// One partition's writer.
@@ -262,6 +275,8 @@ struct Writer {
     /// on every release and acquire, two round trips in front of each statement. Dropped on
     /// any error and opened again for the next group.
     connection: Option<PgConnection>,
+    /// [`writer_settings`], run on each new connection.
+    settings: Arc<str>,
     /// The grouped statement.
     sql: Arc<str>,
     /// Counts statements (the store's `query_count`).
@@ -319,7 +334,7 @@ impl Writer {
             Some(connection) => connection,
             None => {
                 let mut connection = PgConnection::connect_with(&self.connect).await?;
-                connection.execute(WRITER_SETTINGS).await?;
+                connection.execute(&*self.settings).await?;
                 self.connection.insert(connection)
             }
         };
