@@ -239,6 +239,7 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     let grouping = (args.group_max != Some(0)).then_some(GroupOptions {
         max_batch: args.group_max.unwrap_or(defaults.max_batch),
         writers: args.group_writers.unwrap_or(defaults.writers),
+        ..defaults
     });
     let store = PgIdempotencyStore::new(pool.clone()).with_grouping(grouping);
     let redis = RedisCache::new(redis_url, format!("idem_bench:{id}"))?;

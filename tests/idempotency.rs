@@ -15,11 +15,11 @@ use axum::response::Response;
 use axum::Router;
 use dedup_worker::idempotency::example::{self, CheckoutState, PaymentRequest};
 use dedup_worker::idempotency::{
-    Claim, ErrorStyle, Fingerprint, IdempotencyLayer, IdempotentClient, Ownership,
+    Claim, ErrorStyle, Fingerprint, GroupOptions, IdempotencyLayer, IdempotentClient, Ownership,
     PgIdempotencyStore, RetryPolicy, StoredResponse,
 };
 use http::{HeaderMap, Method, StatusCode};
-use idempotency_support::{poll, serve, Counting, TestEnv};
+use idempotency_support::{poll, serve, Counting, PgGate, TestEnv};
 use serde_json::{json, Value};
 
 struct Reply {
@@ -69,9 +69,13 @@ async fn post(
 }
 
 fn layer(env: &TestEnv) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+    layer_on(env.store())
+}
+
+fn layer_on(store: PgIdempotencyStore) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
     // `x-account` names the account; without it the request belongs to "default", except that
     // `x-account: none` stands for a caller the extractor cannot identify.
-    IdempotencyLayer::builder(env.store()).account(|p| {
+    IdempotencyLayer::builder(store).account(|p| {
         match p.headers.get("x-account").and_then(|v| v.to_str().ok()) {
             Some("none") => None,
             Some(account) => Some(account.to_owned()),
@@ -1362,5 +1366,105 @@ async fn grouped_writes_probe_the_primary_key_after_the_table_has_grown() {
         read_after - read_before,
         idx_after - idx_before
     );
+    env.cleanup().await;
+}
+
+/// A store outage must be a 503 the client retries, never a success and never a hang: requests
+/// made while PostgreSQL has stopped answering are told 503 (problem+json, `Retry-After`) after
+/// at most one statement timeout, with nothing executed. The requests queued behind the statement
+/// that timed out are refused by the writer's breaker at once, without a statement or a new
+/// connection each. When PostgreSQL answers again the same keys execute, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_that_stops_answering_is_503_and_the_breaker_refuses_the_queue() {
+    use std::str::FromStr;
+    let env = TestEnv::new().await;
+    let gate = PgGate::start(&env.url).await;
+    let through_gate = sqlx::postgres::PgConnectOptions::from_str(&env.url)
+        .expect("url")
+        .host("127.0.0.1")
+        .port(gate.port);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(through_gate);
+    let grouped = PgIdempotencyStore::new(pool.clone()).with_grouping(Some(GroupOptions {
+        writers: 1,
+        statement_timeout: Duration::from_secs(2),
+        ..GroupOptions::default()
+    }));
+    let h = Counting::default();
+    let addr = app(&env, &h, layer_on(grouped.clone()).build()).await;
+    let c = http();
+    let body = r#"{"amount":100}"#;
+
+    let before = post(&c, addr, Some("before"), None, body).await;
+    assert_eq!(before.status, StatusCode::CREATED);
+    assert_eq!(h.runs(), 1);
+
+    gate.hang().await;
+    let statements = grouped.query_count();
+    let send = |key: String| {
+        let c = c.clone();
+        tokio::spawn(async move { post(&c, addr, Some(&key), None, body).await })
+    };
+    // The first request's statement goes out on the writer's connection and is never answered.
+    let mut waiting = vec![send("during-0".into())];
+    poll(Duration::from_secs(10), || async {
+        (grouped.query_count() > statements).then_some(())
+    })
+    .await;
+    // These queue behind it.
+    waiting.extend((1..=8).map(|i| send(format!("during-{i}"))));
+    for reply in waiting {
+        let reply = reply.await.expect("request task");
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert!(!reply.replayed());
+    }
+    assert_eq!(h.runs(), 1, "nothing executed during the outage");
+    assert_eq!(
+        grouped.query_count() - statements,
+        1,
+        "the queued requests were refused by the breaker, not sent one statement each"
+    );
+    assert_eq!(
+        gate.accepted_while_hung(),
+        0,
+        "no connection attempt while the breaker is open"
+    );
+
+    // The same outage without grouping: the pool's acquire timeout bounds it.
+    let ungrouped = PgIdempotencyStore::new(pool.clone()).with_grouping(None);
+    let single = app(&env, &h, layer_on(ungrouped).build()).await;
+    let reply = post(&c, single, Some("during-single"), None, body).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h.runs(), 1);
+
+    // PostgreSQL answers again: once the breaker lets a group through, the refused keys execute.
+    gate.open();
+    let after = poll(Duration::from_secs(30), || async {
+        let reply = post(&c, addr, Some("during-0"), None, body).await;
+        (reply.status != StatusCode::SERVICE_UNAVAILABLE).then_some(reply)
+    })
+    .await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert!(!after.replayed());
+    assert_eq!(h.runs(), 2);
+    let replay = post(&c, addr, Some("during-0"), None, body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, after.body);
+    let other = post(&c, addr, Some("during-1"), None, body).await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_eq!(
+        h.runs(),
+        3,
+        "each refused key executes once, after the outage"
+    );
+    drop(gate);
+    pool.close().await;
     env.cleanup().await;
 }

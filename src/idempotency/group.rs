@@ -28,8 +28,16 @@
 //!   wait for another transaction's uncommitted change to the same key, which delays but
 //!   cannot close a cycle. One key always goes to the same partition of a store, so within a
 //!   process grouped statements do not even wait on each other;
-//! - no statement waits forever: after `STATEMENT_TIMEOUT` its group fails (503, retried) and
-//!   the writer reconnects, instead of every key of the partition waiting behind it;
+//! - no statement waits forever: after [`GroupOptions::statement_timeout`] its group fails
+//!   (503, retried) and the writer reconnects, instead of every key of the partition waiting
+//!   behind it;
+//! - an unreachable PostgreSQL costs each waiting request at most one timeout: when a group could
+//!   not reach it (connecting failed, the connection broke, the statement timed out), the
+//!   writer's breaker opens and the groups that queued up meanwhile fail at once, without a
+//!   statement or a connection attempt each. It stays open for a backoff that grows with each
+//!   failed attempt (0.5 s up to 4 s, with jitter), then the next group tries again; the first
+//!   statement that goes through closes it. A statement that failed on a live connection (the
+//!   server answered) does not open it;
 //! - the grouped statement has one good plan whatever the table's size or statistics: each
 //!   completion found by a primary-key index probe (a nested loop over the unnested arrays).
 //!   Each writer keeps a connection of its own, opened with the store's pool's connect options
@@ -44,17 +52,18 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::types::Json;
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::store::{decode_existing, Claim, ClaimToken, StoreError, StoredResponse};
+use crate::retry::backoff_delay;
 
 /// How statements are grouped.
 #[derive(Debug, Clone, Copy)]
@@ -64,16 +73,25 @@ pub struct GroupOptions {
     /// Partitions of the key space, each with one writer and its own connection: how many
     /// grouped statements are in flight at once.
     pub writers: usize,
+    /// Longest a grouped statement may take, connecting and waiting for another statement's
+    /// uncommitted row included. It normally takes milliseconds; past this its group fails
+    /// (503, retried by the client), the writer's breaker opens, and the requests queued behind
+    /// it fail at once instead of each waiting as long. PostgreSQL's own `statement_timeout` on
+    /// the writer's connection is set to the same value, so the server gives up a statement the
+    /// writer has stopped waiting for.
+    pub statement_timeout: Duration,
 }
 
 impl Default for GroupOptions {
     /// 128 rows, 2 writers: measured in BENCHMARKS.md ("Idempotency-Key layer"). Fewer,
     /// fuller statements cost PostgreSQL less than more, emptier ones; two in flight keep one
-    /// being executed while the other's answers travel.
+    /// being executed while the other's answers travel. A 10 s statement timeout: far above a
+    /// healthy statement, well below a client's patience.
     fn default() -> Self {
         GroupOptions {
             max_batch: 128,
             writers: 2,
+            statement_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -187,19 +205,21 @@ const WRITER_SETTINGS: &str = "SET plan_cache_mode = force_generic_plan; \
      SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; \
      SET default_transaction_isolation = 'read committed'";
 
-/// [`WRITER_SETTINGS`], and PostgreSQL's own `statement_timeout` at [`STATEMENT_TIMEOUT`]: the
-/// server gives up a statement the writer has stopped waiting for.
-fn writer_settings() -> String {
+/// [`WRITER_SETTINGS`], and PostgreSQL's own `statement_timeout` at the writer's: the server
+/// gives up a statement the writer has stopped waiting for.
+fn writer_settings(statement_timeout: Duration) -> String {
     format!(
         "{WRITER_SETTINGS}; SET statement_timeout = {}",
-        STATEMENT_TIMEOUT.as_millis()
+        statement_timeout.as_millis().max(1)
     )
 }
 
-/// Longest a grouped statement may take, including waiting for a connection and for another
-/// statement's uncommitted row. It normally takes milliseconds; past this its group fails
-/// (503, retried by the client) instead of every key of the partition waiting behind it.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a writer's breaker stays open after the first failure to reach PostgreSQL; doubled
+/// (with jitter) for each further failed attempt.
+const BREAKER_FIRST_OPEN: Duration = Duration::from_millis(500);
+/// The longest it stays open (before jitter): how long, at most, requests keep being refused
+/// after PostgreSQL is back.
+const BREAKER_MAX_OPEN: Duration = Duration::from_secs(4);
 
 impl Groups {
     /// Starts one writer per partition on the current runtime. Each writer connects (lazily)
@@ -212,7 +232,7 @@ impl Groups {
         let max_batch = options.max_batch.max(1);
         let connect = Arc::new(pool.connect_options().as_ref().clone());
         let sql: Arc<str> = group_sql().into();
-        let settings: Arc<str> = writer_settings().into();
+        let settings: Arc<str> = writer_settings(options.statement_timeout).into();
         let partitions = (0..options.writers.max(1))
             .map(|_| {
                 let (tx, rx) = mpsc::channel(max_batch);
@@ -222,6 +242,8 @@ impl Groups {
                     settings: settings.clone(),
                     sql: sql.clone(),
                     on_statement: on_statement.clone(),
+                    statement_timeout: options.statement_timeout,
+                    breaker: Breaker::default(),
                 };
                 tokio::spawn(writer.run(rx, max_batch));
                 tx
@@ -281,6 +303,65 @@ struct Writer {
     sql: Arc<str>,
     /// Counts statements (the store's `query_count`).
     on_statement: Arc<dyn Fn() + Send + Sync>,
+    /// [`GroupOptions::statement_timeout`].
+    statement_timeout: Duration,
+    /// Fails groups at once while PostgreSQL could not be reached lately.
+    breaker: Breaker,
+}
+
+/// Why a group's statement did not go through.
+enum WriteFailure {
+    /// PostgreSQL could not be reached: connecting failed, the connection broke, or the
+    /// statement outlived its timeout. Opens the breaker.
+    Unreachable(StoreError),
+    /// The statement failed on a live connection (the server answered).
+    Statement(StoreError),
+}
+
+/// A writer's circuit breaker. While PostgreSQL cannot be reached, each attempt costs up to a
+/// statement timeout (a host that stopped answering) and every group queued behind it would
+/// wait as long again; while open, those groups are told at once.
+#[derive(Default)]
+struct Breaker {
+    /// Attempts in a row that could not reach PostgreSQL: sets how long it stays open.
+    failures: u32,
+    /// While open: until when, and the error that opened it (what each refused group is told).
+    open: Option<(Instant, Arc<StoreError>)>,
+}
+
+impl Breaker {
+    /// The error to fail a group with instead of trying, while open.
+    fn refusal(&self) -> Option<Arc<StoreError>> {
+        match &self.open {
+            Some((until, error)) if Instant::now() < *until => Some(error.clone()),
+            _ => None,
+        }
+    }
+
+    /// A statement went through, or failed with the server answering: PostgreSQL is reachable.
+    fn reached(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(
+                failed_attempts = self.failures,
+                "idempotency store reachable again"
+            );
+        }
+        self.failures = 0;
+        self.open = None;
+    }
+
+    /// An attempt could not reach PostgreSQL: open for the next backoff.
+    fn unreachable(&mut self, error: Arc<StoreError>) {
+        self.failures = self.failures.saturating_add(1);
+        let wait = backoff_delay(BREAKER_FIRST_OPEN, BREAKER_MAX_OPEN, self.failures);
+        tracing::warn!(
+            %error,
+            failed_attempts = self.failures,
+            open_for_ms = wait.as_millis() as u64,
+            "idempotency store unreachable; failing grouped requests at once until the next attempt"
+        );
+        self.open = Some((Instant::now() + wait, error));
+    }
 }
 
 impl Writer {
@@ -302,23 +383,40 @@ impl Writer {
                     Write::Complete(completion, reply) => completions.push((completion, reply)),
                 }
             }
+            if let Some(error) = self.breaker.refusal() {
+                metrics::counter!("idempotency_group_refused_total").increment(1);
+                fail(claims, completions, error);
+                continue;
+            }
             metrics::histogram!("idempotency_group_size")
                 .record((claims.len() + completions.len()) as f64);
             let written =
-                tokio::time::timeout(STATEMENT_TIMEOUT, self.write(&claims, &completions)).await;
+                tokio::time::timeout(self.statement_timeout, self.write(&claims, &completions))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(WriteFailure::Unreachable(StoreError::GroupTimedOut(
+                            self.statement_timeout,
+                        )))
+                    });
             match written {
-                Ok(Ok(rows)) => answer(claims, completions, rows),
-                Ok(Err(error)) => {
-                    self.connection = None;
-                    fail(claims, completions, error);
+                Ok(rows) => {
+                    self.breaker.reached();
+                    answer(claims, completions, rows);
                 }
-                Err(_) => {
+                Err(failure) => {
                     self.connection = None;
-                    fail(
-                        claims,
-                        completions,
-                        StoreError::GroupTimedOut(STATEMENT_TIMEOUT),
-                    );
+                    let error = match failure {
+                        WriteFailure::Unreachable(error) => {
+                            let error = Arc::new(error);
+                            self.breaker.unreachable(error.clone());
+                            error
+                        }
+                        WriteFailure::Statement(error) => {
+                            self.breaker.reached();
+                            Arc::new(error)
+                        }
+                    };
+                    fail(claims, completions, error);
                 }
             }
         }
@@ -329,12 +427,18 @@ impl Writer {
         &mut self,
         claims: &[(NewClaim, ClaimReply)],
         completions: &[(NewCompletion, CompletionReply)],
-    ) -> Result<Vec<PgRow>, sqlx::Error> {
+    ) -> Result<Vec<PgRow>, WriteFailure> {
         let connection = match &mut self.connection {
             Some(connection) => connection,
             None => {
-                let mut connection = PgConnection::connect_with(&self.connect).await?;
-                connection.execute(&*self.settings).await?;
+                let unreachable = |e: sqlx::Error| WriteFailure::Unreachable(e.into());
+                let mut connection = PgConnection::connect_with(&self.connect)
+                    .await
+                    .map_err(unreachable)?;
+                connection
+                    .execute(&*self.settings)
+                    .await
+                    .map_err(unreachable)?;
                 self.connection.insert(connection)
             }
         };
@@ -342,6 +446,11 @@ impl Writer {
         connection
             .fetch_all(group_query(&self.sql, claims, completions))
             .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(_) => WriteFailure::Statement(e.into()),
+                // I/O, TLS, protocol: the connection broke under the statement.
+                _ => WriteFailure::Unreachable(e.into()),
+            })
     }
 }
 
@@ -462,7 +571,7 @@ fn answer(
             Ok(())
         })();
         if let Err(error) = decoded {
-            return fail(claims, completions, error);
+            return fail(claims, completions, Arc::new(error));
         }
     }
     for (claim, reply) in claims {
@@ -478,13 +587,12 @@ fn answer(
     }
 }
 
-/// Tells every member of a group that its statement failed.
+/// Tells every member of a group that its statement failed (or was not tried).
 fn fail(
     claims: Vec<(NewClaim, ClaimReply)>,
     completions: Vec<(NewCompletion, CompletionReply)>,
-    error: impl Into<StoreError>,
+    error: Arc<StoreError>,
 ) {
-    let error = Arc::new(error.into());
     for (_, reply) in claims {
         let _ = reply.send(Err(StoreError::Grouped(error.clone())));
     }

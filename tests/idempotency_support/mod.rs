@@ -295,3 +295,110 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
     )
         .into_response()
 }
+
+/// A TCP gate in front of PostgreSQL, for outages the tests can switch on and off: while open it
+/// forwards; while hung it behaves like a host that stopped answering (connections it accepts
+/// are held without a byte forwarded, and the ones already forwarding are cut from PostgreSQL
+/// but left open towards the client).
+pub struct PgGate {
+    /// The gate's port on 127.0.0.1.
+    pub port: u16,
+    /// `true` while hung.
+    hung: tokio::sync::watch::Sender<bool>,
+    /// Connections forwarding right now, so that `hang` can wait until none forwards.
+    forwarding: Arc<AtomicU64>,
+    /// Connections accepted while hung (attempts to reach PostgreSQL during the outage).
+    accepted_while_hung: Arc<AtomicU64>,
+    /// The accept loop, stopped on drop.
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl PgGate {
+    /// A gate forwarding to the PostgreSQL server of `url`.
+    pub async fn start(url: &str) -> Self {
+        use std::str::FromStr;
+        let target = sqlx::postgres::PgConnectOptions::from_str(url).expect("database url");
+        let upstream = format!("{}:{}", target.get_host(), target.get_port());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind gate");
+        let port = listener.local_addr().expect("gate addr").port();
+        let (hung, _) = tokio::sync::watch::channel(false);
+        let forwarding = Arc::new(AtomicU64::new(0));
+        let accepted_while_hung = Arc::new(AtomicU64::new(0));
+        let accept = {
+            let (hung, forwarding, accepted_while_hung) = (
+                hung.clone(),
+                forwarding.clone(),
+                accepted_while_hung.clone(),
+            );
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let mut hung = hung.subscribe();
+                    if *hung.borrow_and_update() {
+                        accepted_while_hung.fetch_add(1, Ordering::SeqCst);
+                        tokio::spawn(hold(client));
+                        continue;
+                    }
+                    let forwarding = forwarding.clone();
+                    let upstream = upstream.clone();
+                    forwarding.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let mut client = client;
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {
+                                    forwarding.fetch_sub(1, Ordering::SeqCst);
+                                    return;
+                                }
+                                _ = hung.wait_for(|h| *h) => {}
+                            }
+                        }
+                        forwarding.fetch_sub(1, Ordering::SeqCst);
+                        hold(client).await;
+                    });
+                }
+            })
+        };
+        Self {
+            port,
+            hung,
+            forwarding,
+            accepted_while_hung,
+            accept,
+        }
+    }
+
+    /// Stops answering; returns once no connection forwards any more, so nothing sent after
+    /// this reaches PostgreSQL.
+    pub async fn hang(&self) {
+        self.hung.send_replace(true);
+        poll(Duration::from_secs(10), || async {
+            (self.forwarding.load(Ordering::SeqCst) == 0).then_some(())
+        })
+        .await;
+    }
+
+    /// Forwards new connections again (the held ones stay held).
+    pub fn open(&self) {
+        self.hung.send_replace(false);
+    }
+
+    /// Connections accepted while hung.
+    pub fn accepted_while_hung(&self) -> u64 {
+        self.accepted_while_hung.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for PgGate {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Keeps a connection open without reading or writing, for the rest of the test (its runtime
+/// drops it at the end).
+async fn hold(client: tokio::net::TcpStream) {
+    let _client = client;
+    std::future::pending::<()>().await
+}
