@@ -72,6 +72,19 @@ fn layer(env: &TestEnv) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
     layer_on(env.store())
 }
 
+/// [`layer`], with the Redis fast path when `with_redis`.
+fn layer_with_redis_if(
+    env: &TestEnv,
+    with_redis: bool,
+) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+    let b = layer(env);
+    if with_redis {
+        b.redis(env.redis())
+    } else {
+        b
+    }
+}
+
 fn layer_on(store: PgIdempotencyStore) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
     // `x-account` names the account; without it the request belongs to "default", except that
     // `x-account: none` stands for a caller the extractor cannot identify.
@@ -97,11 +110,7 @@ async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
     let env = TestEnv::new().await;
     for with_redis in [false, true] {
         let h = Counting::default();
-        let mut b = layer(&env);
-        if with_redis {
-            b = b.redis(env.redis());
-        }
-        let addr = app(&env, &h, b.build()).await;
+        let addr = app(&env, &h, layer_with_redis_if(&env, with_redis).build()).await;
         let c = http();
         let key = format!("same-{with_redis}");
         let first = post(
@@ -197,11 +206,7 @@ async fn while_a_request_runs_another_request_is_422_and_a_duplicate_409() {
     let env = TestEnv::new().await;
     for with_redis in [true, false] {
         let h = Counting::gated();
-        let mut b = layer(&env);
-        if with_redis {
-            b = b.redis(env.redis());
-        }
-        let addr = app(&env, &h, b.build()).await;
+        let addr = app(&env, &h, layer_with_redis_if(&env, with_redis).build()).await;
         let c = http();
         let key = format!("running-{with_redis}");
         let first = {
@@ -511,10 +516,7 @@ async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {
     let env = TestEnv::new().await;
     for with_redis in [false, true] {
         let h = Counting::default();
-        let mut b = layer(&env).ttl(Duration::from_secs(1));
-        if with_redis {
-            b = b.redis(env.redis());
-        }
+        let b = layer_with_redis_if(&env, with_redis).ttl(Duration::from_secs(1));
         let addr = app(&env, &h, b.build()).await;
         let c = http();
         let key = format!("k-ttl-{with_redis}");
