@@ -237,3 +237,41 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
     }
     assert_eq!(store.queue_depth("hostile").await.unwrap(), 100);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_beyond_ascii_is_forwarded_to_an_http_sink() {
+    // Printable UTF-8 is a valid id; its bytes go out as the header's obs-text instead of
+    // failing every delivery attempt.
+    let db = TestDb::new(Backend::Postgres).await;
+    let work = tempfile::tempdir().unwrap();
+    let receiver = crate::common::Receiver::start().await;
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", receiver.url()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ],
+        work.path(),
+    );
+    let client = reqwest::Client::new();
+    let body = stripe_event("évt_ü_1", "charge.succeeded");
+    let response = post_signed(&client, &bin.url("/webhooks/stripe"), SECRET, body.clone())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    bin.wait_for(
+        "the event at the HTTP sink",
+        Duration::from_secs(30),
+        || {
+            let seen = receiver.snapshot();
+            async move { (!seen.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    let store = db.store().await;
+    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!((counts.dispatched, counts.failed), (1, 0));
+    assert_eq!(receiver.snapshot()[0].body.as_ref(), &body[..]);
+}
