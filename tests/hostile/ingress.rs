@@ -240,8 +240,8 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_beyond_ascii_is_forwarded_to_an_http_sink() {
-    // Printable UTF-8 is a valid id; its bytes go out as the header's obs-text instead of
-    // failing every delivery attempt.
+    // Printable UTF-8 is a valid id (the limits refuse only what the store cannot hold), and
+    // the HTTP sink sends its bytes as the Idempotency-Key header's obs-text.
     let db = TestDb::new(Backend::Postgres).await;
     let work = tempfile::tempdir().unwrap();
     let receiver = crate::common::Receiver::start().await;
