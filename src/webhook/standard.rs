@@ -310,6 +310,18 @@ mod tests {
         prop::collection::vec(item, 0..24).prop_map(|items| items.join(" "))
     }
 
+    fn extreme_i64() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            any::<i64>(),
+            Just(i64::MIN),
+            Just(i64::MIN + 1),
+            Just(i64::MAX),
+            Just(-1),
+            Just(0),
+            Just(1),
+        ]
+    }
+
     fn key_bytes() -> impl Strategy<Value = Vec<u8>> {
         prop::collection::vec(any::<u8>(), 0..64)
     }
@@ -370,6 +382,23 @@ mod tests {
                     Err(StandardSignatureError::TimestampOutsideTolerance { skew_secs: skew, tolerance_secs: tolerance })
                 );
             }
+        }
+
+        /// Extreme timestamps and clocks: no overflow, and the verdict follows the exact
+        /// distance between them (for any tolerance below i64::MAX, where the saturated
+        /// distance is exact enough).
+        #[test]
+        fn extreme_timestamps_follow_the_exact_skew(
+            t in extreme_i64(),
+            now in extreme_i64(),
+            tolerance in prop_oneof![0u64..(i64::MAX as u64), Just(0), Just(i64::MAX as u64 - 1)],
+        ) {
+            let key = decode_secret(SECRET).unwrap();
+            let signature = standard_signature(&key, ID, t, PAYLOAD);
+            let t_header = t.to_string();
+            let result = verify_standard_signature(headers(&signature, &t_header), PAYLOAD, &[key], tolerance, now);
+            let within = (i128::from(now) - i128::from(t)).unsigned_abs() <= u128::from(tolerance);
+            prop_assert_eq!(result.is_ok(), within, "{:?}", result);
         }
 
         /// Rotation: among up to 16 candidates (other keys' signatures, garbage, other

@@ -312,6 +312,18 @@ mod tests {
         prop::collection::vec(item, 0..24).prop_map(|items| items.join(","))
     }
 
+    fn extreme_i64() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            any::<i64>(),
+            Just(i64::MIN),
+            Just(i64::MIN + 1),
+            Just(i64::MAX),
+            Just(-1),
+            Just(0),
+            Just(1),
+        ]
+    }
+
     /// Items a verifier must ignore: `v0` and unknown keys (never `t` or `v1`).
     fn ignored_item() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -357,6 +369,21 @@ mod tests {
                     Err(SignatureError::TimestampOutsideTolerance { skew_secs: skew, tolerance_secs: tolerance })
                 );
             }
+        }
+
+        /// Extreme timestamps and clocks: no overflow, and the verdict follows the exact
+        /// distance between them (for any tolerance below i64::MAX, where the saturated
+        /// distance is exact enough).
+        #[test]
+        fn extreme_timestamps_follow_the_exact_skew(
+            t in extreme_i64(),
+            now in extreme_i64(),
+            tolerance in prop_oneof![0u64..(i64::MAX as u64), Just(0), Just(i64::MAX as u64 - 1)],
+        ) {
+            let header = signature_header("s", t, b"{}");
+            let result = verify_stripe_signature(Some(&header), b"{}", &["s"], tolerance, now);
+            let within = (i128::from(now) - i128::from(t)).unsigned_abs() <= u128::from(tolerance);
+            prop_assert_eq!(result.is_ok(), within, "{:?}", result);
         }
 
         /// `v0` and unknown items, inserted anywhere, change nothing.
