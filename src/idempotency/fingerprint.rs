@@ -28,9 +28,9 @@
 //! explicit stack of at most [`MAX_CANONICAL_DEPTH`] entries. A body nested deeper than that
 //! stops the build pass as soon as the limit is crossed. The only superlinear step is sorting
 //! each object's keys (`k log k` key comparisons for `k` members). Memory is the canonical text
-//! (never longer than the body), 16 bytes per JSON value and 8 per object member (a value
-//! takes at least two bytes of body with its separator), and the decoded keys (never longer
-//! than the body).
+//! (never longer than the body), a 16-byte node per JSON value and per object key (each takes
+//! at least two bytes of body with its separator) plus 8 bytes per object member, and the
+//! decoded keys (never longer than the body): a few times the body, whatever its shape.
 //!
 //! The canonical text is byte-for-byte what the earlier recursive implementation produced for
 //! every body it accepted within the depth limit (stored fingerprints stay valid across the

@@ -137,7 +137,7 @@ pub fn verify_standard_signature(
     if signature.len() > MAX_SIGNATURE_HEADER_BYTES {
         return Err(StandardSignatureError::SignatureHeaderTooLong);
     }
-    // Counted before decoding any: a header over the limit costs one scan, nothing more.
+    // Counted before decoding any: a header with too many costs one scan, nothing more.
     let v1_items = || {
         signature
             .split_whitespace()
