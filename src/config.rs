@@ -129,6 +129,8 @@ pub struct HttpSettings {
     /// The request line and headers must arrive within this (a kept-alive connection's next
     /// request too), or the connection is closed.
     pub header_read_timeout_ms: u64,
+    /// Largest request line plus headers; larger ones get 431.
+    pub max_header_bytes: usize,
     /// The longest pause while a body arrives (between two reads, as nginx's
     /// `client_body_timeout`); then 408.
     pub body_read_timeout_ms: u64,
@@ -397,6 +399,7 @@ impl Settings {
             self.http.max_concurrent_requests,
         )?;
         positive("http.max_connections", self.http.max_connections)?;
+        positive("http.max_header_bytes", self.http.max_header_bytes)?;
         positive(
             "consumer.max_message_bytes",
             self.consumer.max_message_bytes,

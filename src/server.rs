@@ -6,6 +6,8 @@
 //!   headers must arrive in time, or the connection is closed. It also bounds how long a
 //!   kept-alive connection may sit idle before its next request. (`axum::serve` sets no timer,
 //!   so hyper applies none there: hence this loop.)
+//! * **Header size** ([`ServerLimits::max_header_bytes`], hyper's): a larger request head is
+//!   answered 431 before any of it reaches a route.
 //! * **Body read** ([`ServerLimits::body_read_timeout`], tower-http's): the longest pause between
 //!   two reads of a body, as nginx's `client_body_timeout`; the route then answers 408.
 //! * **Request** ([`ServerLimits::request_timeout`], tower's): the whole request, body included,
@@ -48,6 +50,8 @@ pub struct ServerLimits {
     /// Request line and headers must arrive within this (also an idle kept-alive connection's
     /// wait for its next request); then the connection is closed.
     pub header_read_timeout: Duration,
+    /// Largest request line plus headers; larger get 431.
+    pub max_header_bytes: usize,
     /// The longest pause between two reads of a body; then the route answers 408.
     pub body_read_timeout: Duration,
     /// The whole request is answered within this; then 503 with `Retry-After`.
@@ -59,12 +63,14 @@ pub struct ServerLimits {
 }
 
 impl Default for ServerLimits {
-    /// What a production user would pick for a public webhook endpoint: headers in 10 s, no
+    /// What a production user would pick for a public webhook endpoint: headers of at most
+    /// 16 KiB (Node's default; Stripe's are a few hundred bytes) in 10 s, no
     /// pause in a body over 10 s, every answer within 15 s (Stripe waits longer than that
     /// before it counts a delivery as failed), 1,024 requests and 10,000 connections at once.
     fn default() -> Self {
         ServerLimits {
             header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
             body_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(15),
             max_concurrent_requests: 1024,
@@ -77,6 +83,7 @@ impl From<&HttpSettings> for ServerLimits {
     fn from(http: &HttpSettings) -> Self {
         ServerLimits {
             header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+            max_header_bytes: http.max_header_bytes,
             body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
             request_timeout: Duration::from_millis(http.request_timeout_ms),
             max_concurrent_requests: http.max_concurrent_requests,
@@ -102,7 +109,8 @@ pub async fn serve(
         .service(router);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_header_bytes);
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut accept_failures = 0u32;
