@@ -1,0 +1,45 @@
+//! `Idempotency-Key` parsing never panics; an accepted key is 1..=255 visible ASCII, and its
+//! bare header value, its quoted sf-string form and the value with surrounding whitespace
+//! all parse back to the same key.
+#![no_main]
+
+use dedup_worker::idempotency::key::MAX_KEY_LEN;
+use dedup_worker::idempotency::IdempotencyKey;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let parsed = IdempotencyKey::parse(data);
+
+    // Optional whitespace around a field value is not part of it.
+    let mut padded = b" \t".to_vec();
+    padded.extend_from_slice(data);
+    padded.extend_from_slice(b"\t ");
+    assert_eq!(IdempotencyKey::parse(&padded), parsed);
+
+    let key = match parsed {
+        Ok(key) => key,
+        Err(e) => {
+            let _ = e.to_string();
+            return;
+        }
+    };
+    let s = key.as_str();
+    assert!((1..=MAX_KEY_LEN).contains(&s.len()), "length {}", s.len());
+    assert!(s.bytes().all(|b| (0x21..=0x7e).contains(&b)), "{s:?}");
+
+    let header = key.to_header_value();
+    assert_eq!(header.as_bytes(), s.as_bytes());
+    assert_eq!(IdempotencyKey::parse(header.as_bytes()), Ok(key.clone()));
+    assert_eq!(IdempotencyKey::from_header(&header), Ok(key.clone()));
+    assert_eq!(IdempotencyKey::new(s), Ok(key.clone()));
+
+    let mut quoted = String::from("\"");
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    assert_eq!(IdempotencyKey::parse(quoted.as_bytes()), Ok(key));
+});
