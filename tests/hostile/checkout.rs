@@ -84,15 +84,8 @@ async fn json_nested_500000_deep_is_a_4xx_and_payments_go_on() {
         pay(&client, &url, "acct_deep", "normal", payment()).await,
         201
     );
-    let status = pay(
-        &client,
-        &url,
-        "acct_deep",
-        "key-500,000 arrays",
-        nested(500_000),
-    )
-    .await;
-    assert!((400..500).contains(&status));
+    let status = pay(&client, &url, "acct_deep", "arrays-500000", nested(500_000)).await;
+    assert!((400..500).contains(&status) && status != 400, "{status}");
     let listed: serde_json::Value = client
         .get(&url)
         .bearer_auth("acct_deep")

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{post_signed, stripe_event, wait_for, Backend, RunningBinary, TestDb};
+use crate::common::{post_signed, stripe_event, Backend, RunningBinary, TestDb};
 
 const SECRET: &str = "whsec_slow";
 
@@ -144,39 +144,43 @@ async fn past_the_concurrency_cap_requests_are_503_with_retry_after() {
         work.path(),
         &[
             ("DEDUP_HTTP__MAX_CONCURRENT_REQUESTS", "2"),
-            // Long enough that a busy machine still sees the two holding their places.
-            ("DEDUP_HTTP__REQUEST_TIMEOUT_MS", "15000"),
+            // Longer than the test: the two hold their places until it lets them go.
+            ("DEDUP_HTTP__REQUEST_TIMEOUT_MS", "120000"),
         ],
     );
-    // Two requests hold the two places, trickling their bodies.
-    let closed = Arc::new(Closed::default());
-    for _ in 0..2 {
-        slow_client(
-            bin.addr,
-            head_with_body(bin.addr),
-            Some(Duration::from_millis(500)),
-            closed.clone(),
-        )
-        .await;
-    }
+    // Two requests that trickle their bodies take the two places. One that arrives while a
+    // request of the loop below holds a place for a moment is refused (and its connection
+    // closed): it is replaced, until a request finds both places taken.
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let url = bin.url("/webhooks/stripe");
-    let refused = wait_for(
-        "a request past the cap to be refused",
-        Duration::from_secs(15),
-        || {
-            let (client, url) = (client.clone(), url.clone());
-            async move {
-                let body = stripe_event("evt_past_the_cap", "charge.succeeded");
-                let response = post_signed(&client, &url, SECRET, body).await.ok()?;
-                (response.status() == 503).then_some(response)
+    let closed = Arc::new(Closed::default());
+    let mut holders: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    let refused = loop {
+        every.tick().await;
+        holders.retain(|holder| !holder.is_finished());
+        while holders.len() < 2 {
+            let trickle = Some(Duration::from_millis(500));
+            holders.push(
+                slow_client(bin.addr, head_with_body(bin.addr), trickle, closed.clone()).await,
+            );
+        }
+        let body = stripe_event("evt_past_the_cap", "charge.succeeded");
+        if let Ok(response) = post_signed(&client, &url, SECRET, body).await {
+            if response.status() == 503 {
+                break response;
             }
-        },
-    )
-    .await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request was refused past the cap within 30 s; the binary logged:\n{}",
+            bin.stderr()
+        );
+    };
     assert_eq!(
         refused
             .headers()
@@ -193,8 +197,11 @@ async fn past_the_concurrency_cap_requests_are_503_with_retry_after() {
     );
     let problem: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(problem["type"], "urn:dedup-worker:problem:overloaded");
-    // Once the request timeout has ended the two, the same event is accepted.
-    wait_for("the cap to free up", Duration::from_secs(40), || {
+    // Once the two holders are gone, the same event is accepted.
+    for holder in holders {
+        holder.abort();
+    }
+    bin.wait_for("the cap to free up", Duration::from_secs(30), || {
         let (client, url) = (client.clone(), url.clone());
         async move {
             let body = stripe_event("evt_past_the_cap", "charge.succeeded");
