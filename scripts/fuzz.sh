@@ -100,7 +100,7 @@ for target in "${targets[@]}"; do
   summary+=("$line  FAILED (exit $status)")
   # The failure itself (panic message, sanitizer report or libFuzzer's timeout/OOM report), not
   # cargo-fuzz's long footer after it.
-  first=$(grep -n -m1 -E 'panicked at|overflowed its stack|==[0-9]+== *ERROR|ERROR: libFuzzer' "$out" |
+  first=$(grep -n -m1 -E 'panicked at|overflowed its stack|==fuzz== SIGSEGV|==[0-9]+== *ERROR|ERROR: libFuzzer' "$out" |
     cut -d: -f1 || true)
   if [[ -n $first ]]; then
     log "$target FAILED (exit $status):"

@@ -7,7 +7,10 @@ use dedup_worker::idempotency::key::MAX_KEY_LEN;
 use dedup_worker::idempotency::IdempotencyKey;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
+#[path = "support.rs"]
+mod support;
+
+fuzz_target!(init: support::catch_stack_overflow(), |data: &[u8]| {
     let parsed = IdempotencyKey::parse(data);
 
     // Optional whitespace around a field value is not part of it.
