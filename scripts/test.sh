@@ -3,6 +3,8 @@
 # standard local ports (started if they are installed but stopped); the Python packages the
 # tests use (the official `stripe` library as an independent signer, `moto[server]` as the SQS
 # emulator) are installed, moto_server is started on a free port for the run and stopped after.
+# Then a fuzz smoke run: every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each,
+# through scripts/fuzz.sh (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,3 +52,8 @@ log "moto_server on $AWS_ENDPOINT_URL"
 # Tests must not pick up a developer's own configuration.
 unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
 cargo test --locked "$@"
+
+# --- fuzz smoke run -------------------------------------------------------------------------
+if [ "${FUZZ_SECONDS:-20}" != 0 ]; then
+  ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+fi

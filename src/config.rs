@@ -14,6 +14,8 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer};
 
+use crate::event::{check_event_field, EventField};
+
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -124,6 +126,21 @@ pub struct HttpSettings {
     pub listen: SocketAddr,
     /// Largest accepted body; larger ones get 413 before any verification work.
     pub body_limit_bytes: usize,
+    /// The request line and headers must arrive within this (a kept-alive connection's next
+    /// request too), or the connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// Largest request line plus headers; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// The longest pause while a body arrives (between two reads, as nginx's
+    /// `client_body_timeout`); then 408.
+    pub body_read_timeout_ms: u64,
+    /// The whole request, body included, is answered within this; 503 with `Retry-After`
+    /// beyond.
+    pub request_timeout_ms: u64,
+    /// Requests handled at once; more are answered 503 with `Retry-After` at once.
+    pub max_concurrent_requests: usize,
+    /// Connections open at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -241,6 +258,8 @@ pub struct ConsumerSettings {
     pub dedup_retention_days: u64,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
+    /// Larger messages are dead-lettered without being parsed.
+    pub max_message_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -331,8 +350,12 @@ impl Settings {
             crate::webhook::standard::decode_secret(secret.expose())
                 .map_err(|e| invalid("standard_webhooks.secrets", e.to_string()))?;
         }
-        if self.standard_webhooks.source.is_empty() {
-            return Err(invalid("standard_webhooks.source", "must not be empty"));
+        for (key, source) in [
+            ("standard_webhooks.source", &self.standard_webhooks.source),
+            ("consumer.source", &self.consumer.source),
+        ] {
+            check_event_field(EventField::Source, source)
+                .map_err(|e| invalid(key, e.to_string()))?;
         }
         if self.transport.kind == TransportKind::Sqs
             && !(self.transport.queue.starts_with("https://")
@@ -361,6 +384,26 @@ impl Settings {
             return Err(invalid("transport.queue", "must not be empty"));
         }
         positive("http.body_limit_bytes", self.http.body_limit_bytes)?;
+        for (key, value) in [
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
+            ("http.request_timeout_ms", self.http.request_timeout_ms),
+        ] {
+            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
+        }
+        positive(
+            "http.max_concurrent_requests",
+            self.http.max_concurrent_requests,
+        )?;
+        positive("http.max_connections", self.http.max_connections)?;
+        positive("http.max_header_bytes", self.http.max_header_bytes)?;
+        positive(
+            "consumer.max_message_bytes",
+            self.consumer.max_message_bytes,
+        )?;
         positive(
             "database.max_connections",
             self.database.max_connections as usize,

@@ -14,11 +14,13 @@
 //!   claims and delivers them, and the sinks (log, file, HTTP).
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
+//! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
 //!
 //! Around them: [`config`] (one typed, validated settings struct), [`startup`]
-//! (wires the roles together and runs them until shutdown), [`telemetry`]
+//! (wires the roles together and runs them until shutdown), [`server`] (the HTTP server with
+//! its timeouts and limits against slow and hostile clients), [`telemetry`]
 //! (tracing and Prometheus metrics). The binary's commands live in `src/cli.rs`, beside a
 //! thin `main.rs`; `anyhow` is used only there.
 
@@ -28,7 +30,9 @@ pub mod event;
 pub mod idempotency;
 pub mod outbox;
 pub mod queue;
+pub mod retention;
 pub mod retry;
+pub mod server;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

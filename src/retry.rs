@@ -1,4 +1,5 @@
-//! Backoff delays for redeliveries (consumer) and delivery attempts (outbox relay).
+//! Retry decisions: backoff delays for redeliveries (consumer) and delivery attempts (outbox
+//! relay), and which database errors no retry can cure.
 //!
 //! The delay is stored with the message or row rather than slept in memory, so it survives
 //! restarts; this module only computes it, with `backon`'s exponential builder and jitter.
@@ -19,6 +20,22 @@ pub fn backoff_delay(base: Duration, max: Duration, attempt: u32) -> Duration {
         .build()
         .nth(n - 1)
         .unwrap_or(max)
+}
+
+/// Whether the database refused a statement for the values it carried: PostgreSQL's SQLSTATE
+/// classes 22 (data exception: a NUL in text, an invalid byte sequence, a value out of range)
+/// and 54 (program limit exceeded: an index row larger than a B-tree page allows), SQLite's
+/// `SQLITE_TOOBIG`. The same values fail again however often they are retried, so a statement
+/// shared by several rows must be split and the offending row given its own, permanent error;
+/// any other failure (connection lost, deadlock, timeout) is worth retrying as a whole.
+pub fn refused_for_its_data(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    let Some(code) = db.code() else {
+        return false;
+    };
+    code.starts_with("22") || code.starts_with("54") || code == "18"
 }
 
 #[cfg(test)]

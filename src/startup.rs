@@ -15,15 +15,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, Settings, TransportKind};
-use crate::consumer::{
-    run_retention, Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler,
-    RetentionOptions,
-};
+use crate::consumer::{Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler};
 use crate::outbox::relay::{Relay, RelayOptions};
 use crate::outbox::sink::SinkSpec;
 use crate::queue::database::GroupCommit;
 use crate::queue::rabbitmq::RabbitOptions;
 use crate::queue::{DatabaseQueue, RabbitMqQueue, SqsQueue, Transport};
+use crate::retention::{run_retention, RetentionOptions};
+use crate::server::{serve, ServerLimits};
 use crate::store::{Store, StoreError, Wakeups};
 use crate::webhook::ingress::StandardProvider;
 use crate::webhook::{router, Clock, IngressState};
@@ -172,9 +171,9 @@ impl Application {
         };
         let app = router(state, roles.ingress, settings.http.body_limit_bytes);
         let http_shutdown = shutdown.clone();
+        let limits = ServerLimits::from(&settings.http);
         tasks.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
+            serve(listener, app, limits, http_shutdown)
                 .await
                 .map_err(StartupError::Serve)
         });
@@ -189,6 +188,7 @@ impl Application {
                 max_attempts: c.max_attempts,
                 retry_base: Duration::from_millis(c.retry_base_ms),
                 retry_max: Duration::from_millis(c.retry_max_ms),
+                max_message_bytes: c.max_message_bytes,
             };
             let workers = if store.backend_name() == "sqlite" {
                 1

@@ -57,15 +57,26 @@ pub enum HandlerError {
     Fatal(String),
 }
 
+/// A statement the database refused for the values it carried fails again on every retry, so
+/// it is fatal (dead-lettered at once); anything else (a lost connection, a deadlock, a lock
+/// timeout) is retryable.
 impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
-        HandlerError::Retryable(e.to_string())
+        if crate::retry::refused_for_its_data(&e) {
+            HandlerError::Fatal(e.to_string())
+        } else {
+            HandlerError::Retryable(e.to_string())
+        }
     }
 }
 
 impl From<StoreError> for HandlerError {
     fn from(e: StoreError) -> Self {
-        HandlerError::Retryable(e.to_string())
+        if e.refused_for_its_data() {
+            HandlerError::Fatal(e.to_string())
+        } else {
+            HandlerError::Retryable(e.to_string())
+        }
     }
 }
 

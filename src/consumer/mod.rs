@@ -9,10 +9,18 @@
 //! * a duplicate (in the same batch, a later batch or another worker's) finds the row and is
 //!   acked without running the handler;
 //! * a failing event never blocks its batch: it is rolled back to its savepoint, its dedup row
-//!   removed, and it is retried with backoff or dead-lettered.
+//!   removed, and it is retried with backoff or dead-lettered;
+//! * a message that cannot become an event (not JSON, no id, an id the store cannot hold: see
+//!   [`decode`]) is dead-lettered with the reason and acked, never retried;
+//! * no shared fate: if the database refuses the batch's transaction for one row's data (a
+//!   handler's outbox message with a NUL, say), the batch is processed again one delivery at a
+//!   time, and the delivery that is refused on its own is dead-lettered with the database's
+//!   reason. Any other failure (connection lost, deadlock) leaves the whole batch unacked, to
+//!   come back.
 //!
 //! The loop ([`Consumer::run`]) only repeats the step until shutdown.
 
+pub mod decode;
 pub mod handler;
 
 use std::collections::{HashMap, HashSet};
@@ -21,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
 
-use crate::event::Event;
+use crate::event::{check_event_field, printable, Event, EventField};
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
 use crate::store::{NewDeadLetter, NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
@@ -41,6 +50,9 @@ pub struct ConsumerOptions {
     pub max_attempts: u32,
     pub retry_base: Duration,
     pub retry_max: Duration,
+    /// Larger messages are dead-lettered without being parsed (bounds the work one foreign
+    /// message can cause).
+    pub max_message_bytes: usize,
 }
 
 /// A step failed as a whole; nothing was acked, so the transport redelivers.
@@ -53,7 +65,7 @@ pub enum ConsumerError {
 }
 
 /// What one step did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct StepOutcome {
     /// Deliveries received.
     pub received: usize,
@@ -66,6 +78,19 @@ pub struct StepOutcome {
     /// Events dead-lettered in this step.
     pub dead_lettered: usize,
 }
+
+impl std::ops::AddAssign for StepOutcome {
+    fn add_assign(&mut self, other: Self) {
+        self.received += other.received;
+        self.handled += other.handled;
+        self.duplicates += other.duplicates;
+        self.retried += other.retried;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
+/// Longest text kept in a dead letter's error (a handler's message may be anything).
+const MAX_DEAD_LETTER_ERROR_CHARS: usize = 4096;
 
 /// What happened to one new event in the transaction.
 enum Verdict {
@@ -142,8 +167,72 @@ impl Consumer {
         self.process(deliveries).await
     }
 
-    /// Processes one received batch: dedup, handlers, outbox, commit, then ack.
+    /// Processes one received batch; if the database refuses it for one row's data, processes
+    /// it again one delivery at a time, dead-lettering the delivery that is refused alone.
     async fn process(&self, deliveries: Vec<Delivery>) -> Result<StepOutcome, ConsumerError> {
+        match self.process_batch(&deliveries).await {
+            Err(ConsumerError::Store(error))
+                if deliveries.len() > 1 && error.refused_for_its_data() =>
+            {
+                tracing::warn!(%error, count = deliveries.len(), "the database refused a batch for one row's data; processing it one delivery at a time");
+                self.process_one_by_one(&deliveries).await
+            }
+            Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
+                self.dead_letter_refused(&deliveries, &error).await
+            }
+            result => result,
+        }
+    }
+
+    /// The batch again, each delivery in a transaction of its own. Stops at the first failure
+    /// that is not about a row's data: what was not processed yet stays unacked.
+    async fn process_one_by_one(
+        &self,
+        deliveries: &[Delivery],
+    ) -> Result<StepOutcome, ConsumerError> {
+        let mut outcome = StepOutcome::default();
+        for delivery in deliveries {
+            let alone = std::slice::from_ref(delivery);
+            outcome += match self.process_batch(alone).await {
+                Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
+                    self.dead_letter_refused(alone, &error).await?
+                }
+                result => result?,
+            };
+        }
+        Ok(outcome)
+    }
+
+    /// Dead-letters deliveries whose own transaction the database refused for their data
+    /// (with nothing else in it), and acks them: retrying could only fail again.
+    async fn dead_letter_refused(
+        &self,
+        deliveries: &[Delivery],
+        error: &StoreError,
+    ) -> Result<StepOutcome, ConsumerError> {
+        let reason = format!("the database refused this event's data: {error}");
+        let mut tx = self.store.begin().await?;
+        for delivery in deliveries {
+            tracing::warn!(%reason, "dead-lettering a delivery the database refused");
+            let row = match decode_delivery(delivery, &self.options) {
+                Ok(event) => self.dead_letter(&event, delivery, &reason),
+                Err(_) => self.undecodable_dead_letter(delivery, &reason),
+            };
+            tx.insert_dead_letter(&row).await?;
+        }
+        tx.commit().await?;
+        let tags: Vec<DeliveryTag> = deliveries.iter().map(|d| d.tag.clone()).collect();
+        self.transport.ack(&tags).await?;
+        metrics::counter!("dedup_dead_letters_total").increment(deliveries.len() as u64);
+        Ok(StepOutcome {
+            received: deliveries.len(),
+            dead_lettered: deliveries.len(),
+            ..StepOutcome::default()
+        })
+    }
+
+    /// Processes one received batch: dedup, handlers, outbox, commit, then ack.
+    async fn process_batch(&self, deliveries: &[Delivery]) -> Result<StepOutcome, ConsumerError> {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }
@@ -155,11 +244,11 @@ impl Consumer {
 
         // Group deliveries by dedup key: one representative each, the rest are duplicates.
         let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
-        let mut events: Vec<(Event, Delivery)> = Vec::new();
+        let mut events: Vec<(Event, &Delivery)> = Vec::new();
         let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
-        let mut undecodable: Vec<(Delivery, String)> = Vec::new();
+        let mut undecodable: Vec<(&Delivery, DecodeError)> = Vec::new();
         for delivery in deliveries {
-            match self.decode(&delivery) {
+            match decode_delivery(delivery, &self.options) {
                 Ok(event) => {
                     if keys_in_batch.insert((event.source.clone(), event.id.clone())) {
                         events.push((event, delivery));
@@ -173,7 +262,7 @@ impl Consumer {
         }
 
         let mut tx = self.store.begin().await?;
-        let candidates: Vec<&(Event, Delivery)> = events.iter().collect();
+        let candidates: Vec<&(Event, &Delivery)> = events.iter().collect();
         let (mut fresh, seen) = record_new(&mut tx, candidates).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
@@ -247,18 +336,9 @@ impl Consumer {
             }
         }
         for (delivery, reason) in &undecodable {
+            let reason = reason.to_string();
             tracing::warn!(%reason, "dead-lettering undecodable message");
-            let event = Event {
-                source: delivery
-                    .source
-                    .clone()
-                    .unwrap_or_else(|| self.options.source.clone()),
-                id: delivery.message_id.clone().unwrap_or_default(),
-                event_type: delivery.message_type.clone().unwrap_or_default(),
-                payload: delivery.payload.clone(),
-                delivery_attempt: delivery.attempts,
-            };
-            tx.insert_dead_letter(&self.dead_letter(&event, delivery, reason))
+            tx.insert_dead_letter(&self.undecodable_dead_letter(delivery, &reason))
                 .await?;
             outcome.dead_lettered += 1;
             to_ack.push(delivery.tag.clone());
@@ -290,7 +370,7 @@ impl Consumer {
     async fn handle_with_savepoints(
         &self,
         tx: &mut StoreTx,
-        fresh: &[&(Event, Delivery)],
+        fresh: &[&(Event, &Delivery)],
     ) -> Result<Vec<Verdict>, StoreError> {
         let mut verdicts = Vec::with_capacity(fresh.len());
         for (event, _) in fresh {
@@ -336,44 +416,9 @@ impl Consumer {
         }
     }
 
-    /// The dedup key: the message id when the transport carries one, else the JSON pointer.
-    fn decode(&self, delivery: &Delivery) -> Result<Event, String> {
-        let parsed: Option<serde_json::Value> = serde_json::from_slice(&delivery.payload).ok();
-        let id = match &delivery.message_id {
-            Some(id) if !id.is_empty() => id.clone(),
-            _ => parsed
-                .as_ref()
-                .and_then(|v| v.pointer(&self.options.dedup_key_pointer))
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .filter(|id| !id.is_empty())
-                .ok_or_else(|| {
-                    format!(
-                        "no message id and no string at {}",
-                        self.options.dedup_key_pointer
-                    )
-                })?,
-        };
-        let event_type = match &delivery.message_type {
-            Some(t) => t.clone(),
-            None => parsed
-                .as_ref()
-                .and_then(|v| v.get("type"))
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned(),
-        };
-        Ok(Event {
-            source: delivery
-                .source
-                .clone()
-                .unwrap_or_else(|| self.options.source.clone()),
-            id,
-            event_type,
-            payload: delivery.payload.clone(),
-            delivery_attempt: delivery.attempts,
-        })
-    }
-
+    /// The dead letter of an event whose handler failed: its fields passed
+    /// [`decode_delivery`], so they are stored as they are (a redrive dedups on them); only the
+    /// error, which a handler may fill with anything, is made printable.
     fn dead_letter(&self, event: &Event, delivery: &Delivery, error: &str) -> NewDeadLetter {
         NewDeadLetter {
             source: event.source.clone(),
@@ -381,7 +426,34 @@ impl Consumer {
             event_type: event.event_type.clone(),
             queue: self.transport.queue_name().to_owned(),
             payload: delivery.payload.to_vec(),
-            error: error.to_owned(),
+            error: printable(error, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
+            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
+        }
+    }
+
+    /// The dead letter of a message that is not an event: its payload kept byte for byte, its
+    /// transport properties kept only where storable. A refused id is not stored (the reason
+    /// describes it): stored escaped, a redrive would dedup on an id nobody sent; stored empty,
+    /// a redrive decodes the payload again and meets the same reason.
+    fn undecodable_dead_letter(&self, delivery: &Delivery, reason: &str) -> NewDeadLetter {
+        let storable = |field, value: &Option<String>| {
+            value
+                .as_deref()
+                .filter(|v| check_event_field(field, v).is_ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        NewDeadLetter {
+            source: delivery
+                .source
+                .as_ref()
+                .map(|_| storable(EventField::Source, &delivery.source))
+                .unwrap_or_else(|| self.options.source.clone()),
+            event_id: storable(EventField::Id, &delivery.message_id),
+            event_type: storable(EventField::Type, &delivery.message_type),
+            queue: self.transport.queue_name().to_owned(),
+            payload: delivery.payload.to_vec(),
+            error: printable(reason, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
             attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
         }
     }
@@ -389,10 +461,12 @@ impl Consumer {
 
 /// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
 /// them into those recorded now (to handle) and those already there (duplicates).
-async fn record_new<'e>(
+type Received<'e, 'd> = &'e (Event, &'d Delivery);
+
+async fn record_new<'e, 'd>(
     tx: &mut StoreTx,
-    events: Vec<&'e (Event, Delivery)>,
-) -> Result<(Vec<&'e (Event, Delivery)>, Vec<&'e (Event, Delivery)>), StoreError> {
+    events: Vec<Received<'e, 'd>>,
+) -> Result<(Vec<Received<'e, 'd>>, Vec<Received<'e, 'd>>), StoreError> {
     let mut by_source: HashMap<&str, Vec<(String, String)>> = HashMap::new();
     for (event, _) in &events {
         by_source
@@ -409,42 +483,4 @@ async fn record_new<'e>(
     Ok(events
         .into_iter()
         .partition(|(e, _)| new.contains(&(e.source.clone(), e.id.clone()))))
-}
-
-/// Retention options.
-#[derive(Debug, Clone, Copy)]
-pub struct RetentionOptions {
-    /// Processed ids younger than this are kept (the dedup window).
-    pub dedup_window: Duration,
-    /// Dispatched outbox rows younger than this are kept.
-    pub outbox_window: Duration,
-    pub interval: Duration,
-    pub batch: i64,
-}
-
-/// Deletes expired processed ids and dispatched outbox rows in bounded batches, every
-/// `interval`, until shutdown.
-pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: CancellationToken) {
-    loop {
-        loop {
-            match store
-                .purge_expired(options.dedup_window, options.outbox_window, options.batch)
-                .await
-            {
-                Ok(n) if n > 0 && !shutdown.is_cancelled() => {
-                    tracing::debug!(deleted = n, "retention");
-                    continue;
-                }
-                Ok(_) => break,
-                Err(error) => {
-                    tracing::warn!(%error, "retention failed; will try again");
-                    break;
-                }
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(options.interval) => {}
-        }
-    }
 }

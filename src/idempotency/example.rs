@@ -8,6 +8,9 @@
 //!    account as the provider-side merchant), through the same retrying client; the stub is
 //!    itself behind the layer and records one charge per key.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -16,11 +19,143 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use super::client::IdempotentClient;
 use super::key::IdempotencyKey;
 use super::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
+use super::redis::RedisCache;
+use super::store::PgIdempotencyStore;
+use crate::server::{serve, ServerLimits};
+
+/// What the checkout example runs with (its environment, see `examples/checkout.rs`).
+#[derive(Debug, Clone)]
+pub struct CheckoutConfig {
+    /// PostgreSQL (`DATABASE_URL`): keys, payments and the stub's charges.
+    pub database_url: String,
+    /// Redis fast path (`REDIS_URL`), if any.
+    pub redis_url: Option<String>,
+    /// Prefix of the Redis keys, so several services (or tests) share one Redis.
+    pub redis_prefix: String,
+    /// Checkout listen address (`CHECKOUT_LISTEN`).
+    pub listen: String,
+    /// Provider stub listen address (`PROVIDER_LISTEN`).
+    pub provider_listen: String,
+    /// Timeouts and caps of both servers.
+    pub limits: ServerLimits,
+}
+
+impl CheckoutConfig {
+    /// Reads the example's environment; only `DATABASE_URL` is required.
+    pub fn from_env() -> Result<Self, &'static str> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Ok(CheckoutConfig {
+            database_url: var("DATABASE_URL")
+                .ok_or("DATABASE_URL must name a PostgreSQL database (postgres://…)")?,
+            redis_url: var("REDIS_URL"),
+            redis_prefix: "checkout-example".into(),
+            listen: var("CHECKOUT_LISTEN").unwrap_or_else(|| "127.0.0.1:8081".into()),
+            provider_listen: var("PROVIDER_LISTEN").unwrap_or_else(|| "127.0.0.1:0".into()),
+            limits: ServerLimits::default(),
+        })
+    }
+}
+
+/// The checkout example, bound and ready to run: what `cargo run --example checkout` serves,
+/// and what tests start on port 0.
+pub struct CheckoutApp {
+    checkout: (TcpListener, Router),
+    provider: (TcpListener, Router),
+    /// Drained at shutdown: requests whose clients went away still finish and store results.
+    checkout_layer: IdempotencyLayer,
+    provider_layer: IdempotencyLayer,
+    /// Deletes expired keys in the background.
+    expiry: tokio::task::JoinHandle<()>,
+    limits: ServerLimits,
+}
+
+impl CheckoutApp {
+    /// Connects, creates the tables, builds both layers and binds both listeners.
+    pub async fn build(
+        config: CheckoutConfig,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let redis = match &config.redis_url {
+            Some(url) => Some(RedisCache::new(url, &config.redis_prefix)?),
+            None => None,
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(32)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&config.database_url)
+            .await?;
+        super::migrate(&pool).await?;
+        setup(&pool).await?;
+        let store = PgIdempotencyStore::new(pool.clone());
+        let expiry = store.spawn_expiry_task(Duration::from_secs(60), 1000);
+        let layer = |account: fn(&http::request::Parts) -> Option<String>| {
+            let mut builder = IdempotencyLayer::builder(store.clone()).account(account);
+            if let Some(r) = &redis {
+                builder = builder.redis(r.clone());
+            }
+            builder.build()
+        };
+        // The downstream payment-provider stub, with a layer of its own over the same table
+        // (its keys live under the "provider/<merchant>" accounts).
+        let provider_layer = layer(provider_account);
+        let provider_listener = TcpListener::bind(&config.provider_listen).await?;
+        let provider_url = format!("http://{}", provider_listener.local_addr()?);
+        let provider = provider_router(pool.clone(), provider_layer.clone());
+        let checkout_layer = layer(checkout_account);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let state = CheckoutState {
+            pool,
+            provider_url,
+            client: IdempotentClient::new(http),
+        };
+        let checkout = checkout_router(state, checkout_layer.clone());
+        let checkout_listener = TcpListener::bind(&config.listen).await?;
+        Ok(CheckoutApp {
+            checkout: (checkout_listener, checkout),
+            provider: (provider_listener, provider),
+            checkout_layer,
+            provider_layer,
+            expiry,
+            limits: config.limits,
+        })
+    }
+
+    /// Where `POST /v1/payments` is served.
+    pub fn addr(&self) -> std::io::Result<SocketAddr> {
+        self.checkout.0.local_addr()
+    }
+
+    /// Where the provider stub is served.
+    pub fn provider_addr(&self) -> std::io::Result<SocketAddr> {
+        self.provider.0.local_addr()
+    }
+
+    /// Serves both until `shutdown`, then lets detached requests finish (checkout first: it
+    /// may still be calling the provider).
+    pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let (listener, router) = self.provider;
+        let provider = tokio::spawn(serve(listener, router, self.limits, shutdown.clone()));
+        let (listener, router) = self.checkout;
+        let served = serve(listener, router, self.limits, shutdown.clone()).await;
+        self.checkout_layer.drain(Duration::from_secs(10)).await;
+        shutdown.cancel();
+        let provider = provider
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        self.provider_layer.drain(Duration::from_secs(10)).await;
+        self.expiry.abort();
+        served.and(provider)
+    }
+}
 
 /// The account named by `Authorization: Bearer <account>`.
 pub fn bearer(headers: &HeaderMap) -> Option<String> {

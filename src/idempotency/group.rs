@@ -46,7 +46,10 @@
 //!   the planner, a plan made while the table was small (a sequential scan feeding a hash join)
 //!   stays cached after the table has grown, and every completion then reads the whole table;
 //!   planning each statement anew instead costs more PostgreSQL time than executing it;
-//! - a failed statement fails every request of its group; none is told it succeeded.
+//! - no shared fate: a statement the server refuses (a value it cannot hold, a deadlock) is
+//!   not the group's answer. Each of its requests is then decided by its own single-row
+//!   statement, so only a request at fault fails. A statement that could not reach the server
+//!   fails every request of its group; none is ever told it succeeded.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -117,8 +120,18 @@ pub(crate) struct NewCompletion {
 /// `Some`: decided (created, or the stored result or running claim found); `None`: decide it
 /// one at a time.
 type ClaimReply = oneshot::Sender<Result<Option<Claim>, StoreError>>;
-/// `Some(ttl_ms)`: stored; `None`: the claim was no longer ours.
-type CompletionReply = oneshot::Sender<Result<Option<i64>, StoreError>>;
+/// What a grouped completion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completed {
+    /// Stored; the key has `ttl_ms` left.
+    Stored { ttl_ms: i64 },
+    /// The claim was no longer ours: nothing written.
+    Lost,
+    /// Not decided: the group's statement was refused, write it on its own.
+    Alone,
+}
+
+type CompletionReply = oneshot::Sender<Result<Completed, StoreError>>;
 
 /// One request to a partition's writer and where its answer goes.
 enum Write {
@@ -265,11 +278,11 @@ impl Groups {
         ask(writer, |reply| Write::Claim(claim, reply)).await
     }
 
-    /// Stores a result; `None` when the claim was no longer ours.
+    /// Stores a result, or says the claim was no longer ours, or that it must be written alone.
     pub(crate) async fn complete(
         &self,
         completion: NewCompletion,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Completed, StoreError> {
         let writer = self.partition(&completion.account, &completion.key);
         ask(writer, |reply| Write::Complete(completion, reply)).await
     }
@@ -410,6 +423,17 @@ impl Writer {
                             let error = Arc::new(error);
                             self.breaker.unreachable(error.clone());
                             error
+                        }
+                        // The server refused the statement (one request's values it cannot
+                        // hold, a deadlock): no request of a group shares another's fate, so
+                        // each is decided by its own single-row statement, and only the one at
+                        // fault fails.
+                        WriteFailure::Statement(error) if claims.len() + completions.len() > 1 => {
+                            self.breaker.reached();
+                            tracing::warn!(%error, size = claims.len() + completions.len(), "grouped idempotency statement refused; writing its requests one at a time");
+                            metrics::counter!("idempotency_group_split_total").increment(1);
+                            split(claims, completions);
+                            continue;
                         }
                         WriteFailure::Statement(error) => {
                             self.breaker.reached();
@@ -583,7 +607,21 @@ fn answer(
         let _ = reply.send(Ok(decided));
     }
     for (completion, reply) in completions {
-        let _ = reply.send(Ok(stored.get(&completion.token).copied()));
+        let _ = reply.send(Ok(match stored.get(&completion.token) {
+            Some(&ttl_ms) => Completed::Stored { ttl_ms },
+            None => Completed::Lost,
+        }));
+    }
+}
+
+/// Tells every member of a refused group to write on its own: claims are undecided, and
+/// completions are to be written alone.
+fn split(claims: Vec<(NewClaim, ClaimReply)>, completions: Vec<(NewCompletion, CompletionReply)>) {
+    for (_, reply) in claims {
+        let _ = reply.send(Ok(None));
+    }
+    for (_, reply) in completions {
+        let _ = reply.send(Ok(Completed::Alone));
     }
 }
 

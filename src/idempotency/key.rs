@@ -12,6 +12,11 @@ use http::HeaderValue;
 /// Longest key accepted (Stripe's documented limit).
 pub const MAX_KEY_LEN: usize = 255;
 
+/// Longest header value (after optional whitespace) that can hold a valid key: the quoted form
+/// of a [`MAX_KEY_LEN`] key whose every character is escaped. Anything longer is refused
+/// before a byte of it is copied.
+pub const MAX_RAW_KEY_LEN: usize = 2 * MAX_KEY_LEN + 2;
+
 /// Why a header value is not a usable key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -41,6 +46,9 @@ impl IdempotencyKey {
     pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
         // Optional whitespace around a field value is not part of it (RFC 9110 5.5).
         let raw = trim_ows(raw);
+        if raw.len() > MAX_RAW_KEY_LEN {
+            return Err(KeyError::TooLong);
+        }
         let value = if raw.first() == Some(&b'"') {
             unquote(raw)?
         } else {
@@ -85,10 +93,17 @@ impl IdempotencyKey {
         &self.0
     }
 
-    /// The header value to send: the bare form, which every server we know accepts.
+    /// The header value to send: the bare form, which every server we know accepts, except for
+    /// a key starting with `"`, which bare would read as a quoted string: that one is sent as
+    /// an sf-string.
     pub fn to_header_value(&self) -> HeaderValue {
+        let value = if self.0.starts_with('"') {
+            quote(&self.0)
+        } else {
+            self.0.clone()
+        };
         // Visible ASCII is always a valid header value.
-        HeaderValue::from_str(&self.0).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+        HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
     }
 }
 
@@ -112,6 +127,20 @@ fn trim_ows(mut raw: &[u8]) -> &[u8] {
         raw = rest;
     }
     raw
+}
+
+/// The sf-string form of a key: `"` and `\` escaped, in double quotes.
+fn quote(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 2);
+    out.push('"');
+    for c in key.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 /// RFC 8941 sf-string: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE.
@@ -204,5 +233,84 @@ mod tests {
             Err(KeyError::InvalidCharacter)
         );
         assert_eq!(IdempotencyKey::parse(b" abc\t").unwrap().as_str(), "abc");
+    }
+
+    #[test]
+    fn overlong_values_are_refused_before_unquoting() {
+        // The longest quoted form: every character escaped.
+        let escaped = format!("\"{}\"", "\\\"".repeat(MAX_KEY_LEN));
+        assert_eq!(escaped.len(), MAX_RAW_KEY_LEN);
+        assert_eq!(
+            IdempotencyKey::parse(escaped.as_bytes()).unwrap().as_str(),
+            "\"".repeat(MAX_KEY_LEN)
+        );
+        // One byte more is refused as too long, even though it is malformed quoting too.
+        let longer = format!("\"{}\\\"", "\\\"".repeat(MAX_KEY_LEN));
+        assert_eq!(
+            IdempotencyKey::parse(longer.as_bytes()),
+            Err(KeyError::TooLong)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(&vec![b'"'; 1 << 20]),
+            Err(KeyError::TooLong)
+        );
+        // Surrounding whitespace is not counted.
+        let padded = format!("{0}{escaped}{0}", " ".repeat(1000));
+        assert!(IdempotencyKey::parse(padded.as_bytes()).is_ok());
+    }
+
+    use proptest::prelude::*;
+
+    fn config(cases: u32) -> ProptestConfig {
+        ProptestConfig {
+            cases,
+            // Failures are reported with their minimal input; no regression files in src/.
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Valid keys, often with the characters that need escaping when quoted.
+    fn valid_key() -> impl Strategy<Value = String> {
+        prop_oneof!["[!-~]{1,255}", "[\"\\\\a]{1,255}"]
+    }
+
+    proptest! {
+        #![proptest_config(config(512))]
+
+        /// Arbitrary bytes, and bytes shaped like quoted strings: an answer, never a panic;
+        /// anything accepted is 1..=255 visible ASCII.
+        #[test]
+        fn never_panics_and_accepts_only_visible_ascii(
+            raw in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..600),
+                "[!-~]{0,600}".prop_map(String::into_bytes),
+                "[ \t]{0,3}\"([ -~]|\\\\.){0,300}\"?[ \t]{0,3}".prop_map(String::into_bytes),
+            ],
+        ) {
+            if let Ok(key) = IdempotencyKey::parse(&raw) {
+                prop_assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()));
+                prop_assert!(key.as_str().bytes().all(|b| (0x21..=0x7e).contains(&b)));
+            }
+            if raw.len() > MAX_RAW_KEY_LEN && !raw.starts_with(b" ") && !raw.starts_with(b"\t")
+                && !raw.ends_with(b" ") && !raw.ends_with(b"\t")
+            {
+                prop_assert_eq!(IdempotencyKey::parse(&raw), Err(KeyError::TooLong));
+            }
+        }
+
+        /// A valid key's bare and quoted forms are the same key, and the header value a client
+        /// sends parses back to it.
+        #[test]
+        fn bare_quoted_and_header_forms_agree(key in valid_key()) {
+            let parsed = IdempotencyKey::new(key.clone()).unwrap();
+            prop_assert_eq!(parsed.as_str(), key.as_str());
+            prop_assert_eq!(IdempotencyKey::parse(quote(&key).as_bytes()), Ok(parsed.clone()));
+            // Bare, a leading `"` would start a quoted string: such a key has only one form.
+            if !key.starts_with('"') {
+                prop_assert_eq!(IdempotencyKey::parse(key.as_bytes()), Ok(parsed.clone()));
+            }
+            prop_assert_eq!(IdempotencyKey::from_header(&parsed.to_header_value()), Ok(parsed));
+        }
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::IntoResponse;
 use futures::FutureExt;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
@@ -34,6 +34,7 @@ use tower::{Layer, Service};
 use super::fingerprint::Fingerprint;
 use super::key::{IdempotencyKey, KeyError};
 use super::redis::{CacheError, CachedResponse, LockOutcome, RedisCache};
+pub use super::rejection::{ErrorStyle, Rejection};
 use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
 
 /// The request header.
@@ -47,16 +48,6 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// every request in one scope.
 pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
-/// How error responses produced by the layer look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ErrorStyle {
-    /// `application/problem+json` (RFC 9457) with the IETF draft's titles.
-    #[default]
-    Problem,
-    /// Stripe-compatible `{"error":{"type":"idempotency_error",...}}`.
-    Stripe,
-}
-
 /// Configuration, built with [`IdempotencyLayer::builder`].
 #[derive(Clone)]
 pub struct IdempotencyConfig {
@@ -68,6 +59,7 @@ pub struct IdempotencyConfig {
     error_style: ErrorStyle,
     keep_5xx: bool,
     max_body_bytes: usize,
+    body_read_timeout: Duration,
     max_response_bytes: usize,
 }
 
@@ -81,6 +73,7 @@ impl std::fmt::Debug for IdempotencyConfig {
             .field("error_style", &self.error_style)
             .field("keep_5xx", &self.keep_5xx)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("body_read_timeout", &self.body_read_timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
     }
@@ -148,6 +141,16 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Longest time the whole request body may take to arrive (default 30 s; 408 beyond, and
+    /// nothing runs). The body is buffered before the key is claimed, so a client trickling it
+    /// holds no key, but it would hold this request's memory and task without a bound.
+    /// A server-wide header-read timeout and concurrency cap are the server's job: see
+    /// [`crate::server::serve`].
+    pub fn body_read_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_read_timeout = timeout;
+        self
+    }
+
     /// Largest response body stored for replay (default 8 MiB). A larger response is answered
     /// with 500 and its key released: such an endpoint is not protected, so keep replayable
     /// responses small.
@@ -206,6 +209,7 @@ impl IdempotencyLayer {
                 error_style: ErrorStyle::Problem,
                 keep_5xx: false,
                 max_body_bytes: 1024 * 1024,
+                body_read_timeout: Duration::from_secs(30),
                 max_response_bytes: 8 * 1024 * 1024,
             },
         }
@@ -319,16 +323,22 @@ where
     let cfg = &shared.config;
     let style = cfg.error_style;
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, cfg.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => {
-            let rejection = if e.into_inner().is::<http_body_util::LengthLimitError>() {
+    let read = axum::body::to_bytes(body, cfg.max_body_bytes);
+    let bytes = match tokio::time::timeout(cfg.body_read_timeout, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            let cause = e.into_inner();
+            let rejection = if cause.is::<http_body_util::LengthLimitError>() {
                 Rejection::TooLarge
+            } else if cause.is::<tower_http::timeout::TimeoutError>() {
+                // The server's pause limit between two reads (see `crate::server`).
+                Rejection::BodyTimeout
             } else {
                 Rejection::UnreadableBody
             };
             return Ok(rejection.into_response(style));
         }
+        Err(_elapsed) => return Ok(Rejection::BodyTimeout.into_response(style)),
     };
     // Under `Router::nest` the URI seen here has the prefix stripped; the fingerprint uses the
     // path the client sent, so two nested routes never share a fingerprint.
@@ -348,6 +358,12 @@ where
         outcome("no_account");
         return Ok(Rejection::NoAccount.into_response(style));
     };
+    // The account is part of the stored key (and of statements shared with other requests):
+    // one PostgreSQL cannot hold or index is refused here, for this request alone.
+    if !storable_account(&account) {
+        outcome("no_account");
+        return Ok(Rejection::InvalidAccount.into_response(style));
+    }
 
     // Redis fast path: a plain GET. Every error falls through to PostgreSQL.
     if let Some(cache) = &shared.redis {
@@ -579,6 +595,16 @@ pub struct NotExecuted;
 /// The longest `Retry-After` for a 409: short, since the holder usually finishes soon.
 const IN_PROGRESS_RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// The longest account the layer scopes keys by, in bytes (as for keys: Stripe's 255).
+pub const MAX_ACCOUNT_LEN: usize = 255;
+
+/// At most [`MAX_ACCOUNT_LEN`] bytes and no control character: PostgreSQL text cannot hold NUL,
+/// and an index entry cannot exceed about 2.7 KB (a 4 KB bearer token as the account would
+/// otherwise fail the grouped statement it shares with other requests).
+fn storable_account(account: &str) -> bool {
+    account.len() <= MAX_ACCOUNT_LEN && !account.chars().any(char::is_control)
+}
+
 /// Results a client is expected to retry are not stored: 5xx (unless `keep_5xx`), and 408,
 /// 409, 425 and 429, which say "not now" rather than "this is the outcome".
 fn releases_key(status: StatusCode, keep_5xx: bool) -> bool {
@@ -786,138 +812,4 @@ fn replay(stored: &StoredResponse) -> Response<Body> {
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     resp
-}
-
-/// Errors the layer answers itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rejection {
-    /// 400: no key where one is required.
-    Missing,
-    /// 400: the key is malformed.
-    Invalid(KeyError),
-    /// 422: the key was used with another request.
-    Reused,
-    /// 409: a request with this key is still running; retry after the duration.
-    InProgress(Duration),
-    /// 413: body larger than the buffering limit.
-    TooLarge,
-    /// 503: the PostgreSQL store is unavailable.
-    Unavailable,
-    /// 500: the handler panicked or its body failed.
-    Internal,
-    /// 401: the account extractor found no account to scope the key.
-    NoAccount,
-    /// 400: the request body could not be read (the client went away mid-body).
-    UnreadableBody,
-}
-
-const PROBLEM_TYPE: &str =
-    "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-06#section-2.7";
-
-impl Rejection {
-    fn status(&self) -> StatusCode {
-        match self {
-            Rejection::Missing | Rejection::Invalid(_) => StatusCode::BAD_REQUEST,
-            Rejection::Reused => StatusCode::UNPROCESSABLE_ENTITY,
-            Rejection::InProgress(_) => StatusCode::CONFLICT,
-            Rejection::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Rejection::NoAccount => StatusCode::UNAUTHORIZED,
-            Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
-        }
-    }
-
-    /// (title, detail, stripe code)
-    fn text(&self) -> (&'static str, String, &'static str) {
-        match self {
-            Rejection::Missing => (
-                "Idempotency-Key is missing",
-                "This operation is idempotent and requires an Idempotency-Key header.".into(),
-                "idempotency_key_missing",
-            ),
-            Rejection::Invalid(e) => (
-                "Idempotency-Key is invalid",
-                format!("{e}; use 1 to 255 visible ASCII characters."),
-                "idempotency_key_invalid",
-            ),
-            Rejection::Reused => (
-                "Idempotency-Key is already used",
-                "This Idempotency-Key was used with a different request; use a new key for a different request.".into(),
-                "idempotency_key_reused",
-            ),
-            Rejection::InProgress(_) => (
-                "A request is outstanding for this Idempotency-Key",
-                "Another request with this Idempotency-Key is still being processed; retry later.".into(),
-                "idempotency_key_in_use",
-            ),
-            Rejection::TooLarge => (
-                "Request body too large",
-                "The request body exceeds the limit for idempotent requests.".into(),
-                "request_too_large",
-            ),
-            Rejection::Unavailable => (
-                "Idempotency store unavailable",
-                "The request was not executed; retry with the same Idempotency-Key.".into(),
-                "idempotency_store_unavailable",
-            ),
-            Rejection::Internal => (
-                "Internal error",
-                "The request failed; retry with the same Idempotency-Key.".into(),
-                "internal_error",
-            ),
-            Rejection::UnreadableBody => (
-                "Unreadable request body",
-                "The request body could not be read; nothing was executed.".into(),
-                "request_body_unreadable",
-            ),
-            Rejection::NoAccount => (
-                "No account for this request",
-                "Idempotency keys are scoped by account, and this request names none.".into(),
-                "account_missing",
-            ),
-        }
-    }
-
-    /// Renders the rejection in the given style.
-    pub fn into_response(self, style: ErrorStyle) -> Response<Body> {
-        let status = self.status();
-        let (title, detail, code) = self.text();
-        let (content_type, body) = match style {
-            ErrorStyle::Problem => (
-                "application/problem+json",
-                serde_json::json!({
-                    "type": PROBLEM_TYPE,
-                    "title": title,
-                    "status": status.as_u16(),
-                    "detail": detail,
-                }),
-            ),
-            ErrorStyle::Stripe => (
-                "application/json",
-                serde_json::json!({
-                    "error": {
-                        "type": "idempotency_error",
-                        "code": code,
-                        "message": format!("{title}. {detail}"),
-                    }
-                }),
-            ),
-        };
-        let mut resp = Response::new(Body::from(body.to_string()));
-        *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        let retry_after = match &self {
-            Rejection::InProgress(d) => Some(d.as_secs() + u64::from(d.subsec_nanos() > 0)),
-            Rejection::Unavailable => Some(1),
-            _ => None,
-        };
-        if let Some(secs) = retry_after {
-            // At least one second: `Retry-After: 0` invites a tight retry loop.
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
-        }
-        resp
-    }
 }

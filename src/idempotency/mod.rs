@@ -24,6 +24,7 @@ pub mod group;
 pub mod key;
 pub mod layer;
 pub mod redis;
+pub mod rejection;
 pub mod store;
 
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};

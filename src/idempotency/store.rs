@@ -20,7 +20,7 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
-use super::group::{GroupOptions, Groups, NewClaim, NewCompletion};
+use super::group::{Completed, GroupOptions, Groups, NewClaim, NewCompletion};
 
 /// Errors from the PostgreSQL store.
 #[derive(Debug, thiserror::Error)]
@@ -295,15 +295,15 @@ impl PgIdempotencyStore {
                 })
                 .await;
             match stored {
-                Ok(Some(ttl_ms)) => {
+                Ok(Completed::Stored { ttl_ms }) => {
                     return Ok(Ownership::Owned {
                         ttl: duration_ms(ttl_ms),
                     })
                 }
-                Ok(None) => return Ok(Ownership::Lost),
-                // The writer is gone: our own statement stores it (guarded by the token, so
-                // it cannot write twice).
-                Err(StoreError::GroupClosed) => {}
+                Ok(Completed::Lost) => return Ok(Ownership::Lost),
+                // The group's statement was refused, or the writer is gone: our own statement
+                // stores it (guarded by the token, so it cannot write twice).
+                Ok(Completed::Alone) | Err(StoreError::GroupClosed) => {}
                 Err(error) => return Err(error),
             }
         }

@@ -93,14 +93,46 @@ async fn write_groups(
                     let _ = reply.send(Ok(()));
                 }
             }
+            // One message the database cannot hold must not fail the others committed with
+            // it: each is written on its own, and only the offender is refused.
+            Err(error) if messages.len() > 1 && error.refused_for_its_data() => {
+                tracing::warn!(%error, count = messages.len(), "database queue group refused for a row's data; writing its messages one at a time");
+                write_one_by_one(&store, &queue, messages, replies).await;
+                wakeups.queue.notify_waiters();
+            }
             Err(error) => {
                 tracing::warn!(%error, count = messages.len(), "database queue commit failed");
+                let refused = error.refused_for_its_data();
                 let message = error.to_string();
                 for reply in replies {
-                    let _ = reply.send(Err(TransportError::Unavailable(message.clone())));
+                    let _ = reply.send(Err(if refused {
+                        TransportError::Rejected(message.clone())
+                    } else {
+                        TransportError::Unavailable(message.clone())
+                    }));
                 }
             }
         }
+    }
+}
+
+/// After a group was refused for one row's data: one commit per message, each caller told its
+/// own outcome.
+async fn write_one_by_one(
+    store: &Store,
+    queue: &str,
+    messages: Vec<NewQueueMessage>,
+    replies: Vec<Reply>,
+) {
+    for (message, reply) in messages.into_iter().zip(replies) {
+        let result = store
+            .enqueue(queue, std::slice::from_ref(&message))
+            .await
+            .map_err(TransportError::from);
+        if let Err(error) = &result {
+            tracing::warn!(%error, "database queue refused a message");
+        }
+        let _ = reply.send(result);
     }
 }
 
@@ -148,6 +180,7 @@ impl Transport for DatabaseQueue {
                 message_type: row.message_type,
                 payload: Bytes::from(row.payload),
                 attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+                defect: None,
             })
             .collect())
     }

@@ -54,20 +54,33 @@ pub struct Delivery {
     pub payload: Bytes,
     /// Deliveries so far, this one included (1 on the first).
     pub attempts: u32,
+    /// Why the transport could not read this message as its producer meant it (an SQS body
+    /// marked base64 that is not); such a message is dead-lettered with this reason rather than
+    /// left to come back forever.
+    pub defect: Option<String>,
 }
 
-/// The transport could not do what was asked; the caller retries later (ingress: 503).
+/// The transport could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
+    /// Not now: the caller retries later (ingress: 503).
     #[error("transport unavailable: {0}")]
     Unavailable(String),
+    /// Never: the transport refused this one message for what it carries, and would refuse it
+    /// again (ingress: 400). Messages published with it are unaffected.
+    #[error("message refused by the transport: {0}")]
+    Rejected(String),
     #[error("transport is shutting down")]
     Closed,
 }
 
 impl From<crate::store::StoreError> for TransportError {
     fn from(e: crate::store::StoreError) -> Self {
-        TransportError::Unavailable(e.to_string())
+        if e.refused_for_its_data() {
+            TransportError::Rejected(e.to_string())
+        } else {
+            TransportError::Unavailable(e.to_string())
+        }
     }
 }
 

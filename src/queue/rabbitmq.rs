@@ -386,6 +386,7 @@ impl RabbitMqQueue {
             message_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
             payload: Bytes::from(d.data),
             attempts,
+            defect: None,
         }
     }
 }

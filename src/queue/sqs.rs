@@ -91,12 +91,19 @@ impl SqsQueue {
                 .map(str::to_owned)
         };
         let body = message.body().unwrap_or_default();
+        // A body marked base64 that is not is kept as received and dead-lettered with the
+        // reason: dropped here, it would come back after every lease, forever.
+        let mut defect = None;
         let payload = if attribute(ENCODING_ATTRIBUTE).as_deref() == Some("base64") {
-            Bytes::from(
-                base64::engine::general_purpose::STANDARD
-                    .decode(body)
-                    .ok()?,
-            )
+            match base64::engine::general_purpose::STANDARD.decode(body) {
+                Ok(bytes) => Bytes::from(bytes),
+                Err(error) => {
+                    defect = Some(format!(
+                        "the body is marked {ENCODING_ATTRIBUTE}=base64 but is not base64: {error}"
+                    ));
+                    Bytes::copy_from_slice(body.as_bytes())
+                }
+            }
         } else {
             Bytes::copy_from_slice(body.as_bytes())
         };
@@ -114,6 +121,7 @@ impl SqsQueue {
             message_type: attribute(TYPE_ATTRIBUTE),
             payload,
             attempts,
+            defect,
         })
     }
 

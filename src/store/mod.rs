@@ -38,6 +38,14 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// The database refused the statement for the values it carried (see
+    /// [`crate::retry::refused_for_its_data`]): retrying it unchanged cannot succeed.
+    pub fn refused_for_its_data(&self) -> bool {
+        matches!(self, StoreError::Database(e) if crate::retry::refused_for_its_data(e))
+    }
+}
+
 /// A message to put on the database queue.
 #[derive(Debug, Clone)]
 pub struct NewQueueMessage {

@@ -2,8 +2,10 @@
 //! `/metrics`.
 //!
 //! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
-//! only what is needed (Stripe: `id` and `type`, 400 if missing), then publish durably and wait
-//! for it (503 on failure), then 200.
+//! only what is needed (Stripe: `id` and `type`, 400 if missing), then check them against the
+//! rules of [`crate::event`] (400 for an id or type the store cannot hold, before it can share a
+//! group commit with other events), then publish durably and wait for it (503 on failure), then
+//! 200.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use serde::Deserialize;
 use super::problem::Problem;
 use super::standard::{verify_standard_signature, StandardHeaders};
 use super::stripe::verify_stripe_signature;
+use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::queue::{OutgoingMessage, Transport, TransportError};
 use crate::store::Store;
 
@@ -162,13 +165,43 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
     }
 }
 
-/// Publishes and waits until the transport says the message is durable; 503 otherwise.
+/// Publishes and waits until the transport says the message is durable; 503 otherwise (400 if
+/// the transport refused this very message for what it carries).
 async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), Problem> {
     let id = message.message_id.clone().unwrap_or_default();
-    state.transport.publish(message).await.map_err(|error| {
-        // The cause is logged; the sender learns only that it should retry.
-        tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
-        unavailable(&error)
+    state
+        .transport
+        .publish(message)
+        .await
+        .map_err(|error| match error {
+            TransportError::Rejected(reason) => {
+                tracing::warn!(%reason, event_id = %id, "transport refused webhook; answering 400");
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "urn:dedup-worker:problem:invalid-payload",
+                    "Invalid payload",
+                    "the event cannot be stored as sent",
+                )
+                .with_check("payload_storable")
+            }
+            error => {
+                // The cause is logged; the sender learns only that it should retry.
+                tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
+                unavailable(&error)
+            }
+        })
+}
+
+/// 400 for a source, id or type that [`check_event_field`] refuses; `check` names the field.
+fn checked(field: EventField, value: &str, check: &'static str) -> Result<(), Problem> {
+    check_event_field(field, value).map_err(|error: InvalidEventField| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "urn:dedup-worker:problem:invalid-payload",
+            "Invalid payload",
+            error.to_string(),
+        )
+        .with_check(check)
     })
 }
 
@@ -209,6 +242,10 @@ async fn receive_stripe(
             .with_check("payload_id")
         })?
         .into_owned();
+    checked(EventField::Id, &id, "payload_id")?;
+    if let Some(event_type) = &envelope.event_type {
+        checked(EventField::Type, event_type, "payload_type")?;
+    }
     let message = OutgoingMessage {
         source: Some("stripe".to_owned()),
         message_id: Some(id.clone()),
@@ -249,9 +286,13 @@ async fn receive_standard(
     )
     .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
     let id = received.id.unwrap_or_default().to_owned();
+    checked(EventField::Id, &id, "webhook_id")?;
     let event_type = serde_json::from_slice::<Envelope>(&body)
         .ok()
         .and_then(|e| e.event_type.map(Cow::into_owned));
+    if let Some(event_type) = &event_type {
+        checked(EventField::Type, event_type, "payload_type")?;
+    }
     let message = OutgoingMessage {
         source: Some(provider.source.clone()),
         message_id: Some(id.clone()),

@@ -1,0 +1,207 @@
+//! From a received [`Delivery`] to an [`Event`]: where the dedup key comes from, and what is
+//! refused.
+//!
+//! Messages come from our own ingress but also from foreign producers on a shared queue, so
+//! anything may arrive: text that is not JSON, JSON without an id, binary, ids the store cannot
+//! hold. [`decode_delivery`] turns every such message into a [`DecodeError`] naming the reason,
+//! and the consumer dead-letters it: it never reaches the batch's shared statements, where it
+//! would fail its neighbours, and it never comes back to fail again.
+//!
+//! Bounded work whatever the message: one size check first ([`ConsumerOptions`]'s
+//! `max_message_bytes`), then at most one JSON parse, only when the transport carried no id or
+//! no type, under serde_json's recursion limit (128 levels).
+
+use crate::event::{check_event_field, Event, EventField, InvalidEventField};
+use crate::queue::Delivery;
+
+use super::ConsumerOptions;
+
+/// Why a delivery cannot become an event. Its message is dead-lettered with this text.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The transport could not read the message as sent (see [`Delivery::defect`]).
+    #[error("{0}")]
+    Defect(String),
+    /// Larger than `consumer.max_message_bytes`: not parsed at all.
+    #[error("the message is {len} bytes; consumer.max_message_bytes is {max}")]
+    TooLarge { len: usize, max: usize },
+    /// No id from the transport, and the payload could not be read to find one.
+    #[error("no message id, and the payload is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// No id from the transport, and none in the payload.
+    #[error("no message id, and no non-empty string at {pointer} in the payload")]
+    NoId { pointer: String },
+    /// An id, type or source the store cannot hold.
+    #[error(transparent)]
+    Field(#[from] InvalidEventField),
+}
+
+/// The event a delivery carries: the dedup key is the transport's message id when it has one,
+/// else the string at `options.dedup_key_pointer` in the JSON payload; the type is the
+/// transport's, else the payload's `type`; the source is the producer's, else
+/// `options.source`. Each of them must pass [`check_event_field`].
+pub fn decode_delivery(
+    delivery: &Delivery,
+    options: &ConsumerOptions,
+) -> Result<Event, DecodeError> {
+    if let Some(defect) = &delivery.defect {
+        return Err(DecodeError::Defect(defect.clone()));
+    }
+    if delivery.payload.len() > options.max_message_bytes {
+        return Err(DecodeError::TooLarge {
+            len: delivery.payload.len(),
+            max: options.max_message_bytes,
+        });
+    }
+    let source = delivery
+        .source
+        .clone()
+        .unwrap_or_else(|| options.source.clone());
+    check_event_field(EventField::Source, &source)?;
+
+    let message_id = delivery.message_id.as_deref().filter(|id| !id.is_empty());
+    // Parsed only when the transport did not carry both the id and the type (our own ingress
+    // always carries the id), and at most once.
+    let (json, json_error) = if message_id.is_none() || delivery.message_type.is_none() {
+        match serde_json::from_slice::<serde_json::Value>(&delivery.payload) {
+            Ok(value) => (Some(value), None),
+            Err(error) => (None, Some(error)),
+        }
+    } else {
+        (None, None)
+    };
+    let no_id = || DecodeError::NoId {
+        pointer: options.dedup_key_pointer.clone(),
+    };
+    let id = match (message_id, &json) {
+        (Some(id), _) => id.to_owned(),
+        (None, Some(value)) => value
+            .pointer(&options.dedup_key_pointer)
+            .and_then(serde_json::Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(no_id)?,
+        (None, None) => return Err(json_error.map_or_else(no_id, DecodeError::NotJson)),
+    };
+    check_event_field(EventField::Id, &id)?;
+    let event_type = match &delivery.message_type {
+        Some(event_type) => event_type.clone(),
+        None => json
+            .as_ref()
+            .and_then(|v| v.get("type"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    check_event_field(EventField::Type, &event_type)?;
+    Ok(Event {
+        source,
+        id,
+        event_type,
+        payload: delivery.payload.clone(),
+        delivery_attempt: delivery.attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::queue::DeliveryTag;
+
+    fn options() -> ConsumerOptions {
+        ConsumerOptions {
+            source: "stripe".into(),
+            dedup_key_pointer: "/id".into(),
+            batch_size: 10,
+            poll_interval: Duration::from_millis(10),
+            max_attempts: 3,
+            retry_base: Duration::from_millis(10),
+            retry_max: Duration::from_millis(10),
+            max_message_bytes: 1024,
+        }
+    }
+
+    fn delivery(message_id: Option<&str>, payload: &[u8]) -> Delivery {
+        Delivery {
+            tag: DeliveryTag::Row(1),
+            source: None,
+            message_id: message_id.map(str::to_owned),
+            message_type: None,
+            payload: Bytes::copy_from_slice(payload),
+            attempts: 1,
+            defect: None,
+        }
+    }
+
+    fn reason(d: &Delivery) -> String {
+        match decode_delivery(d, &options()) {
+            Ok(event) => panic!("decoded {event:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_key_comes_from_the_message_id_or_the_pointer() {
+        let from_property = decode_delivery(&delivery(Some("evt_1"), b"not json"), &options());
+        assert_eq!(from_property.map(|e| e.id).ok(), Some("evt_1".into()));
+        let from_body = decode_delivery(
+            &delivery(None, br#"{"id":"evt_2","type":"invoice.paid"}"#),
+            &options(),
+        )
+        .expect("decodes");
+        assert_eq!(
+            (from_body.id.as_str(), from_body.event_type.as_str()),
+            ("evt_2", "invoice.paid")
+        );
+        assert_eq!(from_body.source, "stripe");
+    }
+
+    #[test]
+    fn foreign_messages_are_refused_with_their_reason() {
+        assert!(reason(&delivery(None, b"hello")).contains("not JSON"));
+        assert!(reason(&delivery(None, br#"{"type":"x"}"#)).contains("no non-empty string at /id"));
+        assert!(reason(&delivery(None, &[0xff, 0x00, 0x9c])).contains("not JSON"));
+        assert!(reason(&delivery(None, br#"{"id":"evt_\u0000x"}"#)).contains("U+0000"));
+        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(300));
+        assert!(reason(&delivery(None, long.as_bytes())).contains("300 bytes"));
+        assert!(reason(&delivery(None, &[b'['; 2000])).contains("max_message_bytes"));
+        let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        assert!(reason(&delivery(None, deep.as_bytes())).contains("recursion limit"));
+        let mut broken = delivery(Some("evt_1"), b"!!");
+        broken.defect = Some("not base64".into());
+        assert_eq!(reason(&broken), "not base64");
+        let mut bad_type = delivery(Some("evt_1"), b"{}");
+        bad_type.message_type = Some("a\u{0}".into());
+        assert!(reason(&bad_type).contains("event type"));
+        let mut bad_source = delivery(Some("evt_1"), b"{}");
+        bad_source.source = Some(String::new());
+        assert!(reason(&bad_source).contains("event source is empty"));
+    }
+
+    proptest! {
+        /// Whatever arrives, decoding returns, and what it accepts can be stored.
+        #[test]
+        fn never_panics_and_accepts_only_storable_keys(
+            payload in proptest::collection::vec(any::<u8>(), 0..2048),
+            message_id in proptest::option::of(any::<String>()),
+            message_type in proptest::option::of(any::<String>()),
+        ) {
+            let mut d = delivery(message_id.as_deref(), &payload);
+            d.message_type = message_type;
+            if let Ok(event) = decode_delivery(&d, &options()) {
+                for (field, value) in [
+                    (EventField::Source, &event.source),
+                    (EventField::Id, &event.id),
+                    (EventField::Type, &event.event_type),
+                ] {
+                    prop_assert!(check_event_field(field, value).is_ok());
+                }
+            }
+        }
+    }
+}

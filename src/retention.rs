@@ -1,0 +1,48 @@
+//! Retention: processed ids are kept for the dedup window (`consumer.dedup_retention_days`),
+//! dispatched outbox rows for `outbox.retention_hours`; older rows are deleted in bounded
+//! batches (one statement deletes at most `retention_batch` rows), so a purge never holds long
+//! locks or one huge transaction.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+
+/// Retention options.
+#[derive(Debug, Clone, Copy)]
+pub struct RetentionOptions {
+    /// Processed ids younger than this are kept (the dedup window).
+    pub dedup_window: Duration,
+    /// Dispatched outbox rows younger than this are kept.
+    pub outbox_window: Duration,
+    pub interval: Duration,
+    pub batch: i64,
+}
+
+/// Deletes expired processed ids and dispatched outbox rows in bounded batches, every
+/// `interval`, until shutdown.
+pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: CancellationToken) {
+    loop {
+        loop {
+            match store
+                .purge_expired(options.dedup_window, options.outbox_window, options.batch)
+                .await
+            {
+                Ok(n) if n > 0 && !shutdown.is_cancelled() => {
+                    tracing::debug!(deleted = n, "retention");
+                    continue;
+                }
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "retention failed; will try again");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(options.interval) => {}
+        }
+    }
+}
