@@ -98,8 +98,17 @@ for target in "${targets[@]}"; do
   fi
   failed+=("$target")
   summary+=("$line  FAILED (exit $status)")
-  log "$target FAILED (exit $status); last lines of its output:"
-  tail -n 60 "$out" >&2
+  # The failure itself (panic message, sanitizer report or libFuzzer's timeout/OOM report), not
+  # cargo-fuzz's long footer after it.
+  first=$(grep -n -m1 -E 'panicked at|overflowed its stack|==fuzz== SIGSEGV|==[0-9]+== *ERROR|ERROR: libFuzzer' "$out" |
+    cut -d: -f1 || true)
+  if [[ -n $first ]]; then
+    log "$target FAILED (exit $status):"
+    sed -n "${first},$((first + 40))p" "$out" >&2
+  else
+    log "$target FAILED (exit $status); last lines of its output:"
+    tail -n 60 "$out" >&2
+  fi
   artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$out" | tail -n1)
   if [[ -n $artifact ]]; then
     log "artifact: $artifact ($(wc -c <"$artifact") bytes)"

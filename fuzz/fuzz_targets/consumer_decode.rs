@@ -11,7 +11,10 @@ use dedup_worker::event::{check_event_field, EventField};
 use dedup_worker::queue::{Delivery, DeliveryTag};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|input: (Option<String>, Option<String>, Option<String>, bool, &[u8])| {
+#[path = "support.rs"]
+mod support;
+
+fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Option<String>, Option<String>, bool, &[u8])| {
     let (source, message_id, message_type, nested_pointer, payload) = input;
     let options = ConsumerOptions {
         source: "stripe".into(),

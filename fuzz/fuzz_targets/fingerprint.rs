@@ -13,7 +13,10 @@ use dedup_worker::idempotency::Fingerprint;
 use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|body: &[u8]| {
+#[path = "support.rs"]
+mod support;
+
+fuzz_target!(init: support::catch_stack_overflow(), |body: &[u8]| {
     let mut json = HeaderMap::new();
     json.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let plain = HeaderMap::new();

@@ -14,7 +14,10 @@ use dedup_worker::webhook::standard::{
 };
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
+#[path = "support.rs"]
+mod support;
+
+fuzz_target!(init: support::catch_stack_overflow(), |data: &[u8]| {
     let mut fields = data.splitn(7, |&b| b == b'\n');
     let id = String::from_utf8_lossy(fields.next().unwrap_or_default());
     let timestamp = String::from_utf8_lossy(fields.next().unwrap_or_default());

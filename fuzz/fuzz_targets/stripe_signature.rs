@@ -9,7 +9,10 @@
 use dedup_worker::webhook::stripe::{signature_header, verify_stripe_signature, SignatureError};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
+#[path = "support.rs"]
+mod support;
+
+fuzz_target!(init: support::catch_stack_overflow(), |data: &[u8]| {
     let mut fields = data.splitn(5, |&b| b == b'\n');
     let header = String::from_utf8_lossy(fields.next().unwrap_or_default());
     let secrets_line = String::from_utf8_lossy(fields.next().unwrap_or_default());
