@@ -123,6 +123,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    use crate::proptest_support::config;
+
     #[test]
     fn limits() {
         assert_eq!(check_event_field(EventField::Id, "evt_1"), Ok(()));
@@ -165,6 +167,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(config(256))]
         #[test]
         fn accepted_values_are_storable(value in any::<String>()) {
             if check_event_field(EventField::Id, &value).is_ok() {

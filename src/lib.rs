@@ -29,6 +29,8 @@ pub mod consumer;
 pub mod event;
 pub mod idempotency;
 pub mod outbox;
+#[cfg(test)]
+mod proptest_support;
 pub mod queue;
 pub mod retention;
 pub mod retry;

@@ -110,6 +110,8 @@ mod tests {
     use bytes::Bytes;
     use proptest::prelude::*;
 
+    use crate::proptest_support::config;
+
     use super::*;
     use crate::queue::DeliveryTag;
 
@@ -184,6 +186,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(config(256))]
         /// Whatever arrives, decoding returns, and what it accepts can be stored.
         #[test]
         fn never_panics_and_accepts_only_storable_keys(

@@ -259,16 +259,8 @@ mod tests {
         assert!(IdempotencyKey::parse(padded.as_bytes()).is_ok());
     }
 
+    use crate::proptest_support::config;
     use proptest::prelude::*;
-
-    fn config(cases: u32) -> ProptestConfig {
-        ProptestConfig {
-            cases,
-            // Failures are reported with their minimal input; no regression files in src/.
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
 
     /// Valid keys, often with the characters that need escaping when quoted.
     fn valid_key() -> impl Strategy<Value = String> {

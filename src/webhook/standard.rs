@@ -289,17 +289,9 @@ mod tests {
         }
     }
 
+    use crate::proptest_support::{config, extreme_i64};
     use proptest::prelude::*;
     use proptest::sample::Index;
-
-    fn config(cases: u32) -> ProptestConfig {
-        ProptestConfig {
-            cases,
-            // Failures are reported with their minimal input; no regression files in src/.
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
 
     fn signature_like() -> impl Strategy<Value = String> {
         let item = prop_oneof![
@@ -308,18 +300,6 @@ mod tests {
             "[ -~]{0,12}",
         ];
         prop::collection::vec(item, 0..24).prop_map(|items| items.join(" "))
-    }
-
-    fn extreme_i64() -> impl Strategy<Value = i64> {
-        prop_oneof![
-            any::<i64>(),
-            Just(i64::MIN),
-            Just(i64::MIN + 1),
-            Just(i64::MAX),
-            Just(-1),
-            Just(0),
-            Just(1),
-        ]
     }
 
     fn key_bytes() -> impl Strategy<Value = Vec<u8>> {

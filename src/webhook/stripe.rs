@@ -288,16 +288,8 @@ mod tests {
         assert!(SignatureError::TooManySignatures.to_string().contains("16"));
     }
 
+    use crate::proptest_support::{config, extreme_i64};
     use proptest::prelude::*;
-
-    fn config(cases: u32) -> ProptestConfig {
-        ProptestConfig {
-            cases,
-            // Failures are reported with their minimal input; no regression files in src/.
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        }
-    }
 
     /// Header-like strings: items of keys and values in any order, garbage included.
     fn header_like() -> impl Strategy<Value = String> {
@@ -310,18 +302,6 @@ mod tests {
             "[ -~]{0,10}",
         ];
         prop::collection::vec(item, 0..24).prop_map(|items| items.join(","))
-    }
-
-    fn extreme_i64() -> impl Strategy<Value = i64> {
-        prop_oneof![
-            any::<i64>(),
-            Just(i64::MIN),
-            Just(i64::MIN + 1),
-            Just(i64::MAX),
-            Just(-1),
-            Just(0),
-            Just(1),
-        ]
     }
 
     /// Items a verifier must ignore: `v0` and unknown keys (never `t` or `v1`).

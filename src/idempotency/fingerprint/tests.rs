@@ -340,17 +340,9 @@ fn canonical_text_matches_the_recursive_version_on_edge_cases() {
 // ---------------------------------------------------------------------------------------
 // Properties.
 
+use crate::proptest_support::config;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
-
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        // Failures are reported with their minimal input; no regression files in src/.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// A generated JSON value. Strings and keys hold the raw text between the quotes.
 #[derive(Debug, Clone)]
