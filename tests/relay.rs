@@ -176,3 +176,76 @@ async fn dlq_cli_lists_and_redrives() {
     assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 2);
     assert_eq!(cli(&db, &["dlq", "list"]).trim(), "");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
+    // A 302 followed would turn the POST into a GET without the event, and a 2xx to that GET
+    // would mark the row dispatched: the event lost.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let gets = Arc::new(AtomicUsize::new(0));
+    let counted = gets.clone();
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(|| async {
+                (
+                    StatusCode::FOUND,
+                    [(axum::http::header::LOCATION, "/elsewhere")],
+                )
+            }),
+        )
+        .route(
+            "/elsewhere",
+            axum::routing::any(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::OK }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let db = TestDb::new(Backend::Postgres).await;
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("outbox.sink", json!(format!("http://{addr}/hook"))),
+            ("outbox.max_attempts", json!(2)),
+            ("outbox.retry_base_ms", json!(20)),
+            ("outbox.retry_max_ms", json!(50)),
+            ("outbox.poll_interval_ms", json!(50)),
+            ("consumer.poll_interval_ms", json!(50)),
+        ],
+    );
+    let app = TestApp::spawn(settings, Overrides::default()).await;
+    let client = reqwest::Client::new();
+    let body = stripe_event("evt_redirected", "charge.succeeded");
+    let r = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let store = Arc::new(app.store.clone());
+    wait_for(
+        "the row to be marked failed",
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            async move { (store.outbox_counts().await.ok()?.failed == 1).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(gets.load(Ordering::SeqCst), 0, "the redirect was followed");
+    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
+        panic!("a PostgreSQL test");
+    };
+    let last_error: String = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(
+        last_error.contains("302") && last_error.contains("/elsewhere"),
+        "{last_error}"
+    );
+    app.stop().await;
+}
