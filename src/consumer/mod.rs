@@ -23,7 +23,7 @@
 pub mod decode;
 pub mod handler;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -467,12 +467,18 @@ async fn record_new<'e, 'd>(
     tx: &mut StoreTx,
     events: Vec<Received<'e, 'd>>,
 ) -> Result<(Vec<Received<'e, 'd>>, Vec<Received<'e, 'd>>), StoreError> {
-    let mut by_source: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+    // Keys are inserted in one global order, (source, id), whatever order the transport
+    // delivered them in: two workers whose batches share ids then wait for each other in that
+    // order, and never form the cycle PostgreSQL reports as `deadlock detected`.
+    let mut by_source: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
     for (event, _) in &events {
         by_source
             .entry(event.source.as_str())
             .or_default()
             .push((event.id.clone(), event.event_type.clone()));
+    }
+    for pairs in by_source.values_mut() {
+        pairs.sort_unstable();
     }
     let mut new: HashSet<(String, String)> = HashSet::new();
     for (source, pairs) in by_source {
