@@ -98,6 +98,10 @@ pub enum SinkError {
     Http(#[from] reqwest::Error),
     #[error("receiver answered {status}")]
     Status { status: u16 },
+    /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
+    /// and a 2xx to that GET would mark the row dispatched with the event lost.
+    #[error("receiver answered {status} redirecting to {location:?}; redirects are not followed, point the sink at the final URL")]
+    Redirected { status: u16, location: String },
     #[error("AMQP delivery failed: {0}")]
     Amqp(String),
     #[error("SQS delivery failed: {0}")]
@@ -367,6 +371,8 @@ impl HttpSink {
     pub fn new(url: String, timeout: Duration, concurrency: usize) -> Result<Self, SinkError> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
+            // See `SinkError::Redirected`.
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(concurrency)
             .build()?;
         Ok(HttpSink {
@@ -389,6 +395,20 @@ impl HttpSink {
         let status = response.status();
         if status.is_success() {
             Ok(())
+        } else if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(http::header::LOCATION)
+                // The receiver's text goes into `last_error`: bounded and printable.
+                .map(|value| {
+                    crate::event::printable(&String::from_utf8_lossy(value.as_bytes()), 512)
+                        .into_owned()
+                })
+                .unwrap_or_default();
+            Err(SinkError::Redirected {
+                status: status.as_u16(),
+                location,
+            })
         } else {
             Err(SinkError::Status {
                 status: status.as_u16(),
