@@ -301,3 +301,105 @@ async fn unreachable_brokers_answer_503() {
         assert_eq!(ready.status(), 503, "{extra:?}");
     }
 }
+
+/// RabbitMQ keeps accepting while PostgreSQL, behind a proxy, refuses every connection for
+/// 20 s. The consumer's steps fail; each failed batch must be given back to the broker (left
+/// unacked on the live channel it would fill the prefetch window and stall the queue until the
+/// broker's consumer timeout), and the consumer must wait for the store rather than cycle the
+/// events towards the broker's delivery limit. After PostgreSQL is back, everything accepted
+/// reaches the sink, once, with no manual step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_after() {
+    use common::fault_proxy::{FaultProxy, Mode};
+    use common::{TestQueue, Transport};
+    use futures::StreamExt;
+
+    let db = TestDb::new(Backend::Postgres).await;
+    let queue = TestQueue::new(Transport::Rabbitmq)
+        .await
+        .with_delivery_limit(4);
+    let proxy = FaultProxy::start("127.0.0.1:5432").await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", proxy.rewrite(&db.url, "127.0.0.1:5432")),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_TRANSPORT", "rabbitmq".into()),
+            ("DEDUP_QUEUE", queue.name.clone()),
+            ("DEDUP_SINK", format!("file:{}", sink.display())),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__BATCH_SIZE", "50".into()),
+            // Every failed step a delivery goes through counts towards this limit; a low one
+            // shows the consumer does not cycle events through failed steps while the store
+            // is down (past it the broker would dead-letter valid events).
+            (
+                "DEDUP_TRANSPORT__DELIVERY_LIMIT",
+                queue.delivery_limit().to_string(),
+            ),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ],
+        work.path(),
+    );
+    let client = reqwest::Client::new();
+    let url = bin.url("/webhooks/stripe");
+    let post_all = |ids: Vec<String>| {
+        let (client, url) = (client.clone(), url.clone());
+        futures::stream::iter(ids)
+            .map(move |id| {
+                let (client, url) = (client.clone(), url.clone());
+                async move {
+                    let status = send(&client, &url, &id).await.status();
+                    assert_eq!(status, 200, "{id}: RabbitMQ is up, so ingress accepts");
+                    id
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<String>>()
+    };
+    let mut accepted: HashSet<String> =
+        post_all((0..20).map(|i| format!("evt_before_{i}")).collect())
+            .await
+            .into_iter()
+            .collect();
+
+    proxy.set(Mode::Refuse).await;
+    let outage = std::time::Instant::now();
+    accepted.extend(post_all((0..600).map(|i| format!("evt_during_{i}")).collect()).await);
+    // The outage lasts 20 s whatever the posting took: long enough for several failed steps.
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(outage.elapsed())).await;
+    assert!(
+        proxy.accepted() > 0,
+        "the binary did try PostgreSQL during the outage"
+    );
+    proxy.set(Mode::Pass).await;
+
+    let store = Arc::new(db.store().await);
+    let expected = accepted.len();
+    bin.wait_for(
+        "every accepted event to reach the sink within 60 s of PostgreSQL's return",
+        Duration::from_secs(60),
+        || {
+            let (store, sink, queue) = (store.clone(), sink.clone(), &queue);
+            async move {
+                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+                (ids.len() >= expected && queue.drained(&store).await).then_some(())
+            }
+        },
+    )
+    .await;
+    let delivered = file_sink_ids(&sink);
+    let unique: HashSet<String> = delivered.iter().cloned().collect();
+    assert_eq!(
+        unique, accepted,
+        "the sink holds exactly the accepted events"
+    );
+    assert_eq!(
+        delivered.len(),
+        unique.len(),
+        "each event reached the sink once"
+    );
+    drop(bin);
+    queue.cleanup().await;
+}

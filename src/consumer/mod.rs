@@ -18,16 +18,17 @@
 //!   reason. Any other failure (connection lost, deadlock) leaves the whole batch unacked, to
 //!   come back.
 //!
-//! The loop ([`Consumer::run`]) only repeats the step until shutdown.
+//! The loop ([`Consumer::run`], in `run.rs`) repeats the step until shutdown, and heals what a
+//! failed step leaves: it gives the batch back to the transport at once, backs off, and waits
+//! for the store to answer before it receives again.
 
 pub mod decode;
 pub mod handler;
+mod run;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio_util::sync::CancellationToken;
 
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
@@ -123,62 +124,27 @@ impl Consumer {
         }
     }
 
-    /// Repeats receive-and-process until `shutdown`. Waiting for messages is interrupted by
-    /// shutdown; a batch already received is finished, committed and acked before returning.
-    /// (A claim interrupted mid-statement leaves its messages leased: they come back after
-    /// `consumer.lease_secs`.)
-    pub async fn run(self, shutdown: CancellationToken) {
-        let mut failures = 0u32;
-        loop {
-            let received = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                received = self.transport.receive(self.options.batch_size, self.options.poll_interval) => received,
-            };
-            let result = match received {
-                Ok(deliveries) => self.process(deliveries).await,
-                Err(error) => Err(error.into()),
-            };
-            match result {
-                Ok(_) => failures = 0,
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    let delay = backoff_delay(
-                        Duration::from_millis(100),
-                        Duration::from_secs(10),
-                        failures,
-                    );
-                    tracing::warn!(%error, ?delay, "consumer step failed; the batch will be redelivered");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                }
-            }
-        }
-        tracing::debug!("consumer stopped");
-    }
-
     /// Receives one batch and processes it. See the module docs for the guarantees.
     pub async fn try_step(&self) -> Result<StepOutcome, ConsumerError> {
         let deliveries = self
             .transport
             .receive(self.options.batch_size, self.options.poll_interval)
             .await?;
-        self.process(deliveries).await
+        self.process(&deliveries).await
     }
 
     /// Processes one received batch; if the database refuses it for one row's data, processes
     /// it again one delivery at a time, dead-lettering the delivery that is refused alone.
-    async fn process(&self, deliveries: Vec<Delivery>) -> Result<StepOutcome, ConsumerError> {
-        match self.process_batch(&deliveries).await {
+    async fn process(&self, deliveries: &[Delivery]) -> Result<StepOutcome, ConsumerError> {
+        match self.process_batch(deliveries).await {
             Err(ConsumerError::Store(error))
                 if deliveries.len() > 1 && error.refused_for_its_data() =>
             {
                 tracing::warn!(%error, count = deliveries.len(), "the database refused a batch for one row's data; processing it one delivery at a time");
-                self.process_one_by_one(&deliveries).await
+                self.process_one_by_one(deliveries).await
             }
             Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
-                self.dead_letter_refused(&deliveries, &error).await
+                self.dead_letter_refused(deliveries, &error).await
             }
             result => result,
         }

@@ -196,6 +196,16 @@ impl Transport for DatabaseQueue {
         Ok(self.store.ack_messages(&ids).await?)
     }
 
+    async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
+        // An acked row is deleted already: releasing it updates nothing.
+        for tag in tags {
+            if let DeliveryTag::Row(id) = tag {
+                self.store.release_message(*id, Duration::ZERO).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn retry_later(
         &self,
         delivery: &Delivery,

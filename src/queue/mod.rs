@@ -4,7 +4,9 @@
 //! * `publish` returns `Ok` only once the message is durable (database commit, publisher
 //!   confirm, `SendMessage` success); ingress answers 2xx only after that;
 //! * `receive` delivers at least once: a message not acked within its lease comes back;
-//! * `ack` is called only after the consumer's transaction committed.
+//! * `ack` is called only after the consumer's transaction committed;
+//! * `release` hands back at once what a failed step received, so a failure never strands
+//!   deliveries until a lease, a channel close or a broker's consumer timeout.
 
 pub mod database;
 pub mod rabbitmq;
@@ -94,6 +96,13 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Acknowledges deliveries (after the consumer's commit).
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
+
+    /// Gives deliveries back at once, unsettled, after a step that could not finish them (the
+    /// store failed or refused the transaction, a deadlock): another worker or process can take
+    /// them now instead of after their lease, and a RabbitMQ channel's prefetch window is not
+    /// left full of deliveries nobody works on. Tags already acked are skipped. Best effort:
+    /// what cannot be given back returns after its lease (or when its channel closes) anyway.
+    async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
 
     /// Makes a delivery come back after `delay` (retryable handler failure). It gets the whole
     /// delivery because a broker without delayed redelivery republishes a copy.

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -60,6 +60,15 @@ struct ConsumerSide {
     /// Tags are per channel: a tag from an older generation must never be acked on this one.
     generation: u64,
     unacked: std::sync::Mutex<BTreeSet<u64>>,
+}
+
+/// What [`RabbitMqQueue::settle`] does with deliveries.
+#[derive(Debug, Clone, Copy)]
+enum Settle {
+    /// Done: the broker forgets them.
+    Ack,
+    /// Not done: back to the queue at once, for any consumer.
+    Requeue,
 }
 
 /// The publishing side: a channel in confirm mode, shared by concurrent publishers.
@@ -345,6 +354,75 @@ impl RabbitMqQueue {
         Ok(())
     }
 
+    /// Acks or requeues deliveries of the current channel that are still unsettled; tags of an
+    /// older channel are void (the broker requeued those when it closed), and settling a tag
+    /// twice would close the channel. A contiguous run of every unsettled tag up to the last
+    /// one is one `multiple` frame. On error the channel is reset, which requeues everything
+    /// it held.
+    async fn settle(&self, tags: &[DeliveryTag], how: Settle) -> Result<(), TransportError> {
+        let Some(side) = self.consumer.lock().await.clone() else {
+            return Ok(());
+        };
+        let (mine, multiple): (Vec<u64>, bool) = {
+            let Ok(mut unacked) = side.unacked.lock() else {
+                return Ok(());
+            };
+            let mut mine: Vec<u64> = tags
+                .iter()
+                .filter_map(|t| match t {
+                    DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
+                        Some(*tag)
+                    }
+                    _ => None,
+                })
+                .filter(|tag| unacked.contains(tag))
+                .collect();
+            mine.sort_unstable();
+            mine.dedup();
+            let Some(&last) = mine.last() else {
+                return Ok(());
+            };
+            let contiguous = unacked.range(..=last).copied().eq(mine.iter().copied());
+            for tag in &mine {
+                unacked.remove(tag);
+            }
+            if contiguous {
+                (vec![last], true)
+            } else {
+                (mine, false)
+            }
+        };
+        let mut result = Ok(());
+        for tag in &mine {
+            result = match how {
+                Settle::Ack => {
+                    side.channel
+                        .basic_ack(*tag, BasicAckOptions { multiple })
+                        .await
+                }
+                Settle::Requeue => {
+                    side.channel
+                        .basic_nack(
+                            *tag,
+                            BasicNackOptions {
+                                multiple,
+                                requeue: true,
+                            },
+                        )
+                        .await
+                }
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = result {
+            self.reset_consumer().await;
+            return Err(unavailable(e));
+        }
+        Ok(())
+    }
+
     fn convert(side: &ConsumerSide, d: lapin::message::Delivery) -> Delivery {
         let headers = d.properties.headers().clone().unwrap_or_default();
         let header = |name: &str| headers.inner().get(&ShortString::from(name)).cloned();
@@ -426,57 +504,11 @@ impl Transport for RabbitMqQueue {
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
-        let Some(side) = self.consumer.lock().await.clone() else {
-            return Ok(());
-        };
-        // Tags from an older channel are void: the broker requeued those messages already.
-        let mut mine: Vec<u64> = tags
-            .iter()
-            .filter_map(|t| match t {
-                DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
-                    Some(*tag)
-                }
-                _ => None,
-            })
-            .collect();
-        if mine.is_empty() {
-            return Ok(());
-        }
-        mine.sort_unstable();
-        let last = *mine.last().unwrap_or(&0);
-        // One `multiple` ack when the tags are exactly every unacked tag up to the last one.
-        let contiguous = side
-            .unacked
-            .lock()
-            .map(|unacked| unacked.range(..=last).copied().eq(mine.iter().copied()))
-            .unwrap_or(false);
-        let result = if contiguous {
-            side.channel
-                .basic_ack(last, BasicAckOptions { multiple: true })
-                .await
-        } else {
-            let mut result = Ok(());
-            for tag in &mine {
-                result = side
-                    .channel
-                    .basic_ack(*tag, BasicAckOptions::default())
-                    .await;
-                if result.is_err() {
-                    break;
-                }
-            }
-            result
-        };
-        if let Ok(mut unacked) = side.unacked.lock() {
-            for tag in &mine {
-                unacked.remove(tag);
-            }
-        }
-        if let Err(e) = result {
-            self.reset_consumer().await;
-            return Err(unavailable(e));
-        }
-        Ok(())
+        self.settle(tags, Settle::Ack).await
+    }
+
+    async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
+        self.settle(tags, Settle::Requeue).await
     }
 
     async fn retry_later(

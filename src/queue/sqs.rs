@@ -18,8 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
 };
 use aws_sdk_sqs::Client;
 use base64::Engine;
@@ -269,6 +269,40 @@ impl Transport for SqsQueue {
                 handles.len()
             ))),
         }
+    }
+
+    async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
+        let handles: Vec<&str> = tags
+            .iter()
+            .filter_map(|tag| match tag {
+                DeliveryTag::Sqs { receipt_handle } => Some(receipt_handle.as_str()),
+                _ => None,
+            })
+            .collect();
+        // Visibility 0: receivable again at once. An entry that fails alone (a message deleted
+        // already, a handle superseded by a newer receive) has nothing left to give back.
+        for chunk in handles.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, handle)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(*handle)
+                        .visibility_timeout(0)
+                        .build()
+                        .map_err(unavailable)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            self.client
+                .change_message_visibility_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     async fn retry_later(

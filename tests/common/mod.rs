@@ -18,6 +18,8 @@ use axum::Router;
 use bytes::Bytes;
 use dedup_worker::store::Store;
 
+pub mod fault_proxy;
+
 /// PostgreSQL server for tests (trust auth); a database per test is created on it.
 pub fn pg_admin_url() -> String {
     std::env::var("DEDUP_TEST_POSTGRES")
@@ -483,6 +485,9 @@ pub struct TestQueue {
     /// Queue name, or for SQS the queue URL (what `DEDUP_QUEUE` takes).
     pub name: String,
     sqs: Option<aws_sdk_sqs::Client>,
+    /// RabbitMQ: the `x-delivery-limit` the binary declares the queue with (the test's own
+    /// declarations must match it).
+    delivery_limit: u32,
 }
 
 impl TestQueue {
@@ -493,6 +498,7 @@ impl TestQueue {
                 transport,
                 name,
                 sqs: None,
+                delivery_limit: 20,
             };
         }
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -510,7 +516,18 @@ impl TestQueue {
             transport,
             name: url,
             sqs: Some(client),
+            delivery_limit: 20,
         }
+    }
+
+    pub fn delivery_limit(&self) -> u32 {
+        self.delivery_limit
+    }
+
+    /// RabbitMQ: the queue as the binary declares it with `DEDUP_TRANSPORT__DELIVERY_LIMIT`.
+    pub fn with_delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = limit;
+        self
     }
 
     /// The SQS client that created the queue (SQS only).
@@ -534,7 +551,7 @@ impl TestQueue {
             self.name.clone(),
             dedup_worker::queue::rabbitmq::RabbitOptions {
                 prefetch: 1,
-                delivery_limit: 20,
+                delivery_limit: self.delivery_limit,
                 retry_max: Duration::from_secs(600),
             },
         )
