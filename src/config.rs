@@ -229,6 +229,11 @@ pub struct TransportSettings {
     /// RabbitMQ quorum queue `x-delivery-limit`: redeliveries (crashed consumers) before the
     /// broker dead-letters a message to `<queue>.dead`.
     pub delivery_limit: u32,
+    /// SQS long polling: each `ReceiveMessage` waits up to this for a first message (1–20 s,
+    /// SQS's range). Each call is billed and throttled, and a short poll (0) of an empty queue
+    /// answers at once, so an idle consumer would send a stream of them; SQS still answers a
+    /// long poll as soon as a message arrives.
+    pub sqs_wait_time_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -380,6 +385,12 @@ impl Settings {
                 ));
             }
         }
+        if !(1..=20).contains(&self.transport.sqs_wait_time_secs) {
+            return Err(invalid(
+                "transport.sqs_wait_time_secs",
+                "must be 1 to 20 (SQS's long-poll range; 0 would be short polling)",
+            ));
+        }
         if self.transport.queue.is_empty() {
             return Err(invalid("transport.queue", "must not be empty"));
         }
@@ -508,6 +519,17 @@ mod tests {
     fn bad_listen_address_names_the_key() {
         let err = Settings::from_figment(with("http.listen", "not-an-address")).expect_err("bad");
         assert!(err.to_string().contains("http.listen"), "{err}");
+    }
+
+    #[test]
+    fn sqs_wait_outside_long_poll_range_names_the_key() {
+        for value in [0, 21] {
+            let figment = Figment::from(Toml::string(DEFAULT_TOML))
+                .merge(Serialized::default("stripe.secrets", "whsec_test"))
+                .merge(Serialized::default("transport.sqs_wait_time_secs", value));
+            let err = Settings::from_figment(figment).expect_err("out of range");
+            assert!(err.to_string().contains("sqs_wait_time_secs"), "{err}");
+        }
     }
 
     #[test]

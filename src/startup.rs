@@ -84,7 +84,8 @@ impl Application {
                     settings.transport.queue.clone(),
                     Duration::from_secs(settings.consumer.lease_secs),
                 )
-                .await,
+                .await
+                .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs)),
             ),
             TransportKind::Database => {
                 Arc::new(DatabaseQueue::start(

@@ -3,17 +3,26 @@
 //! and the example handler's table holds exactly one row per event. The same over RabbitMQ,
 //! and over SQS with 300 events: the emulator, moto_server, spends time proportional to the
 //! queue's depth on every call (about a second per receive at 1,000 messages), which measures
-//! moto rather than us.
+//! moto rather than us. And an idle SQS pipeline long-polls: a few `ReceiveMessage` calls in
+//! ten seconds (counted by a proxy in front of the emulator), an event arriving during a poll
+//! is still handled at once, and SIGTERM stops it within seconds although its polls are pending.
 
 mod common;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use bytes::Bytes;
 use common::{
-    file_sink_ids, ledger_counts, post_signed, stripe_event, Backend, RunningBinary, TestDb,
-    TestQueue, Transport,
+    file_sink_ids, ledger_counts, post_signed, stripe_event, wait_for, Backend, RunningBinary,
+    TestDb, TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
 
@@ -130,4 +139,182 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
     );
     drop(bin);
     queue.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_on_sigterm() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let queue = TestQueue::new(Transport::Sqs).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let proxy = CountingProxy::start(
+        std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)"),
+    )
+    .await;
+    // Default consumer settings (two workers, a 500 ms poll interval), SQS through the proxy.
+    let mut bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", format!("file:{}", sink.display())),
+            ("DEDUP_TRANSPORT", queue.kind().into()),
+            ("DEDUP_QUEUE", queue.name.clone()),
+            ("AWS_ENDPOINT_URL", proxy.url()),
+        ],
+        work.path(),
+    );
+    bin.wait_for("the consumer's first poll", Duration::from_secs(30), || {
+        std::future::ready((proxy.receives() >= 1).then_some(()))
+    })
+    .await;
+
+    // The deliberate idle window being measured. Short polling sends hundreds of calls in it.
+    let before = proxy.receives();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle_calls = proxy.receives() - before;
+    assert!(
+        idle_calls <= 4,
+        "{idle_calls} ReceiveMessage calls in 10 idle seconds; the binary logged:\n{}",
+        bin.stderr()
+    );
+
+    // Both workers are inside a long poll now; SQS answers it as soon as the event arrives.
+    let posted = Instant::now();
+    let body = stripe_event("evt_long_poll", "invoice.paid");
+    let response = post_signed(
+        &reqwest::Client::new(),
+        &bin.url("/webhooks/stripe"),
+        SECRET,
+        body,
+    )
+    .await
+    .expect("request");
+    assert_eq!(response.status(), 200);
+    bin.wait_for(
+        "the event to be handled while the polls were pending (not at their 20-s end)",
+        Duration::from_secs(5),
+        || {
+            std::future::ready(
+                file_sink_ids(&sink)
+                    .contains(&"evt_long_poll".to_owned())
+                    .then_some(()),
+            )
+        },
+    )
+    .await;
+    let handled_after = posted.elapsed();
+
+    // SIGTERM while the workers are back in a long poll: run() drops the pending receive.
+    let stopping = Instant::now();
+    let pid = libc::pid_t::try_from(bin.child.id()).expect("pid");
+    // SAFETY: kill(2) on the child this test spawned and has not reaped; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+    let status = wait_for(
+        "the binary to exit after SIGTERM",
+        Duration::from_secs(5),
+        || std::future::ready(bin.child.try_wait().expect("try_wait")),
+    )
+    .await;
+    assert!(
+        status.success(),
+        "{status}; the binary logged:\n{}",
+        bin.stderr()
+    );
+    eprintln!(
+        "idle ReceiveMessage calls in 10 s: {idle_calls}; event handled after {handled_after:?}; \
+         exited {:?} after SIGTERM",
+        stopping.elapsed()
+    );
+    drop(bin);
+    queue.cleanup().await;
+}
+
+/// A reverse proxy in front of the SQS endpoint that counts `ReceiveMessage` calls. The SDK
+/// speaks SQS's JSON protocol (the operation in `X-Amz-Target`); a query-protocol form body
+/// with `Action=ReceiveMessage` counts too. The emulator checks no signatures, so forwarding
+/// to another host is fine.
+struct CountingProxy {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+struct ProxyState {
+    client: reqwest::Client,
+    upstream: String,
+    receives: AtomicUsize,
+}
+
+impl CountingProxy {
+    async fn start(upstream: String) -> Self {
+        let state = Arc::new(ProxyState {
+            client: reqwest::Client::new(),
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            receives: AtomicUsize::new(0),
+        });
+        let app = Router::new().fallback(forward).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        CountingProxy {
+            addr,
+            state,
+            _task: task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn receives(&self) -> usize {
+        self.state.receives.load(Ordering::SeqCst)
+    }
+}
+
+async fn forward(
+    State(state): State<Arc<ProxyState>>,
+    method: Method,
+    uri: Uri,
+    mut headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let json_target = headers.get("x-amz-target").and_then(|v| v.to_str().ok());
+    let query_action = String::from_utf8_lossy(&body)
+        .split('&')
+        .any(|pair| pair == "Action=ReceiveMessage");
+    if json_target == Some("AmazonSQS.ReceiveMessage") || query_action {
+        state.receives.fetch_add(1, Ordering::SeqCst);
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    let upstream = state
+        .client
+        .request(method, format!("{}{path}", state.upstream))
+        .headers(headers)
+        .body(body)
+        .send()
+        .await;
+    let response = match upstream {
+        Ok(response) => response,
+        Err(error) => return (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+    };
+    let status = response.status();
+    let mut headers = response.headers().clone();
+    for hop in [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+    ] {
+        headers.remove(hop);
+    }
+    match response.bytes().await {
+        Ok(body) => (status, headers, body).into_response(),
+        Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+    }
 }

@@ -7,7 +7,8 @@
 //!   further attempt;
 //! * `retry_later` brings a delivery back, with its attempts counted;
 //! * an ack that arrives after the lease ran out and the message was received again is not an
-//!   error, and the current holder's ack removes the message.
+//!   error, and the current holder's ack removes the message;
+//! * (SQS) a receive long-polls for the transport's own wait, which the SDK's timeout allows.
 
 mod common;
 
@@ -260,6 +261,29 @@ mod late_ack_after_the_lease {
     async fn sqs() {
         super::a_late_ack_with_a_replaced_tag_is_harmless(super::Kind::Sqs).await
     }
+}
+
+/// SQS long-polls: a receive of an empty queue waits the transport's own long poll although
+/// its caller asked for no wait, and the SDK's attempt timeout (the wait plus a margin) lets the
+/// poll run to its end rather than failing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_receive_long_polls_and_its_timeout_allows_the_wait() {
+    let h = Harness::new(Kind::Sqs).await;
+    let (client, url) = h.sqs.clone().expect("sqs");
+    let long_poll = Duration::from_secs(2);
+    let transport = SqsQueue::with_client(client, url, h.lease).with_long_poll(long_poll);
+    let started = std::time::Instant::now();
+    let got = transport
+        .receive(10, Duration::ZERO)
+        .await
+        .expect("an idle long poll ends empty, not in a timeout");
+    let waited = started.elapsed();
+    assert!(got.is_empty(), "{got:?}");
+    assert!(
+        waited >= long_poll - Duration::from_millis(500),
+        "answered after {waited:?}: a short poll"
+    );
+    h.cleanup().await;
 }
 
 /// A consumer slower than its lease acks after the message was received again: that ack is not

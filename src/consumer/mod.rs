@@ -46,7 +46,8 @@ pub struct ConsumerOptions {
     /// Where the event id sits in a payload whose message carries no id.
     pub dedup_key_pointer: String,
     pub batch_size: usize,
-    /// How long one receive waits for a first message (also the shutdown latency).
+    /// How long one receive waits for a first message (SQS waits its own longer long poll;
+    /// [`Consumer::run`] stops without waiting for either).
     pub poll_interval: Duration,
     pub max_attempts: u32,
     pub retry_base: Duration,

@@ -6,6 +6,18 @@
 //!   (`….fifo`) also gets the event id as its deduplication id.
 //! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
 //!   invisible for the lease (`consumer.lease_secs`) and comes back if not deleted.
+//! * Long polling: every `ReceiveMessage` is billed and counts against throttling, and an empty
+//!   short poll answers at once, so a consumer looping on `receive` with its short
+//!   `consumer.poll_interval_ms` would send a stream of empty calls while idle. So a receive
+//!   waits at least the transport's own long poll (`transport.sqs_wait_time_secs`, 20 s by
+//!   default: SQS's maximum), longer than its caller's `wait` if need be. SQS answers as soon as
+//!   a message arrives, so this costs no latency; an idle consumer makes one call per worker per
+//!   long poll. Shutdown does not wait for it: the consumer drops a pending receive when its
+//!   token is cancelled (messages SQS handed to a dropped call come back after their lease).
+//!   [`SqsQueue::with_client`] has no long poll of its own (each receive waits what its caller
+//!   asks, in whole seconds), for tests and tools that poll with short deadlines.
+//! * Each `ReceiveMessage` attempt has the SDK's attempt timeout set to its wait plus
+//!   [`RECEIVE_TIMEOUT_MARGIN`]: bounded if SQS never answers, yet never cutting a long poll.
 //! * `ack` is `DeleteMessageBatch` in tens, with duplicate receipt handles removed first (SQS
 //!   rejects a batch whose entry ids repeat). A handle that a later receive replaced (the
 //!   lease ran out first) is not an error: the message's work is committed and its new holder
@@ -16,6 +28,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
@@ -36,6 +49,11 @@ const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
 const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+/// SQS's limit on `WaitTimeSeconds`; also the long poll of [`SqsQueue::from_env`].
+pub const MAX_WAIT: Duration = Duration::from_secs(20);
+/// A `ReceiveMessage` attempt may take its wait plus this (the network, a slow answer) before
+/// the SDK abandons it and retries: a long poll ends at its wait, so only a hung call is cut.
+pub const RECEIVE_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
 
 fn unavailable(e: impl std::error::Error) -> TransportError {
     TransportError::Unavailable(format!("sqs: {}", DisplayErrorContext(e)))
@@ -51,6 +69,9 @@ pub struct SqsQueue {
     url: String,
     /// How long a received message stays invisible.
     lease: Duration,
+    /// The least a receive waits for a first message (`WaitTimeSeconds`), whatever its caller
+    /// asked: see the module docs.
+    long_poll: Duration,
 }
 
 fn string_attribute(value: &str) -> Result<MessageAttributeValue, TransportError> {
@@ -62,19 +83,28 @@ fn string_attribute(value: &str) -> Result<MessageAttributeValue, TransportError
 }
 
 impl SqsQueue {
-    /// Builds a client from the SDK's environment.
+    /// Builds a client from the SDK's environment; receives long-poll for [`MAX_WAIT`] (set
+    /// another with [`SqsQueue::with_long_poll`]).
     pub async fn from_env(url: String, lease: Duration) -> Self {
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        SqsQueue::with_client(Client::new(&config), url, lease).with_long_poll(MAX_WAIT)
+    }
+
+    /// For tests and tools that already have a client. No long poll of its own: each receive
+    /// waits what its caller asks.
+    pub fn with_client(client: Client, url: String, lease: Duration) -> Self {
         SqsQueue {
-            client: Client::new(&config),
+            client,
             url,
             lease,
+            long_poll: Duration::ZERO,
         }
     }
 
-    /// For tests and tools that already have a client.
-    pub fn with_client(client: Client, url: String, lease: Duration) -> Self {
-        SqsQueue { client, url, lease }
+    /// The least each receive waits for a first message, in whole seconds up to [`MAX_WAIT`].
+    pub fn with_long_poll(mut self, wait: Duration) -> Self {
+        self.long_poll = wait.min(MAX_WAIT);
+        self
     }
 
     fn secs(d: Duration) -> i32 {
@@ -131,15 +161,23 @@ impl SqsQueue {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<(String, Delivery)>, TransportError> {
+        let wait = Duration::from_secs(wait.min(MAX_WAIT).as_secs());
+        // The SDK sets no read or attempt timeout by default (a hung call would hold its
+        // consumer forever); one shorter than the wait would cut every idle long poll.
+        let timeout = TimeoutConfig::builder()
+            .operation_attempt_timeout(wait + RECEIVE_TIMEOUT_MARGIN)
+            .build();
         let output = self
             .client
             .receive_message()
             .queue_url(&self.url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .wait_time_seconds(wait.as_secs() as i32)
             .visibility_timeout(Self::secs(self.lease))
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .customize()
+            .config_override(aws_sdk_sqs::Config::builder().timeout_config(timeout))
             .send()
             .await
             .map_err(unavailable)?;
@@ -188,7 +226,7 @@ impl Transport for SqsQueue {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
-        let mut out = self.receive_once(max, wait).await?;
+        let mut out = self.receive_once(max, wait.max(self.long_poll)).await?;
         // Fill the batch while full pages keep coming, without waiting again.
         while out.len() < max && out.len() % 10 == 0 && !out.is_empty() {
             let more = self.receive_once(max - out.len(), Duration::ZERO).await?;
