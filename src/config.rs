@@ -19,6 +19,12 @@ use crate::event::{check_event_field, EventField};
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
+/// Shortest dedup window accepted without `consumer.allow_short_dedup_retention`: Stripe retries
+/// a webhook for up to 3 days, plus a day of margin (a retry scheduled just inside the window,
+/// then delayed by an outage or a backlog). A retry arriving after its processed id was purged is
+/// handled a second time: a second charge.
+pub const MIN_DEDUP_RETENTION_DAYS: u64 = 4;
+
 /// Fixed environment names and the keys they set.
 const FIXED_ENV: &[(&str, &str)] = &[
     ("DATABASE_URL", "database_url"),
@@ -255,7 +261,12 @@ pub struct ConsumerSettings {
     pub max_attempts: u32,
     pub retry_base_ms: u64,
     pub retry_max_ms: u64,
+    /// Processed ids are kept this long; a duplicate arriving later is handled again. At least
+    /// [`MIN_DEDUP_RETENTION_DAYS`] unless `allow_short_dedup_retention`.
     pub dedup_retention_days: u64,
+    /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
+    /// never to redeliver that late. Off by default: the floor protects Stripe events.
+    pub allow_short_dedup_retention: bool,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
@@ -434,6 +445,21 @@ impl Settings {
                 format!(
                     "must exceed outbox.http_timeout_ms × ceil(batch_size / concurrency) = {} ms",
                     self.outbox.http_timeout_ms * rounds
+                ),
+            ));
+        }
+        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
+            && !self.consumer.allow_short_dedup_retention
+        {
+            return Err(invalid(
+                "consumer.dedup_retention_days",
+                format!(
+                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
+                     webhook for up to 3 days, and a retry arriving after its processed id was \
+                     purged is handled again (a double charge). Set \
+                     consumer.allow_short_dedup_retention = true only if no source redelivers \
+                     that late",
+                    self.consumer.dedup_retention_days
                 ),
             ));
         }

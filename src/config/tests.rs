@@ -3,7 +3,7 @@
 use super::*;
 use figment::providers::Serialized;
 
-fn with(key: &str, value: &str) -> Figment {
+fn with<T: serde::Serialize>(key: &str, value: T) -> Figment {
     Figment::from(Toml::string(DEFAULT_TOML))
         .merge(Serialized::default("stripe.secrets", "whsec_test"))
         .merge(Serialized::default(key, value))
@@ -39,4 +39,47 @@ fn bad_listen_address_names_the_key() {
 fn bad_sink_names_the_key() {
     let err = Settings::from_figment(with("outbox.sink", "ftp://x")).expect_err("bad");
     assert!(err.to_string().contains("outbox.sink"), "{err}");
+}
+
+#[test]
+fn default_dedup_retention_is_above_the_minimum_without_the_override() {
+    let s = Settings::from_figment(with("http.listen", "127.0.0.1:0")).expect("valid");
+    assert!(s.consumer.dedup_retention_days >= MIN_DEDUP_RETENTION_DAYS);
+    assert!(!s.consumer.allow_short_dedup_retention);
+}
+
+#[test]
+fn short_dedup_retention_is_refused_naming_the_key_the_minimum_and_why() {
+    for days in [0, MIN_DEDUP_RETENTION_DAYS - 1] {
+        let err = Settings::from_figment(with("consumer.dedup_retention_days", days))
+            .expect_err("a window shorter than Stripe's retries");
+        let text = err.to_string();
+        for needed in [
+            "consumer.dedup_retention_days",
+            &format!("is {days}"),
+            "minimum of 4 days",
+            "Stripe retries",
+            "consumer.allow_short_dedup_retention = true",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing from: {text}");
+        }
+    }
+    let s = Settings::from_figment(with(
+        "consumer.dedup_retention_days",
+        MIN_DEDUP_RETENTION_DAYS,
+    ))
+    .expect("the minimum itself is accepted");
+    assert_eq!(s.consumer.dedup_retention_days, 4);
+}
+
+#[test]
+fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
+    for days in [0, 1] {
+        let s = Settings::from_figment(with("consumer.dedup_retention_days", days).merge(
+            Serialized::default("consumer.allow_short_dedup_retention", true),
+        ))
+        .expect("overridden");
+        assert_eq!(s.consumer.dedup_retention_days, days);
+        assert!(s.consumer.allow_short_dedup_retention);
+    }
 }
