@@ -432,6 +432,12 @@ impl Settings {
         positive("consumer.workers", self.consumer.workers)?;
         positive("consumer.lease_secs", self.consumer.lease_secs as usize)?;
         positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
+        // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
+        // unbounded delete) and an error on PostgreSQL.
+        positive(
+            "consumer.retention_batch",
+            usize::try_from(self.consumer.retention_batch).unwrap_or(0),
+        )?;
         positive("outbox.batch_size", self.outbox.batch_size)?;
         positive("outbox.concurrency", self.outbox.concurrency)?;
         positive("outbox.lease_secs", self.outbox.lease_secs as usize)?;

@@ -83,3 +83,15 @@ fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
         assert!(s.consumer.allow_short_dedup_retention);
     }
 }
+
+#[test]
+fn retention_batch_must_be_positive() {
+    for batch in [0i64, -1] {
+        let err = Settings::from_figment(with("consumer.retention_batch", batch))
+            .expect_err("not a bounded batch");
+        assert!(
+            err.to_string().contains("consumer.retention_batch"),
+            "{err}"
+        );
+    }
+}
