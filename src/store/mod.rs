@@ -9,6 +9,7 @@
 //! * writers that take a transaction never commit it themselves.
 
 mod postgres;
+mod rows;
 mod sqlite;
 
 use std::str::FromStr;
@@ -22,6 +23,11 @@ use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Notify;
 
 use crate::config::Settings;
+
+pub use rows::{
+    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxCounts, OutboxRow,
+    QueuedMessage,
+};
 
 /// A store failure. Every variant is "try again later" for callers: ingress answers 503, the
 /// consumer leaves the batch unacked.
@@ -44,90 +50,6 @@ impl StoreError {
     pub fn refused_for_its_data(&self) -> bool {
         matches!(self, StoreError::Database(e) if crate::retry::refused_for_its_data(e))
     }
-}
-
-/// A message to put on the database queue.
-#[derive(Debug, Clone)]
-pub struct NewQueueMessage {
-    /// The provider it came from (first half of the dedup key); `None`: the consumer's default.
-    pub source: Option<String>,
-    /// The producer's message id (the event id for ingress); the consumer's dedup key.
-    pub message_id: Option<String>,
-    /// Event type, kept for routing and logs.
-    pub message_type: Option<String>,
-    /// The raw bytes, exactly as received.
-    pub payload: Vec<u8>,
-}
-
-/// A message claimed from the database queue.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct QueuedMessage {
-    pub id: i64,
-    pub source: Option<String>,
-    pub message_id: Option<String>,
-    pub message_type: Option<String>,
-    pub payload: Vec<u8>,
-    /// Deliveries so far, this one included.
-    pub attempts: i32,
-}
-
-/// An outbox row to write inside a handler's transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewOutboxRow {
-    pub source: String,
-    pub event_id: String,
-    /// Sink spec; `None` is the configured default sink.
-    pub destination: Option<String>,
-    /// Sent as `Idempotency-Key` (HTTP) or `message_id` so receivers can deduplicate again.
-    pub idempotency_key: String,
-    pub event_type: String,
-    pub payload: Vec<u8>,
-}
-
-/// An outbox row claimed by a relay.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct OutboxRow {
-    pub id: i64,
-    pub event_id: String,
-    pub destination: Option<String>,
-    pub idempotency_key: String,
-    pub event_type: String,
-    pub payload: Vec<u8>,
-    /// Delivery attempts so far, this one included.
-    pub attempts: i32,
-}
-
-/// A dead letter, for the CLI.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct DeadLetter {
-    pub id: i64,
-    pub source: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub queue: String,
-    pub payload: Vec<u8>,
-    pub error: String,
-    pub attempts: i32,
-}
-
-/// A dead letter to write.
-#[derive(Debug, Clone)]
-pub struct NewDeadLetter {
-    pub source: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub queue: String,
-    pub payload: Vec<u8>,
-    pub error: String,
-    pub attempts: i32,
-}
-
-/// Outbox counts by status, for tests, readiness and metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OutboxCounts {
-    pub pending: i64,
-    pub dispatched: i64,
-    pub failed: i64,
 }
 
 /// In-process wake-ups. PostgreSQL also feeds them from LISTEN/NOTIFY so other processes' writes
