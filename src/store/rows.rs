@@ -23,6 +23,9 @@ pub struct QueuedMessage {
     pub payload: Vec<u8>,
     /// Deliveries so far, this one included.
     pub attempts: i32,
+    /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
+    /// message still carries it, i.e. while no other consumer has claimed it since.
+    pub claim_token: i64,
 }
 
 /// An outbox row to write inside a handler's transaction.
@@ -49,6 +52,28 @@ pub struct OutboxRow {
     pub payload: Vec<u8>,
     /// Delivery attempts so far, this one included.
     pub attempts: i32,
+    /// Identifies the claim that returned this row (see [`OutboxClaim`]).
+    pub claim_token: i64,
+}
+
+impl OutboxRow {
+    /// What a mark of this row must name: the row and the claim that leased it.
+    pub fn claim(&self) -> OutboxClaim {
+        OutboxClaim {
+            id: self.id,
+            claim_token: self.claim_token,
+        }
+    }
+}
+
+/// One claim of one outbox row. Each claim writes a fresh token on the rows it leases; a mark
+/// naming an older token changes nothing, because another relay claimed the row after this
+/// one's lease expired and is delivering it now (its attempt count and its outcome are the ones
+/// that count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OutboxClaim {
+    pub id: i64,
+    pub claim_token: i64,
 }
 
 /// A dead letter, for the CLI.
