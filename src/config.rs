@@ -19,6 +19,12 @@ use crate::event::{check_event_field, EventField};
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
+/// Shortest dedup window accepted without `consumer.allow_short_dedup_retention`: Stripe retries
+/// a webhook for up to 3 days, plus a day of margin (a retry scheduled just inside the window,
+/// then delayed by an outage or a backlog). A retry arriving after its processed id was purged is
+/// handled a second time: a second charge.
+pub const MIN_DEDUP_RETENTION_DAYS: u64 = 4;
+
 /// Fixed environment names and the keys they set.
 const FIXED_ENV: &[(&str, &str)] = &[
     ("DATABASE_URL", "database_url"),
@@ -260,7 +266,12 @@ pub struct ConsumerSettings {
     pub max_attempts: u32,
     pub retry_base_ms: u64,
     pub retry_max_ms: u64,
+    /// Processed ids are kept this long; a duplicate arriving later is handled again. At least
+    /// [`MIN_DEDUP_RETENTION_DAYS`] unless `allow_short_dedup_retention`.
     pub dedup_retention_days: u64,
+    /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
+    /// never to redeliver that late. Off by default: the floor protects Stripe events.
+    pub allow_short_dedup_retention: bool,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
@@ -432,6 +443,12 @@ impl Settings {
         positive("consumer.workers", self.consumer.workers)?;
         positive("consumer.lease_secs", self.consumer.lease_secs as usize)?;
         positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
+        // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
+        // unbounded delete) and an error on PostgreSQL.
+        positive(
+            "consumer.retention_batch",
+            usize::try_from(self.consumer.retention_batch).unwrap_or(0),
+        )?;
         positive("outbox.batch_size", self.outbox.batch_size)?;
         positive("outbox.concurrency", self.outbox.concurrency)?;
         positive("outbox.lease_secs", self.outbox.lease_secs as usize)?;
@@ -445,6 +462,21 @@ impl Settings {
                 format!(
                     "must exceed outbox.http_timeout_ms × ceil(batch_size / concurrency) = {} ms",
                     self.outbox.http_timeout_ms * rounds
+                ),
+            ));
+        }
+        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
+            && !self.consumer.allow_short_dedup_retention
+        {
+            return Err(invalid(
+                "consumer.dedup_retention_days",
+                format!(
+                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
+                     webhook for up to 3 days, and a retry arriving after its processed id was \
+                     purged is handled again (a double charge). Set \
+                     consumer.allow_short_dedup_retention = true only if no source redelivers \
+                     that late",
+                    self.consumer.dedup_retention_days
                 ),
             ));
         }
@@ -485,56 +517,4 @@ fn positive(key: &'static str, value: usize) -> Result<(), ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use figment::providers::Serialized;
-
-    fn with(key: &str, value: &str) -> Figment {
-        Figment::from(Toml::string(DEFAULT_TOML))
-            .merge(Serialized::default("stripe.secrets", "whsec_test"))
-            .merge(Serialized::default(key, value))
-    }
-
-    #[test]
-    fn defaults_need_only_a_secret() {
-        let s = Settings::from_figment(
-            Figment::from(Toml::string(DEFAULT_TOML))
-                .merge(Serialized::default("stripe.secrets", "whsec_a, whsec_b")),
-        )
-        .expect("valid");
-        assert_eq!(s.stripe.secrets.len(), 2);
-        assert_eq!(s.stripe.secrets[1].expose(), "whsec_b");
-        assert!(s.is_sqlite());
-        assert_eq!(s.sqlite_path(), Some(PathBuf::from("data/dedup-worker.db")));
-    }
-
-    #[test]
-    fn missing_secret_names_the_key() {
-        let err = Settings::from_figment(Figment::from(Toml::string(DEFAULT_TOML)))
-            .expect_err("no secret");
-        assert!(err.to_string().contains("stripe.secrets"), "{err}");
-    }
-
-    #[test]
-    fn bad_listen_address_names_the_key() {
-        let err = Settings::from_figment(with("http.listen", "not-an-address")).expect_err("bad");
-        assert!(err.to_string().contains("http.listen"), "{err}");
-    }
-
-    #[test]
-    fn sqs_wait_outside_long_poll_range_names_the_key() {
-        for value in [0, 21] {
-            let figment = Figment::from(Toml::string(DEFAULT_TOML))
-                .merge(Serialized::default("stripe.secrets", "whsec_test"))
-                .merge(Serialized::default("transport.sqs_wait_time_secs", value));
-            let err = Settings::from_figment(figment).expect_err("out of range");
-            assert!(err.to_string().contains("sqs_wait_time_secs"), "{err}");
-        }
-    }
-
-    #[test]
-    fn bad_sink_names_the_key() {
-        let err = Settings::from_figment(with("outbox.sink", "ftp://x")).expect_err("bad");
-        assert!(err.to_string().contains("outbox.sink"), "{err}");
-    }
-}
+mod tests;

@@ -12,9 +12,13 @@ use crate::store::Store;
 /// Retention options.
 #[derive(Debug, Clone, Copy)]
 pub struct RetentionOptions {
-    /// Processed ids younger than this are kept (the dedup window).
+    /// Processed ids younger than this are kept (the dedup window). A duplicate arriving after
+    /// its id was purged is handled again, so this must outlast every redelivery: the
+    /// configuration refuses less than [`crate::config::MIN_DEDUP_RETENTION_DAYS`] (Stripe's
+    /// 3-day retries plus margin) unless `consumer.allow_short_dedup_retention` is set.
     pub dedup_window: Duration,
-    /// Dispatched outbox rows younger than this are kept.
+    /// Dispatched outbox rows younger than this are kept. Only a record: nothing deduplicates
+    /// against them, so even zero is safe.
     pub outbox_window: Duration,
     pub interval: Duration,
     pub batch: i64,

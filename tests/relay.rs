@@ -249,3 +249,130 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_postgres() {
+    lease_taken_over(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_sqlite() {
+    lease_taken_over(Backend::Sqlite).await;
+}
+
+/// Relay A's request hangs past its lease; relay B claims the row and its request hangs too.
+/// A's delivery then fails: before lease-checked marks, A marked the row failed (B's claim had
+/// brought attempts to max_attempts), and B's successful delivery could no longer mark it
+/// dispatched. Now A's mark changes nothing, A's step reports the lost lease without failing,
+/// and B's delivery decides the row.
+async fn lease_taken_over(backend: Backend) {
+    use dedup_worker::outbox::relay::{Relay, RelayOptions};
+    use dedup_worker::outbox::sink::SinkSpec;
+    use dedup_worker::store::{NewOutboxRow, Wakeups};
+    use tokio::sync::{mpsc, oneshot};
+
+    /// Each request takes the next answer, announces itself, and waits for the test to answer.
+    type Gates = Arc<(
+        mpsc::UnboundedSender<()>,
+        Mutex<Vec<oneshot::Receiver<StatusCode>>>,
+    )>;
+    let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
+    let (answer_a, gate_a) = oneshot::channel();
+    let (answer_b, gate_b) = oneshot::channel();
+    let gates: Gates = Arc::new((arrived_tx, Mutex::new(vec![gate_b, gate_a])));
+    let receiver = Router::new()
+        .route(
+            "/hook",
+            post(|State(gates): State<Gates>| async move {
+                let gate = gates.1.lock().unwrap().pop().expect("two requests at most");
+                gates.0.send(()).unwrap();
+                gate.await.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }),
+        )
+        .with_state(gates);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, receiver).await;
+    });
+
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut tx = store.begin().await.unwrap();
+    tx.insert_outbox(&[NewOutboxRow {
+        source: "stripe".into(),
+        event_id: "evt_slow".into(),
+        destination: None,
+        idempotency_key: "evt_slow".into(),
+        event_type: "charge.succeeded".into(),
+        payload: br#"{"id":"evt_slow"}"#.to_vec(),
+    }])
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let relay = |lease: Duration| {
+        Arc::new(Relay::new(
+            store.clone(),
+            Arc::new(Wakeups::default()),
+            RelayOptions {
+                default_sink: SinkSpec::Http(format!("http://{addr}/hook")),
+                batch_size: 10,
+                concurrency: 1,
+                poll_interval: Duration::from_millis(20),
+                lease,
+                max_attempts: 2,
+                retry_base: Duration::from_millis(10),
+                retry_max: Duration::from_millis(10),
+                http_timeout: Duration::from_secs(30),
+            },
+        ))
+    };
+    let (relay_a, relay_b) = (
+        relay(Duration::from_millis(300)),
+        relay(Duration::from_secs(60)),
+    );
+
+    let step_a = tokio::spawn(async move { relay_a.try_step().await });
+    tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .expect("relay A's request");
+    // B polls until A's lease has expired and it can claim the row.
+    let step_b = tokio::spawn(async move {
+        loop {
+            let outcome = relay_b.try_step().await?;
+            if outcome.claimed > 0 {
+                return Ok(outcome);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .expect("relay B's request");
+
+    answer_a.send(StatusCode::SERVICE_UNAVAILABLE).unwrap();
+    let a = step_a
+        .await
+        .unwrap()
+        .expect("a lost lease is not a failed step");
+    assert_eq!(
+        (a.claimed, a.dispatched, a.failed_attempts, a.lease_lost),
+        (1, 0, 1, 1)
+    );
+    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.dispatched, counts.failed),
+        (1, 0, 0),
+        "relay A's failure must not decide a row relay B is delivering"
+    );
+
+    answer_b.send(StatusCode::OK).unwrap();
+    let b: Result<_, dedup_worker::store::StoreError> = step_b.await.unwrap();
+    let b = b.unwrap();
+    assert_eq!((b.claimed, b.dispatched, b.lease_lost), (1, 1, 0));
+    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.dispatched, counts.failed),
+        (0, 1, 0)
+    );
+}

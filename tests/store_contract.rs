@@ -28,9 +28,11 @@ contract!(
     outbox_write_claim_mark,
     outbox_claim_comes_back_after_lease,
     outbox_rows_fail_after_the_limit,
+    outbox_marks_apply_only_under_the_current_claim,
     queue_enqueue_claim_ack,
     queue_redelivers_after_expired_lease,
     queue_concurrent_claims_never_overlap,
+    queue_release_applies_only_under_the_current_claim,
     dead_letters_list_and_redrive,
     retention_purges_old_rows,
 );
@@ -158,9 +160,12 @@ async fn outbox_write_claim_mark(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
-    let ids: Vec<i64> = first.iter().chain(&second).map(|r| r.id).collect();
-    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 3);
-    store.mark_dispatched(&ids).await.unwrap();
+    let claims: Vec<_> = first.iter().chain(&second).map(|r| r.claim()).collect();
+    assert_eq!(claims.iter().map(|c| c.id).collect::<HashSet<_>>().len(), 3);
+    assert_eq!(store.mark_dispatched(&claims).await.unwrap(), 3);
+    // Marking again under the same claims (a retry after an outage hid the commit) is no
+    // lost lease: the rows count as marked and stay as they are.
+    assert_eq!(store.mark_dispatched(&claims).await.unwrap(), 3);
     let counts = store.outbox_counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
@@ -214,10 +219,13 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
         .await
         .unwrap()
         .remove(0);
-    store
-        .mark_delivery_failed(row.id, "receiver answered 500", Duration::ZERO, 2)
-        .await
-        .unwrap();
+    assert_eq!(
+        store
+            .mark_delivery_failed(row.claim(), "receiver answered 500", Duration::ZERO, 2)
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(store.outbox_counts().await.unwrap().pending, 1);
     let row = store
         .claim_outbox(1, Duration::from_secs(30))
@@ -225,15 +233,121 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
         .unwrap()
         .remove(0);
     assert_eq!(row.attempts, 2);
-    store
-        .mark_delivery_failed(row.id, "receiver answered 500", Duration::ZERO, 2)
-        .await
-        .unwrap();
+    assert_eq!(
+        store
+            .mark_delivery_failed(row.claim(), "receiver answered 500", Duration::ZERO, 2)
+            .await
+            .unwrap(),
+        1
+    );
     let counts = store.outbox_counts().await.unwrap();
     assert_eq!((counts.pending, counts.failed), (0, 1));
     let failed = store.failed_outbox(10).await.unwrap();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].event_id, "evt_fail");
+}
+
+/// A relay whose lease expired (a slow sink, a paused process) and whose rows another relay
+/// claimed meanwhile can no longer mark them: not dispatched (the other relay may still fail),
+/// not failed or due again (the other relay may have delivered, and its attempts count).
+async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut tx = store.begin().await.unwrap();
+    tx.insert_outbox(&[outbox_row("evt_a"), outbox_row("evt_b")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut stale = store
+        .claim_outbox(10, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(stale.len(), 2);
+    let mut current = wait_for(
+        "another relay to claim the rows after the lease",
+        Duration::from_secs(10),
+        || async {
+            let rows = store
+                .claim_outbox(10, Duration::from_secs(30))
+                .await
+                .unwrap();
+            (!rows.is_empty()).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(current.len(), 2);
+    stale.sort_by_key(|r| r.id);
+    current.sort_by_key(|r| r.id);
+    for (old, new) in stale.iter().zip(&current) {
+        assert_eq!((old.id, old.attempts + 1), (new.id, new.attempts));
+        assert_ne!(
+            old.claim_token, new.claim_token,
+            "each claim has its own token"
+        );
+    }
+
+    // The stale relay's marks change nothing, and say so.
+    let stale_claims: Vec<_> = stale.iter().map(|r| r.claim()).collect();
+    assert_eq!(store.mark_dispatched(&stale_claims).await.unwrap(), 0);
+    for row in &stale {
+        for max_attempts in [1, 100] {
+            assert_eq!(
+                store
+                    .mark_delivery_failed(row.claim(), "stale", Duration::ZERO, max_attempts)
+                    .await
+                    .unwrap(),
+                0
+            );
+        }
+    }
+    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.dispatched, counts.failed),
+        (2, 0, 0)
+    );
+    // Not made due early either: the current relay still holds both leases.
+    assert!(store
+        .claim_outbox(10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The current relay's marks work.
+    assert_eq!(
+        store.mark_dispatched(&[current[0].claim()]).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .mark_delivery_failed(
+                current[1].claim(),
+                "receiver answered 500",
+                Duration::ZERO,
+                100
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.dispatched, counts.failed),
+        (1, 1, 0)
+    );
+    // A row the current relay dispatched stays dispatched whatever the stale one says.
+    assert_eq!(
+        store
+            .mark_delivery_failed(stale[0].claim(), "stale", Duration::ZERO, 1)
+            .await
+            .unwrap(),
+        0
+    );
+    let again = store
+        .claim_outbox(10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].id, again[0].attempts), (current[1].id, 3));
 }
 
 async fn queue_enqueue_claim_ack(backend: Backend) {
@@ -268,10 +382,13 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
         .unwrap();
     assert_eq!(store.queue_depth("q1").await.unwrap(), 1);
     // A released message is visible again at once with delay 0.
-    store
-        .release_message(second[0].id, Duration::ZERO)
-        .await
-        .unwrap();
+    assert_eq!(
+        store
+            .release_message(second[0].id, second[0].claim_token, Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
     let again = store
         .claim_messages("q1", 10, Duration::from_secs(30))
         .await
@@ -343,6 +460,69 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
         200,
         "no message claimed twice"
     );
+}
+
+/// A consumer whose lease expired and whose message another consumer claimed cannot move the
+/// message's visibility (a backoff it retries with would cut the other's lease short, or
+/// postpone it). Its ack still deletes the message: it acks only a committed outcome, which
+/// the other consumer's dedup insert would find (see `Store::ack_messages`).
+async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    store.enqueue("q", &[message("evt_1")]).await.unwrap();
+    let stale = store
+        .claim_messages("q", 10, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .remove(0);
+    let current = wait_for(
+        "another consumer to claim the message after the lease",
+        Duration::from_secs(10),
+        || async {
+            let rows = store
+                .claim_messages("q", 10, Duration::from_secs(30))
+                .await
+                .unwrap();
+            (!rows.is_empty()).then_some(rows)
+        },
+    )
+    .await
+    .remove(0);
+    assert_eq!((current.id, current.attempts), (stale.id, 2));
+    assert_ne!(current.claim_token, stale.claim_token);
+
+    assert_eq!(
+        store
+            .release_message(stale.id, stale.claim_token, Duration::ZERO)
+            .await
+            .unwrap(),
+        0,
+        "the stale consumer's release changes nothing"
+    );
+    assert!(
+        store
+            .claim_messages("q", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the current consumer still holds the lease"
+    );
+    assert_eq!(
+        store
+            .release_message(current.id, current.claim_token, Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    let again = store
+        .claim_messages("q", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.attempts, 3);
+
+    store.ack_messages(&[stale.id]).await.unwrap();
+    assert_eq!(store.queue_depth("q").await.unwrap(), 0);
 }
 
 async fn dead_letters_list_and_redrive(backend: Backend) {

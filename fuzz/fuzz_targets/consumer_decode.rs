@@ -27,7 +27,10 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         max_message_bytes: 64 * 1024,
     };
     let delivery = Delivery {
-        tag: DeliveryTag::Row(1),
+        tag: DeliveryTag::Row {
+            id: 1,
+            claim_token: 1,
+        },
         source,
         message_id,
         message_type,

@@ -130,7 +130,10 @@ mod tests {
 
     fn delivery(message_id: Option<&str>, payload: &[u8]) -> Delivery {
         Delivery {
-            tag: DeliveryTag::Row(1),
+            tag: DeliveryTag::Row {
+                id: 1,
+                claim_token: 1,
+            },
             source: None,
             message_id: message_id.map(str::to_owned),
             message_type: None,

@@ -7,7 +7,10 @@
 //!   since transactions commit out of order), delivers them through a [`sink::Sink`], marks them
 //!   dispatched, or backs off per row and marks them failed after the limit. Several relays
 //!   may run at once; a row whose relay died is claimed again after its lease, with the same
-//!   idempotency key.
+//!   idempotency key. Marks apply only under the claim that leased the row, so a relay that was
+//!   merely slow (a hanging sink, a paused process) and lost its lease to another cannot mark the
+//!   row dispatched, failed or due again under it: its step reports `lease_lost`, logs "lease
+//!   lost; another relay owns the row" and counts `dedup_outbox_lease_lost_total`.
 //! * [`sink`]: where rows go (log, JSON-lines file, HTTP POST with `Idempotency-Key`).
 
 pub mod relay;

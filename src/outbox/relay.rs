@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sink::{build_sink, Sink, SinkError, SinkSpec};
 use crate::retry::backoff_delay;
-use crate::store::{OutboxRow, Store, StoreError, Wakeups};
+use crate::store::{OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
 
 /// Relay options (see `[outbox]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -32,8 +32,12 @@ pub struct RelayOptions {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RelayOutcome {
     pub claimed: usize,
+    /// Rows marked dispatched (delivered and still under this relay's claim).
     pub dispatched: usize,
     pub failed_attempts: usize,
+    /// Rows whose mark changed nothing: this relay's lease expired and another relay claimed
+    /// them meanwhile (a slow sink, a paused process). That relay's delivery decides them.
+    pub lease_lost: usize,
 }
 
 pub struct Relay {
@@ -46,7 +50,7 @@ pub struct Relay {
     /// between delivering and marking). They are marked before the next claim, so a store blip
     /// does not turn into a second delivery when their lease runs out. Bounded by one batch:
     /// while marking fails, claiming fails too.
-    unmarked: std::sync::Mutex<Vec<i64>>,
+    unmarked: std::sync::Mutex<Vec<OutboxClaim>>,
 }
 
 impl Relay {
@@ -102,15 +106,15 @@ impl Relay {
     /// Claims one batch of due rows and delivers it. Rows delivered by an earlier step whose
     /// mark was lost are marked first.
     pub async fn try_step(&self) -> Result<RelayOutcome, StoreError> {
-        self.mark_unmarked().await?;
+        let mut outcome = RelayOutcome {
+            lease_lost: self.mark_unmarked().await?,
+            ..RelayOutcome::default()
+        };
         let rows = self
             .store
             .claim_outbox(self.options.batch_size, self.options.lease)
             .await?;
-        let mut outcome = RelayOutcome {
-            claimed: rows.len(),
-            ..RelayOutcome::default()
-        };
+        outcome.claimed = rows.len();
         if rows.is_empty() {
             return Ok(outcome);
         }
@@ -133,27 +137,42 @@ impl Relay {
             };
             for (row, result) in rows.into_iter().zip(results) {
                 match result {
-                    Ok(()) => delivered.push(row.id),
+                    Ok(()) => delivered.push(row.claim()),
                     Err(error) => failures.push((row, error)),
                 }
             }
         }
         // Deliveries are marked first: an outage now must not lose what the sink already has.
-        if let Err(error) = self.store.mark_dispatched(&delivered).await {
-            self.lock_unmarked().extend_from_slice(&delivered);
-            return Err(error);
-        }
-        outcome.dispatched = delivered.len();
-        metrics::counter!("dedup_outbox_dispatched_total").increment(outcome.dispatched as u64);
+        let marked = match self.store.mark_dispatched(&delivered).await {
+            Ok(marked) => marked,
+            Err(error) => {
+                self.lock_unmarked().extend_from_slice(&delivered);
+                return Err(error);
+            }
+        };
+        outcome.dispatched = usize::try_from(marked).unwrap_or(usize::MAX);
+        outcome.lease_lost += lease_lost(delivered.len(), marked);
+        metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
         for (row, error) in failures {
             outcome.failed_attempts += 1;
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             let delay = backoff_delay(self.options.retry_base, self.options.retry_max, attempts);
             tracing::warn!(outbox_id = row.id, event_id = %row.event_id, attempts, %error, ?delay, "delivery failed");
             // If this mark is lost, the row is simply retried when its lease ends.
-            self.store
-                .mark_delivery_failed(row.id, &error.to_string(), delay, self.options.max_attempts)
+            let marked = self
+                .store
+                .mark_delivery_failed(
+                    row.claim(),
+                    &error.to_string(),
+                    delay,
+                    self.options.max_attempts,
+                )
                 .await?;
+            if marked == 0 {
+                tracing::warn!(outbox_id = row.id, event_id = %row.event_id, "lease lost; another relay owns the row");
+                metrics::counter!("dedup_outbox_lease_lost_total").increment(1);
+                outcome.lease_lost += 1;
+            }
         }
         metrics::counter!("dedup_outbox_delivery_failures_total")
             .increment(outcome.failed_attempts as u64);
@@ -161,30 +180,28 @@ impl Relay {
     }
 
     /// Marks the rows a failed step delivered but could not mark; they stay remembered until
-    /// the store takes the mark. Marking is idempotent (`status = 'pending'` guard), so a row
-    /// another relay re-delivered after the lease meanwhile is fine too.
-    async fn mark_unmarked(&self) -> Result<(), StoreError> {
-        let ids = std::mem::take(&mut *self.lock_unmarked());
-        if ids.is_empty() {
-            return Ok(());
+    /// the store takes the mark. Returns how many had been claimed by another relay meanwhile
+    /// (the outage outlasted the lease): their marks change nothing, that relay decides them.
+    /// A mark that did commit although the step saw an error counts as marked again.
+    async fn mark_unmarked(&self) -> Result<usize, StoreError> {
+        let claims = std::mem::take(&mut *self.lock_unmarked());
+        if claims.is_empty() {
+            return Ok(0);
         }
-        match self.store.mark_dispatched(&ids).await {
-            Ok(()) => {
-                metrics::counter!("dedup_outbox_dispatched_total").increment(ids.len() as u64);
-                tracing::info!(
-                    rows = ids.len(),
-                    "marked deliveries an outage left unmarked"
-                );
-                Ok(())
+        match self.store.mark_dispatched(&claims).await {
+            Ok(marked) => {
+                metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
+                tracing::info!(rows = marked, "marked deliveries an outage left unmarked");
+                Ok(lease_lost(claims.len(), marked))
             }
             Err(error) => {
-                self.lock_unmarked().extend_from_slice(&ids);
+                self.lock_unmarked().extend_from_slice(&claims);
                 Err(error)
             }
         }
     }
 
-    fn lock_unmarked(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+    fn lock_unmarked(&self) -> std::sync::MutexGuard<'_, Vec<OutboxClaim>> {
         // A poisoned lock only means a panic elsewhere mid-push; the ids are still valid.
         self.unmarked
             .lock()
@@ -208,4 +225,15 @@ impl Relay {
         sinks.insert(destination.clone(), sink.clone());
         Ok(sink)
     }
+}
+
+/// Of `attempted` marks, those that changed nothing (`marked` counts the rest): logged and
+/// counted, not an error, since the relay that owns the rows now finishes them.
+fn lease_lost(attempted: usize, marked: u64) -> usize {
+    let lost = attempted.saturating_sub(usize::try_from(marked).unwrap_or(usize::MAX));
+    if lost > 0 {
+        tracing::warn!(rows = lost, "lease lost; another relay owns the row");
+        metrics::counter!("dedup_outbox_lease_lost_total").increment(lost as u64);
+    }
+    lost
 }

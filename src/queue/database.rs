@@ -174,7 +174,10 @@ impl Transport for DatabaseQueue {
         Ok(rows
             .into_iter()
             .map(|row| Delivery {
-                tag: DeliveryTag::Row(row.id),
+                tag: DeliveryTag::Row {
+                    id: row.id,
+                    claim_token: row.claim_token,
+                },
                 source: row.source,
                 message_id: row.message_id,
                 message_type: row.message_type,
@@ -185,11 +188,14 @@ impl Transport for DatabaseQueue {
             .collect())
     }
 
+    /// Deletes the rows even if another consumer re-claimed them after our lease expired: the
+    /// outcome we ack for is committed, so that consumer could only find the event processed
+    /// (see [`Store::ack_messages`]).
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
         let ids: Vec<i64> = tags
             .iter()
             .filter_map(|tag| match tag {
-                DeliveryTag::Row(id) => Some(*id),
+                DeliveryTag::Row { id, .. } => Some(*id),
                 _ => None,
             })
             .collect();
@@ -197,10 +203,13 @@ impl Transport for DatabaseQueue {
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
-        // An acked row is deleted already: releasing it updates nothing.
+        // An acked row is deleted already, and a row another consumer claimed since carries
+        // its token: releasing either updates nothing.
         for tag in tags {
-            if let DeliveryTag::Row(id) = tag {
-                self.store.release_message(*id, Duration::ZERO).await?;
+            if let DeliveryTag::Row { id, claim_token } = tag {
+                self.store
+                    .release_message(*id, *claim_token, Duration::ZERO)
+                    .await?;
             }
         }
         Ok(())
@@ -211,12 +220,22 @@ impl Transport for DatabaseQueue {
         delivery: &Delivery,
         delay: Duration,
     ) -> Result<(), TransportError> {
-        match &delivery.tag {
-            DeliveryTag::Row(id) => Ok(self.store.release_message(*id, delay).await?),
-            _ => Err(TransportError::Unavailable(
+        let DeliveryTag::Row { id, claim_token } = delivery.tag else {
+            return Err(TransportError::Unavailable(
                 "not a database queue delivery".into(),
-            )),
+            ));
+        };
+        if self.store.release_message(id, claim_token, delay).await? == 0 {
+            // Our lease expired and another consumer claimed the message (or acked it): its
+            // lease and its attempt count stand. Not an error: that consumer finishes the job.
+            tracing::warn!(
+                queue_message_id = id,
+                attempts = delivery.attempts,
+                "lease lost; another consumer owns the message"
+            );
+            metrics::counter!("dedup_queue_lease_lost_total").increment(1);
         }
+        Ok(())
     }
 
     async fn ready(&self) -> Result<(), TransportError> {

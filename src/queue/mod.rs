@@ -37,8 +37,8 @@ pub struct OutgoingMessage {
 /// Identifies one delivery for `ack`/`retry_later`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeliveryTag {
-    /// A database queue row id.
-    Row(i64),
+    /// A database queue row, and the claim that leased it (a retry applies only under it).
+    Row { id: i64, claim_token: i64 },
     /// A RabbitMQ delivery tag, valid only on the channel (generation) that delivered it.
     Amqp { generation: u64, tag: u64 },
     /// An SQS receipt handle.

@@ -6,9 +6,13 @@
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
 //!   transaction, so "seen" and "handled" commit together;
 //! * queue and outbox claims lease rows; an expired lease makes them claimable again;
+//! * each claim writes a fresh claim token on its rows, and outbox marks and queue releases
+//!   apply only under the token of the caller's claim: a relay or consumer whose lease expired
+//!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
 mod postgres;
+mod rows;
 mod sqlite;
 
 use std::str::FromStr;
@@ -22,6 +26,11 @@ use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Notify;
 
 use crate::config::Settings;
+
+pub use rows::{
+    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRow,
+    QueuedMessage,
+};
 
 /// A store failure. Every variant is "try again later" for callers: ingress answers 503, the
 /// consumer leaves the batch unacked.
@@ -44,90 +53,6 @@ impl StoreError {
     pub fn refused_for_its_data(&self) -> bool {
         matches!(self, StoreError::Database(e) if crate::retry::refused_for_its_data(e))
     }
-}
-
-/// A message to put on the database queue.
-#[derive(Debug, Clone)]
-pub struct NewQueueMessage {
-    /// The provider it came from (first half of the dedup key); `None`: the consumer's default.
-    pub source: Option<String>,
-    /// The producer's message id (the event id for ingress); the consumer's dedup key.
-    pub message_id: Option<String>,
-    /// Event type, kept for routing and logs.
-    pub message_type: Option<String>,
-    /// The raw bytes, exactly as received.
-    pub payload: Vec<u8>,
-}
-
-/// A message claimed from the database queue.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct QueuedMessage {
-    pub id: i64,
-    pub source: Option<String>,
-    pub message_id: Option<String>,
-    pub message_type: Option<String>,
-    pub payload: Vec<u8>,
-    /// Deliveries so far, this one included.
-    pub attempts: i32,
-}
-
-/// An outbox row to write inside a handler's transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewOutboxRow {
-    pub source: String,
-    pub event_id: String,
-    /// Sink spec; `None` is the configured default sink.
-    pub destination: Option<String>,
-    /// Sent as `Idempotency-Key` (HTTP) or `message_id` so receivers can deduplicate again.
-    pub idempotency_key: String,
-    pub event_type: String,
-    pub payload: Vec<u8>,
-}
-
-/// An outbox row claimed by a relay.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct OutboxRow {
-    pub id: i64,
-    pub event_id: String,
-    pub destination: Option<String>,
-    pub idempotency_key: String,
-    pub event_type: String,
-    pub payload: Vec<u8>,
-    /// Delivery attempts so far, this one included.
-    pub attempts: i32,
-}
-
-/// A dead letter, for the CLI.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct DeadLetter {
-    pub id: i64,
-    pub source: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub queue: String,
-    pub payload: Vec<u8>,
-    pub error: String,
-    pub attempts: i32,
-}
-
-/// A dead letter to write.
-#[derive(Debug, Clone)]
-pub struct NewDeadLetter {
-    pub source: String,
-    pub event_id: String,
-    pub event_type: String,
-    pub queue: String,
-    pub payload: Vec<u8>,
-    pub error: String,
-    pub attempts: i32,
-}
-
-/// Outbox counts by status, for tests, readiness and metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OutboxCounts {
-    pub pending: i64,
-    pub dispatched: i64,
-    pub failed: i64,
 }
 
 /// In-process wake-ups. PostgreSQL also feeds them from LISTEN/NOTIFY so other processes' writes
@@ -297,17 +222,23 @@ impl Store {
         on_pool!(self, enqueue(queue, messages))
     }
 
-    /// Leases up to `max` visible messages for `lease`.
+    /// Leases up to `max` visible messages for `lease`, under a fresh claim token.
     pub async fn claim_messages(
         &self,
         queue: &str,
         max: usize,
         lease: Duration,
     ) -> Result<Vec<QueuedMessage>, StoreError> {
-        on_pool!(self, claim_messages(queue, max, lease))
+        on_pool!(self, claim_messages(queue, max, lease, new_claim_token()))
     }
 
-    /// Deletes acknowledged messages.
+    /// Deletes acknowledged messages, whoever holds their lease now. Unlike a release this
+    /// needs no claim token: a consumer acks only after committing the event's outcome (its
+    /// processed id, or its dead letter), so the event is safe whatever becomes of the message.
+    /// A consumer that re-claimed it after this one's lease expired would find the processed id
+    /// (its dedup insert waits for, then yields to, this one's) and ack it as a duplicate, or
+    /// dead-letter it a second time; deleting it under that consumer loses nothing and spares
+    /// that work.
     pub async fn ack_messages(&self, ids: &[i64]) -> Result<(), StoreError> {
         if ids.is_empty() {
             return Ok(());
@@ -315,9 +246,17 @@ impl Store {
         on_pool!(self, ack_messages(ids))
     }
 
-    /// Makes a message visible again after `delay` (redelivery with backoff).
-    pub async fn release_message(&self, id: i64, delay: Duration) -> Result<(), StoreError> {
-        on_pool!(self, release_message(id, delay))
+    /// Makes a message visible again after `delay` (redelivery with backoff), if it is still
+    /// under the claim `claim_token`. Returns the rows released: 0 when another consumer has
+    /// claimed the message since (it holds the lease now; moving its visibility would let a
+    /// third consumer take it early, or delay it by a backoff it did not earn), or it was acked.
+    pub async fn release_message(
+        &self,
+        id: i64,
+        claim_token: i64,
+        delay: Duration,
+    ) -> Result<u64, StoreError> {
+        on_pool!(self, release_message(id, claim_token, delay))
     }
 
     /// Messages on `queue`, leased or not.
@@ -327,32 +266,41 @@ impl Store {
 
     // --- outbox relay ---------------------------------------------------------------------
 
-    /// Leases up to `max` due pending rows for `lease` (FOR UPDATE SKIP LOCKED on PostgreSQL).
+    /// Leases up to `max` due pending rows for `lease` (FOR UPDATE SKIP LOCKED on PostgreSQL),
+    /// under a fresh claim token.
     pub async fn claim_outbox(
         &self,
         max: usize,
         lease: Duration,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        on_pool!(self, claim_outbox(max, lease))
+        on_pool!(self, claim_outbox(max, lease, new_claim_token()))
     }
 
-    pub async fn mark_dispatched(&self, ids: &[i64]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
+    /// Marks rows dispatched, each only if it still carries the token of `claims`. Returns how
+    /// many are marked; the others were claimed by another relay since (see [`OutboxClaim`]).
+    /// Marking again under the same claim counts the row again and changes nothing, so a mark
+    /// retried after an outage that hid its commit is not mistaken for a lost lease.
+    pub async fn mark_dispatched(&self, claims: &[OutboxClaim]) -> Result<u64, StoreError> {
+        if claims.is_empty() {
+            return Ok(0);
         }
-        on_pool!(self, mark_dispatched(ids))
+        on_pool!(self, mark_dispatched(claims))
     }
 
-    /// Records a failed delivery: retried after `delay`, or marked failed once `attempts`
-    /// reached `max_attempts`.
+    /// Records a failed delivery under `claim`: retried after `delay`, or marked failed once
+    /// `attempts` reached `max_attempts`. Returns 1, or 0 if another relay claimed the row since
+    /// (its own delivery decides the row's fate) or it is no longer pending.
     pub async fn mark_delivery_failed(
         &self,
-        id: i64,
+        claim: OutboxClaim,
         error: &str,
         delay: Duration,
         max_attempts: u32,
-    ) -> Result<(), StoreError> {
-        on_pool!(self, mark_delivery_failed(id, error, delay, max_attempts))
+    ) -> Result<u64, StoreError> {
+        on_pool!(
+            self,
+            mark_delivery_failed(claim, error, delay, max_attempts)
+        )
     }
 
     pub async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
@@ -470,6 +418,11 @@ impl StoreTx {
         either_tx!(self, |tx| tx.rollback().await?);
         Ok(())
     }
+}
+
+/// A claim token: random, so no two claims share one (2^-64 for any pair).
+fn new_claim_token() -> i64 {
+    rand::random()
 }
 
 /// Milliseconds since the Unix epoch (SQLite keeps times as integers).

@@ -8,7 +8,7 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool, Row};
 
 use super::{
-    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxCounts, OutboxRow,
+    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRow,
     QueuedMessage, StoreError, Wakeups, OUTBOX_CHANNEL, QUEUE_CHANNEL,
 };
 
@@ -50,21 +50,25 @@ pub(super) async fn claim_messages(
     queue: &str,
     max: usize,
     lease: Duration,
+    claim_token: i64,
 ) -> Result<Vec<QueuedMessage>, StoreError> {
     let rows = sqlx::query_as::<_, QueuedMessage>(
         "UPDATE queue_messages q
-            SET visible_at = now() + make_interval(secs => $3), attempts = q.attempts + 1
+            SET visible_at = now() + make_interval(secs => $3), attempts = q.attempts + 1,
+                claim_token = $4
            FROM (SELECT id FROM queue_messages
                   WHERE queue = $1 AND visible_at <= now()
                   ORDER BY visible_at, id
                   LIMIT $2
                   FOR UPDATE SKIP LOCKED) c
           WHERE q.id = c.id
-      RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts",
+      RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts,
+                q.claim_token",
     )
     .bind(queue)
     .bind(max as i64)
     .bind(secs(lease))
+    .bind(claim_token)
     .fetch_all(pool)
     .await?;
     Ok(rows)
@@ -81,16 +85,19 @@ pub(super) async fn ack_messages(pool: &PgPool, ids: &[i64]) -> Result<(), Store
 pub(super) async fn release_message(
     pool: &PgPool,
     id: i64,
+    claim_token: i64,
     delay: Duration,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE queue_messages SET visible_at = now() + make_interval(secs => $2) WHERE id = $1",
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE queue_messages SET visible_at = now() + make_interval(secs => $2)
+          WHERE id = $1 AND claim_token = $3",
     )
     .bind(id)
     .bind(secs(delay))
+    .bind(claim_token)
     .execute(pool)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn queue_depth(pool: &PgPool, queue: &str) -> Result<i64, StoreError> {
@@ -177,57 +184,73 @@ pub(super) async fn claim_outbox(
     pool: &PgPool,
     max: usize,
     lease: Duration,
+    claim_token: i64,
 ) -> Result<Vec<OutboxRow>, StoreError> {
     let rows = sqlx::query_as::<_, OutboxRow>(
         "UPDATE outbox o
-            SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1
+            SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1,
+                claim_token = $3
            FROM (SELECT id FROM outbox
                   WHERE status = 'pending' AND next_attempt_at <= now()
                   ORDER BY next_attempt_at
                   LIMIT $1
                   FOR UPDATE SKIP LOCKED) c
           WHERE o.id = c.id
-      RETURNING o.id, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload, o.attempts",
+      RETURNING o.id, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload,
+                o.attempts, o.claim_token",
     )
     .bind(max as i64)
     .bind(secs(lease))
+    .bind(claim_token)
     .fetch_all(pool)
     .await?;
     Ok(rows)
 }
 
-pub(super) async fn mark_dispatched(pool: &PgPool, ids: &[i64]) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE outbox SET status = 'dispatched', dispatched_at = now(), last_error = NULL
-          WHERE id = ANY($1) AND status = 'pending'",
+pub(super) async fn mark_dispatched(
+    pool: &PgPool,
+    claims: &[OutboxClaim],
+) -> Result<u64, StoreError> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
+    let tokens: Vec<i64> = claims.iter().map(|c| c.claim_token).collect();
+    // 'dispatched' too: marking again under the same claim is a no-op that still counts.
+    Ok(sqlx::query(
+        "UPDATE outbox o
+            SET status = 'dispatched', dispatched_at = coalesce(o.dispatched_at, now()),
+                last_error = NULL
+           FROM UNNEST($1::bigint[], $2::bigint[]) AS c(id, claim_token)
+          WHERE o.id = c.id AND o.claim_token = c.claim_token
+            AND o.status IN ('pending', 'dispatched')",
     )
-    .bind(ids)
+    .bind(&ids)
+    .bind(&tokens)
     .execute(pool)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn mark_delivery_failed(
     pool: &PgPool,
-    id: i64,
+    claim: OutboxClaim,
     error: &str,
     delay: Duration,
     max_attempts: u32,
-) -> Result<(), StoreError> {
-    sqlx::query(
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
         "UPDATE outbox
             SET last_error = $2,
                 next_attempt_at = now() + make_interval(secs => $3),
                 status = CASE WHEN attempts >= $4 THEN 'failed' ELSE 'pending' END
-          WHERE id = $1 AND status = 'pending'",
+          WHERE id = $1 AND claim_token = $5 AND status = 'pending'",
     )
-    .bind(id)
+    .bind(claim.id)
     .bind(error)
     .bind(secs(delay))
     .bind(max_attempts as i32)
+    .bind(claim.claim_token)
     .execute(pool)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, StoreError> {
@@ -248,7 +271,8 @@ pub(super) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, StoreEr
 
 pub(super) async fn failed_outbox(pool: &PgPool, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts
+        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts,
+                coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

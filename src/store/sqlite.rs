@@ -7,8 +7,8 @@ use std::time::Duration;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    millis, now_ms, DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxCounts,
-    OutboxRow, QueuedMessage, StoreError,
+    millis, now_ms, DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim,
+    OutboxCounts, OutboxRow, QueuedMessage, StoreError,
 };
 
 /// Rows per multi-row statement; keeps bound parameters far below SQLite's limit.
@@ -45,19 +45,21 @@ pub(super) async fn claim_messages(
     queue: &str,
     max: usize,
     lease: Duration,
+    claim_token: i64,
 ) -> Result<Vec<QueuedMessage>, StoreError> {
     let now = now_ms();
     let rows = sqlx::query_as::<_, QueuedMessage>(
-        "UPDATE queue_messages SET visible_at = $1, attempts = attempts + 1
+        "UPDATE queue_messages SET visible_at = $1, attempts = attempts + 1, claim_token = $5
           WHERE id IN (SELECT id FROM queue_messages
                         WHERE queue = $2 AND visible_at <= $3
                         ORDER BY visible_at, id LIMIT $4)
-      RETURNING id, source, message_id, message_type, payload, attempts",
+      RETURNING id, source, message_id, message_type, payload, attempts, claim_token",
     )
     .bind(now + millis(lease))
     .bind(queue)
     .bind(now)
     .bind(max as i64)
+    .bind(claim_token)
     .fetch_all(pool)
     .await?;
     Ok(rows)
@@ -86,14 +88,18 @@ async fn execute_for_ids(pool: &SqlitePool, head: &str, ids: &[i64]) -> Result<(
 pub(super) async fn release_message(
     pool: &SqlitePool,
     id: i64,
+    claim_token: i64,
     delay: Duration,
-) -> Result<(), StoreError> {
-    sqlx::query("UPDATE queue_messages SET visible_at = $1 WHERE id = $2")
-        .bind(now_ms() + millis(delay))
-        .bind(id)
-        .execute(pool)
-        .await?;
-    Ok(())
+) -> Result<u64, StoreError> {
+    Ok(
+        sqlx::query("UPDATE queue_messages SET visible_at = $1 WHERE id = $2 AND claim_token = $3")
+            .bind(now_ms() + millis(delay))
+            .bind(id)
+            .bind(claim_token)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }
 
 pub(super) async fn queue_depth(pool: &SqlitePool, queue: &str) -> Result<i64, StoreError> {
@@ -179,54 +185,71 @@ pub(super) async fn claim_outbox(
     pool: &SqlitePool,
     max: usize,
     lease: Duration,
+    claim_token: i64,
 ) -> Result<Vec<OutboxRow>, StoreError> {
     let now = now_ms();
     Ok(sqlx::query_as::<_, OutboxRow>(
-        "UPDATE outbox SET next_attempt_at = $1, attempts = attempts + 1
+        "UPDATE outbox SET next_attempt_at = $1, attempts = attempts + 1, claim_token = $4
           WHERE id IN (SELECT id FROM outbox
                         WHERE status = 'pending' AND next_attempt_at <= $2
                         ORDER BY next_attempt_at LIMIT $3)
-      RETURNING id, event_id, destination, idempotency_key, event_type, payload, attempts",
+      RETURNING id, event_id, destination, idempotency_key, event_type, payload, attempts,
+                claim_token",
     )
     .bind(now + millis(lease))
     .bind(now)
     .bind(max as i64)
+    .bind(claim_token)
     .fetch_all(pool)
     .await?)
 }
 
-pub(super) async fn mark_dispatched(pool: &SqlitePool, ids: &[i64]) -> Result<(), StoreError> {
-    execute_for_ids(
-        pool,
-        "UPDATE outbox SET status = 'dispatched', last_error = NULL, \
-         dispatched_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
-         WHERE status = 'pending' AND id IN (",
-        ids,
-    )
-    .await
+pub(super) async fn mark_dispatched(
+    pool: &SqlitePool,
+    claims: &[OutboxClaim],
+) -> Result<u64, StoreError> {
+    let mut marked = 0;
+    let mut tx = pool.begin().await?;
+    // Two parameters a claim: half a chunk of claims per statement.
+    for chunk in claims.chunks(CHUNK / 2) {
+        // 'dispatched' too: marking again under the same claim is a no-op that still counts.
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "UPDATE outbox SET status = 'dispatched', last_error = NULL, \
+             dispatched_at = coalesce(dispatched_at, CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
+             WHERE status IN ('pending', 'dispatched') AND (id, claim_token) IN (",
+        );
+        qb.push_values(chunk, |mut b, claim| {
+            b.push_bind(claim.id).push_bind(claim.claim_token);
+        });
+        qb.push(")");
+        marked += qb.build().execute(&mut *tx).await?.rows_affected();
+    }
+    tx.commit().await?;
+    Ok(marked)
 }
 
 pub(super) async fn mark_delivery_failed(
     pool: &SqlitePool,
-    id: i64,
+    claim: OutboxClaim,
     error: &str,
     delay: Duration,
     max_attempts: u32,
-) -> Result<(), StoreError> {
-    sqlx::query(
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
         "UPDATE outbox
             SET last_error = $1,
                 next_attempt_at = $2,
                 status = CASE WHEN attempts >= $3 THEN 'failed' ELSE 'pending' END
-          WHERE id = $4 AND status = 'pending'",
+          WHERE id = $4 AND claim_token = $5 AND status = 'pending'",
     )
     .bind(error)
     .bind(now_ms() + millis(delay))
     .bind(max_attempts as i64)
-    .bind(id)
+    .bind(claim.id)
+    .bind(claim.claim_token)
     .execute(pool)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn outbox_counts(pool: &SqlitePool) -> Result<OutboxCounts, StoreError> {
@@ -250,7 +273,8 @@ pub(super) async fn failed_outbox(
     limit: i64,
 ) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts
+        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts,
+                coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

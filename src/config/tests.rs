@@ -1,0 +1,106 @@
+//! Configuration tests: defaults, and that each refused value names its key.
+
+use super::*;
+use figment::providers::Serialized;
+
+fn with<T: serde::Serialize>(key: &str, value: T) -> Figment {
+    Figment::from(Toml::string(DEFAULT_TOML))
+        .merge(Serialized::default("stripe.secrets", "whsec_test"))
+        .merge(Serialized::default(key, value))
+}
+
+#[test]
+fn defaults_need_only_a_secret() {
+    let s = Settings::from_figment(
+        Figment::from(Toml::string(DEFAULT_TOML))
+            .merge(Serialized::default("stripe.secrets", "whsec_a, whsec_b")),
+    )
+    .expect("valid");
+    assert_eq!(s.stripe.secrets.len(), 2);
+    assert_eq!(s.stripe.secrets[1].expose(), "whsec_b");
+    assert!(s.is_sqlite());
+    assert_eq!(s.sqlite_path(), Some(PathBuf::from("data/dedup-worker.db")));
+}
+
+#[test]
+fn missing_secret_names_the_key() {
+    let err =
+        Settings::from_figment(Figment::from(Toml::string(DEFAULT_TOML))).expect_err("no secret");
+    assert!(err.to_string().contains("stripe.secrets"), "{err}");
+}
+
+#[test]
+fn bad_listen_address_names_the_key() {
+    let err = Settings::from_figment(with("http.listen", "not-an-address")).expect_err("bad");
+    assert!(err.to_string().contains("http.listen"), "{err}");
+}
+
+#[test]
+fn bad_sink_names_the_key() {
+    let err = Settings::from_figment(with("outbox.sink", "ftp://x")).expect_err("bad");
+    assert!(err.to_string().contains("outbox.sink"), "{err}");
+}
+
+#[test]
+fn default_dedup_retention_is_above_the_minimum_without_the_override() {
+    let s = Settings::from_figment(with("http.listen", "127.0.0.1:0")).expect("valid");
+    assert!(s.consumer.dedup_retention_days >= MIN_DEDUP_RETENTION_DAYS);
+    assert!(!s.consumer.allow_short_dedup_retention);
+}
+
+#[test]
+fn short_dedup_retention_is_refused_naming_the_key_the_minimum_and_why() {
+    for days in [0, MIN_DEDUP_RETENTION_DAYS - 1] {
+        let err = Settings::from_figment(with("consumer.dedup_retention_days", days))
+            .expect_err("a window shorter than Stripe's retries");
+        let text = err.to_string();
+        for needed in [
+            "consumer.dedup_retention_days",
+            &format!("is {days}"),
+            "minimum of 4 days",
+            "Stripe retries",
+            "consumer.allow_short_dedup_retention = true",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing from: {text}");
+        }
+    }
+    let s = Settings::from_figment(with(
+        "consumer.dedup_retention_days",
+        MIN_DEDUP_RETENTION_DAYS,
+    ))
+    .expect("the minimum itself is accepted");
+    assert_eq!(s.consumer.dedup_retention_days, 4);
+}
+
+#[test]
+fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
+    for days in [0, 1] {
+        let s = Settings::from_figment(with("consumer.dedup_retention_days", days).merge(
+            Serialized::default("consumer.allow_short_dedup_retention", true),
+        ))
+        .expect("overridden");
+        assert_eq!(s.consumer.dedup_retention_days, days);
+        assert!(s.consumer.allow_short_dedup_retention);
+    }
+}
+
+#[test]
+fn retention_batch_must_be_positive() {
+    for batch in [0i64, -1] {
+        let err = Settings::from_figment(with("consumer.retention_batch", batch))
+            .expect_err("not a bounded batch");
+        assert!(
+            err.to_string().contains("consumer.retention_batch"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn sqs_wait_outside_long_poll_range_names_the_key() {
+    for value in [0, 21] {
+        let err = Settings::from_figment(with("transport.sqs_wait_time_secs", value))
+            .expect_err("out of range");
+        assert!(err.to_string().contains("sqs_wait_time_secs"), "{err}");
+    }
+}
