@@ -232,6 +232,12 @@ pub struct TransportSettings {
     pub publish_writers: usize,
     /// Ingress requests that may wait for a writer before back-pressure.
     pub publish_channel_capacity: usize,
+    /// How long ingress waits for the transport to say an event is durable (a group commit, a
+    /// publisher confirm, `SendMessage`) before answering 503; also bounds each readiness
+    /// check and each database queue commit. A dependency that stops answering holds no
+    /// request longer than this, and the sender retries (a commit that landed after all is
+    /// recognised by its id).
+    pub publish_timeout_ms: u64,
     /// RabbitMQ quorum queue `x-delivery-limit`: redeliveries (crashed consumers) before the
     /// broker dead-letters a message to `<queue>.dead`.
     pub delivery_limit: u32,
@@ -435,6 +441,10 @@ impl Settings {
             self.transport.publish_batch_max,
         )?;
         positive("transport.publish_writers", self.transport.publish_writers)?;
+        positive(
+            "transport.publish_timeout_ms",
+            self.transport.publish_timeout_ms as usize,
+        )?;
         positive(
             "transport.publish_channel_capacity",
             self.transport.publish_channel_capacity,

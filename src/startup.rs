@@ -101,6 +101,9 @@ impl Application {
                             settings.transport.publish_writers
                         },
                         channel_capacity: settings.transport.publish_channel_capacity,
+                        commit_timeout: Duration::from_millis(
+                            settings.transport.publish_timeout_ms,
+                        ),
                         lease: Duration::from_secs(settings.consumer.lease_secs),
                     },
                 ))
@@ -166,6 +169,7 @@ impl Application {
                     .collect(),
             ),
             tolerance_secs: settings.stripe.tolerance_secs,
+            publish_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
             standard: standard_provider(&settings),
             clock,
             metrics: crate::telemetry::metrics_handle(),

@@ -403,3 +403,122 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
     drop(bin);
     queue.cleanup().await;
 }
+
+/// PostgreSQL stops answering (connections open, nothing comes back): with default settings
+/// every webhook is answered 503 with `Retry-After` within 5 s, never 2xx, and `/readyz` is 503
+/// as fast. Once PostgreSQL answers again, ingress answers 200, and every event that got a 200
+/// (before the outage, or retried after it) reaches the sink once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_that_stops_answering_is_503_within_5_s_and_nothing_is_lost() {
+    use common::fault_proxy::{FaultProxy, Mode};
+    use futures::StreamExt;
+
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = FaultProxy::start("127.0.0.1:5432").await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", proxy.rewrite(&db.url, "127.0.0.1:5432")),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", format!("file:{}", sink.display())),
+        ],
+        work.path(),
+    );
+    // The bound under test: a request not answered within 5 s is a failure.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = bin.url("/webhooks/stripe");
+    let mut acked = HashSet::new();
+    for i in 0..20 {
+        let id = format!("evt_before_{i}");
+        assert_eq!(send(&client, &url, &id).await.status(), 200);
+        acked.insert(id);
+    }
+
+    proxy.set(Mode::BlackHole).await;
+    let during: Vec<String> = (0..12).map(|i| format!("evt_during_{i}")).collect();
+    let answers: Vec<(String, reqwest::Response)> = futures::stream::iter(during.clone())
+        .map(|id| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let response = send(&client, &url, &id).await;
+                (id, response)
+            }
+        })
+        .buffer_unordered(6)
+        .collect()
+        .await;
+    for (id, response) in &answers {
+        assert_eq!(response.status(), 503, "{id}: PostgreSQL does not answer");
+        assert_eq!(content_type(response), Some("application/problem+json"));
+        assert!(response.headers().contains_key("retry-after"), "{id}");
+    }
+    let ready = client.get(bin.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+
+    // Answering again: the senders' retries go through.
+    proxy.set(Mode::Pass).await;
+    let first = during[0].clone();
+    bin.wait_for(
+        "ingress to answer 200 again",
+        Duration::from_secs(30),
+        || {
+            let (client, url, first) = (client.clone(), url.clone(), first.clone());
+            async move {
+                let response = client_send(&client, &url, &first).await?;
+                (response.status() == 200).then_some(())
+            }
+        },
+    )
+    .await;
+    for id in &during {
+        assert_eq!(send(&client, &url, id).await.status(), 200, "{id}");
+        acked.insert(id.clone());
+    }
+    assert_eq!(
+        client
+            .get(bin.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    let store = Arc::new(db.store().await);
+    let expected = acked.len();
+    bin.wait_for(
+        "acknowledged events to reach the sink",
+        Duration::from_secs(60),
+        || {
+            let (store, sink) = (store.clone(), sink.clone());
+            async move {
+                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+                (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let delivered = file_sink_ids(&sink);
+    let unique: HashSet<String> = delivered.iter().cloned().collect();
+    assert_eq!(
+        unique, acked,
+        "the sink holds exactly the acknowledged events"
+    );
+    assert_eq!(
+        delivered.len(),
+        unique.len(),
+        "each event reached the sink once"
+    );
+}
+
+/// [`send`], but a transport error (a timeout) is `None` rather than a panic.
+async fn client_send(client: &reqwest::Client, url: &str, id: &str) -> Option<reqwest::Response> {
+    post_signed(client, url, SECRET, stripe_event(id, "charge.refunded"))
+        .await
+        .ok()
+}

@@ -94,6 +94,7 @@ impl Harness {
                         writers: 2,
                         channel_capacity: 256,
                         lease: self.lease,
+                        commit_timeout: Duration::from_secs(10),
                     },
                 ))
             }

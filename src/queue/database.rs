@@ -13,7 +13,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use crate::store::{NewQueueMessage, Store, Wakeups};
+use crate::store::{NewQueueMessage, Store, StoreError, Wakeups};
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
 
@@ -26,6 +26,9 @@ pub struct GroupCommit {
     pub writers: usize,
     /// Publishers that may wait for a writer.
     pub channel_capacity: usize,
+    /// The longest one group commit may take before its callers are told "unavailable" and the
+    /// writer moves on: a database that stops answering must not hold the writers forever.
+    pub commit_timeout: Duration,
     /// How long a receive holds a message before it is redelivered.
     pub lease: Duration,
 }
@@ -55,6 +58,7 @@ impl DatabaseQueue {
                 publish_rx.clone(),
                 wakeups.clone(),
                 options.max_batch,
+                options.commit_timeout,
             ));
         }
         DatabaseQueue {
@@ -74,6 +78,7 @@ async fn write_groups(
     rx: Arc<Mutex<mpsc::Receiver<(NewQueueMessage, Reply)>>>,
     wakeups: Arc<Wakeups>,
     max_batch: usize,
+    commit_timeout: Duration,
 ) {
     let mut group = Vec::with_capacity(max_batch);
     loop {
@@ -84,7 +89,13 @@ async fn write_groups(
             }
         }
         let (messages, replies): (Vec<_>, Vec<_>) = group.drain(..).unzip();
-        let result = store.enqueue(&queue, &messages).await;
+        // On timeout the commit may still land: its callers were told 503 and their senders
+        // retry, which the consumer recognises as a duplicate. Never the other way round.
+        let result =
+            match tokio::time::timeout(commit_timeout, store.enqueue(&queue, &messages)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::TimedOut(commit_timeout)),
+            };
         metrics::histogram!("dedup_queue_group_commit_size").record(messages.len() as f64);
         match result {
             Ok(()) => {

@@ -40,6 +40,10 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A statement the caller bounded did not answer in time (a database that stopped
+    /// answering); whether it took effect is unknown.
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(Duration),
     #[error("cannot create the SQLite directory {path}: {source}")]
     CreateDir {
         path: String,

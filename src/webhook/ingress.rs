@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -39,6 +40,8 @@ pub struct IngressState {
     /// Stripe signing secrets, each tried (rotation).
     pub secrets: Arc<Vec<String>>,
     pub tolerance_secs: u64,
+    /// The longest a publish or a readiness check may wait on the transport or the store.
+    pub publish_timeout: Duration,
     /// The Standard Webhooks provider, when configured.
     pub standard: Option<StandardProvider>,
     pub clock: Clock,
@@ -169,9 +172,7 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
 /// the transport refused this very message for what it carries).
 async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), Problem> {
     let id = message.message_id.clone().unwrap_or_default();
-    state
-        .transport
-        .publish(message)
+    bounded(state.publish_timeout, state.transport.publish(message))
         .await
         .map_err(|error| match error {
             TransportError::Rejected(reason) => {
@@ -313,9 +314,27 @@ fn unavailable(_error: &TransportError) -> Problem {
     .with_retry_after(5)
 }
 
+/// `call`'s result, or `Unavailable` if it has not answered within `timeout`.
+async fn bounded<T, E>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, TransportError>
+where
+    TransportError: From<E>,
+{
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(TransportError::from),
+        Err(_) => Err(TransportError::Unavailable(format!(
+            "no answer within {timeout:?}"
+        ))),
+    }
+}
+
 async fn readyz(State(state): State<IngressState>) -> Response {
-    let store = state.store.ping().await;
-    let transport = state.transport.ready().await;
+    let (store, transport) = tokio::join!(
+        bounded(state.publish_timeout, state.store.ping()),
+        bounded(state.publish_timeout, state.transport.ready()),
+    );
     match (store, transport) {
         (Ok(()), Ok(())) => (StatusCode::OK, "ready").into_response(),
         (store, transport) => {
