@@ -384,7 +384,13 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
             let (store, sink, queue) = (store.clone(), sink.clone(), &queue);
             async move {
                 let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-                (ids.len() >= expected && queue.drained(&store).await).then_some(())
+                let drained = queue.drained(&store).await;
+                // Progress, for a failure message: stuck, slow, or dead-lettered by the broker.
+                eprintln!(
+                    "{} of {expected} at the sink; queue drained: {drained}",
+                    ids.len()
+                );
+                (ids.len() >= expected && drained).then_some(())
             }
         },
     )

@@ -34,6 +34,9 @@ use tokio::sync::Mutex;
 
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
+/// The longest a connect (with its topology) or a publisher confirm may take.
+const BROKER_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Header carrying the event source (first half of the dedup key).
 const SOURCE_HEADER: &str = "x-dedup-source";
 /// Header carrying how many deliveries a republished retry already had.
@@ -113,7 +116,16 @@ impl RabbitMqQueue {
         }
     }
 
+    /// Connects, opens a channel and declares the topology, within [`BROKER_ANSWER_TIMEOUT`]:
+    /// a broker that accepts connections and never answers must not hold the consumer or the
+    /// publishers (who wait on the same slot) forever.
     async fn connect(&self) -> Result<(Connection, Channel), TransportError> {
+        tokio::time::timeout(BROKER_ANSWER_TIMEOUT, self.connect_unbounded())
+            .await
+            .map_err(|_| unavailable(format!("no answer within {BROKER_ANSWER_TIMEOUT:?}")))?
+    }
+
+    async fn connect_unbounded(&self) -> Result<(Connection, Channel), TransportError> {
         let connection = Connection::connect(&self.url, ConnectionProperties::default())
             .await
             .map_err(unavailable)?;
@@ -247,8 +259,18 @@ impl RabbitMqQueue {
                 properties,
             )
             .await;
+        // A confirm that never comes (a broker that stopped answering) would hold this
+        // publish, and the consumer's retry that waits on it, forever.
         let confirmation = match confirm {
-            Ok(pending) => pending.await,
+            Ok(pending) => match tokio::time::timeout(BROKER_ANSWER_TIMEOUT, pending).await {
+                Ok(confirmation) => confirmation,
+                Err(_) => {
+                    self.reset_publisher().await;
+                    return Err(unavailable(format!(
+                        "no publisher confirm within {BROKER_ANSWER_TIMEOUT:?}"
+                    )));
+                }
+            },
             Err(e) => Err(e),
         };
         match confirmation {

@@ -14,7 +14,7 @@
 //! flight are gone, as after a real partition longer than the server's patience.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -39,8 +39,9 @@ pub struct FaultProxy {
     /// Where the binary connects: 127.0.0.1 and this port.
     pub port: u16,
     state: watch::Sender<State>,
-    /// Connections forwarding right now (so a change can wait until it took effect).
-    forwarding: Arc<AtomicU64>,
+    /// Held by every connection while it forwards, replaced at each change: a change waits
+    /// until the connections that forwarded before it have stopped (new ones may start).
+    forwarding: Arc<Mutex<Arc<()>>>,
     /// Connections accepted since start, in any mode (attempts to reach the dependency).
     accepted: Arc<AtomicU64>,
     /// The accept loop, stopped on drop (its connection tasks end with the test's runtime).
@@ -56,7 +57,7 @@ impl FaultProxy {
             mode: Mode::Pass,
             cuts: 0,
         });
-        let forwarding = Arc::new(AtomicU64::new(0));
+        let forwarding = Arc::new(Mutex::new(Arc::new(())));
         let accepted = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn(accept_loop(
             listener,
@@ -83,16 +84,18 @@ impl FaultProxy {
     /// Switches mode; returns once no connection forwards any more if the mode stops
     /// forwarding, so nothing sent after this reaches the dependency.
     pub async fn set(&self, mode: Mode) {
+        let before = self.new_epoch();
         self.state.send_modify(|s| s.mode = mode);
         if mode != Mode::Pass {
-            self.until_nothing_forwards().await;
+            Self::until_stopped(before).await;
         }
     }
 
     /// Resets every open connection once; new connections pass (if the mode is `Pass`).
     pub async fn cut_all(&self) {
+        let before = self.new_epoch();
         self.state.send_modify(|s| s.cuts += 1);
-        self.until_nothing_forwards().await;
+        Self::until_stopped(before).await;
     }
 
     /// Connections accepted so far.
@@ -100,14 +103,15 @@ impl FaultProxy {
         self.accepted.load(Ordering::SeqCst)
     }
 
-    /// Connections forwarding now.
-    pub fn forwarding(&self) -> u64 {
-        self.forwarding.load(Ordering::SeqCst)
+    /// Starts a new epoch of forwarding connections; returns the old one's token.
+    fn new_epoch(&self) -> Arc<()> {
+        std::mem::replace(&mut *self.forwarding.lock().unwrap(), Arc::new(()))
     }
 
-    async fn until_nothing_forwards(&self) {
+    /// Waits until no connection holds `epoch` (they all saw the change).
+    async fn until_stopped(epoch: Arc<()>) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while self.forwarding.load(Ordering::SeqCst) > 0 {
+        while Arc::strong_count(&epoch) > 1 {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "proxy connections still forwarding after 10 s"
@@ -127,7 +131,7 @@ async fn accept_loop(
     listener: TcpListener,
     upstream: String,
     state: watch::Sender<State>,
-    forwarding: Arc<AtomicU64>,
+    forwarding: Arc<Mutex<Arc<()>>>,
     accepted: Arc<AtomicU64>,
 ) {
     while let Ok((client, _)) = listener.accept().await {
@@ -148,7 +152,7 @@ async fn connection(
     client: TcpStream,
     upstream: String,
     mut state: watch::Receiver<State>,
-    forwarding: Arc<AtomicU64>,
+    forwarding: Arc<Mutex<Arc<()>>>,
 ) {
     let start = *state.borrow_and_update();
     match start.mode {
@@ -160,13 +164,16 @@ async fn connection(
         return reset(client);
     };
     let mut client = client;
-    forwarding.fetch_add(1, Ordering::SeqCst);
+    // Taken before looking at the state again: a change made after this sees this connection.
+    let epoch = forwarding.lock().unwrap().clone();
+    // Biased, the state first: a connection that starts after a change forwards nothing.
     let next = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
+        biased;
         changed = state.wait_for(|s| *s != start) => changed.ok().map(|s| *s),
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
     };
     drop(server);
-    forwarding.fetch_sub(1, Ordering::SeqCst);
+    drop(epoch);
     match next {
         Some(State {
             mode: Mode::BlackHole,

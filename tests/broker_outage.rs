@@ -1,0 +1,195 @@
+//! Broker faults under traffic, injected by a proxy between the binary and RabbitMQ or the SQS
+//! emulator: connections cut three times while events are posted, then every connection
+//! refused. While refused ingress answers 503 (never 2xx) and `/readyz` 503; the binary
+//! reconnects by itself once the broker answers; every event that got a 200 reaches the sink
+//! once. A broker that stops answering altogether is 503 within 5 s.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::fault_proxy::{FaultProxy, Mode};
+use common::{
+    file_sink_ids, post_signed, stripe_event, Backend, RunningBinary, TestDb, TestQueue, Transport,
+};
+use futures::StreamExt;
+
+const SECRET: &str = "whsec_broker_outage";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_cut_three_times_then_refused_recovers_by_itself_and_loses_nothing() {
+    cut_then_refuse(Transport::Rabbitmq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_cut_three_times_then_refused_recovers_by_itself_and_loses_nothing() {
+    cut_then_refuse(Transport::Sqs).await;
+}
+
+/// `host:port` of a URL.
+fn authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host_port = rest.split('/').next().unwrap_or(rest);
+    host_port.rsplit('@').next().unwrap_or(host_port).to_owned()
+}
+
+async fn cut_then_refuse(transport: Transport) {
+    let db = TestDb::new(Backend::Postgres).await;
+    let queue = TestQueue::new(transport).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let mut env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("DEDUP_TRANSPORT", queue.kind().to_owned()),
+        ("DEDUP_SINK", format!("file:{}", sink.display())),
+        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+    ];
+    let proxy = match queue.transport {
+        Transport::Rabbitmq => {
+            let amqp = std::env::var("AMQP_URL")
+                .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+            let upstream = authority(&amqp);
+            let proxy = FaultProxy::start(&upstream).await;
+            env.push(("AMQP_URL", proxy.rewrite(&amqp, &upstream)));
+            env.push(("DEDUP_QUEUE", queue.name.clone()));
+            proxy
+        }
+        _ => {
+            let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (moto)");
+            let upstream = authority(&endpoint);
+            let proxy = FaultProxy::start(&upstream).await;
+            env.push(("AWS_ENDPOINT_URL", proxy.rewrite(&endpoint, &upstream)));
+            env.push(("DEDUP_QUEUE", proxy.rewrite(&queue.name, &upstream)));
+            proxy
+        }
+    };
+    let bin = RunningBinary::start(&env, work.path());
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = bin.url("/webhooks/stripe");
+
+    // Traffic: posts from 8 senders, each event until it got a 200 or the traffic stops.
+    let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let traffic = {
+        let (client, url, acked, stop) = (client.clone(), url.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            futures::stream::iter(0..)
+                .take_until(stop.cancelled_owned())
+                .map(|i| {
+                    let (client, url, acked) = (client.clone(), url.clone(), acked.clone());
+                    async move {
+                        let id = format!("evt_traffic_{i}");
+                        let body = stripe_event(&id, "charge.succeeded");
+                        if let Ok(r) = post_signed(&client, &url, SECRET, body).await {
+                            if r.status() == 200 {
+                                acked.lock().unwrap().insert(id);
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(8)
+                .collect::<()>()
+                .await
+        })
+    };
+    let acked_count = || acked.lock().unwrap().len();
+    for cut in 1..=3 {
+        let before = acked_count();
+        bin.wait_for("traffic to flow", Duration::from_secs(30), || {
+            let n = acked_count();
+            async move { (n >= before + 40).then_some(()) }
+        })
+        .await;
+        proxy.cut_all().await;
+        eprintln!("cut {cut} after {} acknowledged", acked_count());
+    }
+    let before = acked_count();
+    bin.wait_for(
+        "traffic to flow after the cuts",
+        Duration::from_secs(30),
+        || {
+            let n = acked_count();
+            async move { (n >= before + 40).then_some(()) }
+        },
+    )
+    .await;
+    stop.cancel();
+    traffic.await.unwrap();
+
+    // A broker that stops answering: 503 within 5 s, not a request held open.
+    proxy.set(Mode::BlackHole).await;
+    for i in 0..3 {
+        let id = format!("evt_unanswered_{i}");
+        let response = post_signed(&client, &url, SECRET, stripe_event(&id, "charge.succeeded"))
+            .await
+            .expect("answered within 5 s while the broker does not answer");
+        assert_eq!(response.status(), 503, "{id}: the broker does not answer");
+    }
+
+    proxy.set(Mode::Refuse).await;
+    for i in 0..5 {
+        let id = format!("evt_refused_{i}");
+        let response = post_signed(&client, &url, SECRET, stripe_event(&id, "charge.succeeded"))
+            .await
+            .expect("answered within 5 s while the broker refuses");
+        assert_eq!(
+            response.status(),
+            503,
+            "{id}: the broker refuses connections"
+        );
+        assert!(response.headers().contains_key("retry-after"));
+    }
+    let ready = client.get(bin.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+
+    proxy.set(Mode::Pass).await;
+    bin.wait_for("ingress to accept again", Duration::from_secs(30), || {
+        let (client, url) = (client.clone(), url.clone());
+        let body = stripe_event("evt_refused_0", "charge.succeeded");
+        async move {
+            let response = post_signed(&client, &url, SECRET, body).await.ok()?;
+            (response.status() == 200).then_some(())
+        }
+    })
+    .await;
+    acked.lock().unwrap().insert("evt_refused_0".to_owned());
+    for i in 1..5 {
+        let id = format!("evt_refused_{i}");
+        let response = post_signed(&client, &url, SECRET, stripe_event(&id, "charge.succeeded"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{id}");
+        acked.lock().unwrap().insert(id);
+    }
+
+    let acked: HashSet<String> = acked.lock().unwrap().clone();
+    let store = Arc::new(db.store().await);
+    bin.wait_for(
+        "every acknowledged event to reach the sink",
+        Duration::from_secs(90),
+        || {
+            let (store, sink, queue, acked) = (store.clone(), sink.clone(), &queue, &acked);
+            async move {
+                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+                (acked.is_subset(&ids) && queue.drained(&store).await).then_some(())
+            }
+        },
+    )
+    .await;
+    let delivered = file_sink_ids(&sink);
+    let unique: HashSet<String> = delivered.iter().cloned().collect();
+    assert_eq!(
+        delivered.len(),
+        unique.len(),
+        "each event reached the sink once"
+    );
+    drop(bin);
+    queue.cleanup().await;
+}
