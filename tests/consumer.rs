@@ -262,3 +262,97 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
     assert_eq!(r.status(), 404);
     worker.stop().await;
 }
+
+/// Two processes with three consumer workers each on one RabbitMQ queue, 800 events each
+/// published four times in a shuffled order, in small batches: overlapping batches insert
+/// their dedup rows in one global order, so PostgreSQL reports no deadlock; and if one step
+/// still failed (a deadlock, a blip), its batch is given back at once rather than left
+/// unacked on a live channel. The queue drains, and each event's handler effect exists once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling() {
+    use common::{RunningBinary, TestQueue, Transport};
+    use dedup_worker::queue::{OutgoingMessage, Transport as _};
+    use futures::StreamExt;
+
+    let db = TestDb::new(Backend::Postgres).await;
+    let queue = TestQueue::new(Transport::Rabbitmq).await;
+    let work = tempfile::tempdir().unwrap();
+    let env = |role_ingress: &str| {
+        vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+            ("DEDUP_TRANSPORT", "rabbitmq".to_owned()),
+            ("DEDUP_QUEUE", queue.name.clone()),
+            ("DEDUP_SINK", "log".to_owned()),
+            ("DEDUP_ROLES__INGRESS", role_ingress.to_owned()),
+            ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
+            ("DEDUP_CONSUMER__WORKERS", "3".to_owned()),
+            ("DEDUP_CONSUMER__BATCH_SIZE", "48".to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+        ]
+    };
+    // The first process declares the queue; the messages go in before anyone consumes.
+    let first = RunningBinary::start(&env("true"), work.path());
+    let publisher = dedup_worker::queue::RabbitMqQueue::new(
+        std::env::var("AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
+        queue.name.clone(),
+        dedup_worker::queue::rabbitmq::RabbitOptions {
+            prefetch: 1,
+            delivery_limit: queue.delivery_limit(),
+            retry_max: Duration::from_secs(600),
+        },
+    );
+    // A fixed shuffle (an LCG): copies of one id land in different batches of both processes.
+    let mut order: Vec<usize> = (0..3_200).map(|i| i % 800).collect();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in (1..order.len()).rev() {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        order.swap(i, (seed >> 33) as usize % (i + 1));
+    }
+    futures::stream::iter(order)
+        .map(|n| {
+            let publisher = &publisher;
+            async move {
+                let id = format!("evt_contended_{n}");
+                publisher
+                    .publish(OutgoingMessage {
+                        source: Some("stripe".into()),
+                        message_id: Some(id.clone()),
+                        message_type: Some("charge.succeeded".into()),
+                        payload: stripe_event(&id, "charge.succeeded").into(),
+                    })
+                    .await
+                    .expect("publish");
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<()>()
+        .await;
+    publisher.close().await;
+    let second = RunningBinary::start(&env("false"), work.path());
+
+    let store = Arc::new(db.store().await);
+    first
+        .wait_for(
+            "both processes to drain the queue",
+            Duration::from_secs(90),
+            || {
+                let (store, queue) = (store.clone(), &queue);
+                async move {
+                    let ledger = ledger_counts(&store).await;
+                    (ledger.len() == 800 && queue.drained(&store).await).then_some(())
+                }
+            },
+        )
+        .await;
+    let ledger = ledger_counts(&store).await;
+    assert!(ledger.values().all(|&n| n == 1), "a handler effect twice");
+    let logged = format!("{}{}", first.stderr(), second.stderr());
+    assert!(
+        !logged.contains("deadlock detected"),
+        "PostgreSQL reported a deadlock:\n{logged}"
+    );
+    drop((first, second));
+    queue.cleanup().await;
+}
