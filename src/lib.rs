@@ -26,6 +26,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod dlq;
 pub mod event;
 pub mod idempotency;
 pub mod outbox;
