@@ -7,9 +7,10 @@ use crate::store::NewDeadLetter;
 use super::{Consumer, MAX_DEAD_LETTER_ERROR_CHARS};
 
 impl Consumer {
-    /// The dead letter of an event whose handler failed: its fields passed
-    /// [`super::decode_delivery`], so they are stored as they are (a redrive dedups on them); only the
-    /// error, which a handler may fill with anything, is made printable.
+    /// The dead letter of an event the consumer gives up on (its handler failed, or its
+    /// transport gave up on the delivery): its fields passed [`super::decode_delivery`], so they
+    /// are stored as they are (a redrive dedups on them); only the error, which a handler may
+    /// fill with anything, is made printable.
     pub(super) fn dead_letter(
         &self,
         event: &Event,

@@ -1,12 +1,12 @@
 //! The RabbitMQ transport (lapin).
 //!
 //! Topology, ensured on every (re)connect so a fresh broker needs no set-up, and declared
-//! passively first so a queue that exists is used as it is ([`topology`]: a changed setting
-//! never makes a declare fail and take ingress and the consumer down):
+//! passively first so a queue that exists is used as it is (`rabbitmq/topology.rs`: a changed
+//! setting never makes a declare fail and take ingress and the consumer down):
 //! * `<queue>`: a durable quorum queue. Created with an `x-delivery-limit` and a dead-letter
 //!   route to `<queue>.dead` as a backstop; the limit that applies is
 //!   `transport.delivery_limit`, enforced by the consumer from `x-delivery-count`, so changing
-//!   the setting takes effect without recreating the queue ([`incoming`]);
+//!   the setting takes effect without recreating the queue (`rabbitmq/incoming.rs`);
 //! * `<queue>.dead`: where the broker parks what went over the backstop limit. The consumer
 //!   reads it too and moves each message into the store's dead letters (inserted there, then
 //!   acked: a crash in between moves it again, and the store keeps one dead letter per event),
@@ -56,7 +56,8 @@ const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
 pub struct RabbitOptions {
     /// Unacked messages the broker may push to this consumer (bounds memory).
     pub prefetch: u16,
-    /// Quorum queue `x-delivery-limit`: redeliveries before the broker dead-letters a message.
+    /// Deliveries that may end unsettled before a message is dead-lettered: enforced on
+    /// receive (`rabbitmq/incoming.rs`), and the `x-delivery-limit` of a queue this creates.
     pub delivery_limit: u32,
     /// The longest retry bucket.
     pub retry_max: Duration,
