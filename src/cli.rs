@@ -3,12 +3,14 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use dedup_worker::config::Settings;
-use dedup_worker::startup::{Application, Overrides};
-use dedup_worker::store::Store;
+use dedup_worker::dlq;
+use dedup_worker::startup::{build_transport, Application, Overrides};
+use dedup_worker::store::{Store, Wakeups};
 use dedup_worker::webhook::stripe::signature_header;
 use tokio_util::sync::CancellationToken;
 
@@ -68,7 +70,8 @@ enum DlqCommand {
         #[arg(long, default_value_t = 100)]
         limit: i64,
     },
-    /// Put dead letters back on their queue.
+    /// Publish dead letters again through the configured transport, each to the queue it was
+    /// recorded on, deleting each once its publish succeeded.
     Redrive {
         /// Dead letter ids.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -76,6 +79,9 @@ enum DlqCommand {
         /// Redrive every dead letter.
         #[arg(long)]
         all: bool,
+        /// Publish to this queue (name, or SQS queue URL) instead of each one's recorded queue.
+        #[arg(long, value_name = "QUEUE")]
+        queue: Option<String>,
     },
 }
 
@@ -108,7 +114,8 @@ pub async fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dlq { command } => {
-            let store = connect(cli.config).await?;
+            let settings = store_settings(cli.config)?;
+            let store = Store::connect(&settings).await?;
             match command {
                 DlqCommand::List { limit } => {
                     for dl in store.dead_letters(limit).await? {
@@ -120,10 +127,23 @@ pub async fn run() -> anyhow::Result<()> {
                         println!("{line}");
                     }
                 }
-                DlqCommand::Redrive { ids, all } => {
+                DlqCommand::Redrive { ids, all, queue } => {
                     let ids = if all { Vec::new() } else { ids };
-                    let moved = store.redrive_dead_letters(&ids).await?;
-                    println!("redriven: {moved}");
+                    let transport =
+                        build_transport(&settings, &store, Arc::new(Wakeups::default())).await;
+                    let result =
+                        dlq::redrive(&store, transport.as_ref(), &ids, queue.as_deref()).await;
+                    // What was redriven before a failure is said either way.
+                    let redriven = match &result {
+                        Ok(n) => *n,
+                        Err(
+                            dlq::RedriveError::Store { redriven, .. }
+                            | dlq::RedriveError::Publish { redriven, .. }
+                            | dlq::RedriveError::Unaddressable { redriven, .. },
+                        ) => *redriven,
+                    };
+                    println!("redriven: {redriven}");
+                    result?;
                 }
             }
             Ok(())
@@ -161,9 +181,13 @@ fn sign(secret: &str, timestamp: Option<i64>, file: &PathBuf) -> anyhow::Result<
 
 /// Loads settings for commands that only need the store (no secret required).
 async fn connect(config: Option<PathBuf>) -> anyhow::Result<Store> {
+    Ok(Store::connect(&store_settings(config)?).await?)
+}
+
+/// Settings without the ingress role, which is what requires a webhook secret.
+fn store_settings(config: Option<PathBuf>) -> anyhow::Result<Settings> {
     let figment = Settings::figment(config.as_deref()).merge(("roles.ingress", false));
-    let settings = Settings::from_figment(figment)?;
-    Ok(Store::connect(&settings).await?)
+    Ok(Settings::from_figment(figment)?)
 }
 
 async fn serve(config: Option<PathBuf>, roles: Option<(bool, bool, bool)>) -> anyhow::Result<()> {

@@ -238,8 +238,9 @@ pub struct TransportSettings {
     /// request longer than this, and the sender retries (a commit that landed after all is
     /// recognised by its id).
     pub publish_timeout_ms: u64,
-    /// RabbitMQ quorum queue `x-delivery-limit`: redeliveries (crashed consumers) before the
-    /// broker dead-letters a message to `<queue>.dead`.
+    /// RabbitMQ: deliveries of one message that may end unsettled before the consumer
+    /// dead-letters it (from `x-delivery-count`, whatever the queue was declared with); also the
+    /// `x-delivery-limit` backstop of a queue the service creates.
     pub delivery_limit: u32,
     /// SQS long polling: each `ReceiveMessage` waits up to this for a first message (1–20 s,
     /// SQS's range). Each call is billed and throttled, and a short poll (0) of an empty queue

@@ -14,6 +14,8 @@
 //!   claims and delivers them, and the sinks (log, file, HTTP).
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
+//! * [`dlq`]: `dlq redrive`, which publishes dead letters again through the configured
+//!   transport.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
@@ -26,6 +28,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod dlq;
 pub mod event;
 pub mod idempotency;
 pub mod outbox;

@@ -69,46 +69,7 @@ impl Application {
             store.migrate().await?;
         }
         let wakeups = Arc::new(Wakeups::default());
-        let transport: Arc<dyn Transport> = match settings.transport.kind {
-            TransportKind::Rabbitmq => Arc::new(RabbitMqQueue::new(
-                settings.transport.amqp_url.clone(),
-                settings.transport.queue.clone(),
-                RabbitOptions {
-                    prefetch: u16::try_from(settings.consumer.batch_size * 2).unwrap_or(u16::MAX),
-                    delivery_limit: settings.transport.delivery_limit,
-                    retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
-                },
-            )),
-            TransportKind::Sqs => Arc::new(
-                SqsQueue::from_env(
-                    settings.transport.queue.clone(),
-                    Duration::from_secs(settings.consumer.lease_secs),
-                )
-                .await
-                .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs)),
-            ),
-            TransportKind::Database => {
-                Arc::new(DatabaseQueue::start(
-                    store.clone(),
-                    settings.transport.queue.clone(),
-                    wakeups.clone(),
-                    GroupCommit {
-                        max_batch: settings.transport.publish_batch_max,
-                        // SQLite has one writer; more writer tasks would only wait on its lock.
-                        writers: if store.backend_name() == "sqlite" {
-                            1
-                        } else {
-                            settings.transport.publish_writers
-                        },
-                        channel_capacity: settings.transport.publish_channel_capacity,
-                        commit_timeout: Duration::from_millis(
-                            settings.transport.publish_timeout_ms,
-                        ),
-                        lease: Duration::from_secs(settings.consumer.lease_secs),
-                    },
-                ))
-            }
-        };
+        let transport = build_transport(&settings, &store, wakeups.clone()).await;
         let handler: Arc<dyn Handler> = match overrides.handler {
             Some(handler) => handler,
             None => match settings.consumer.handler {
@@ -283,6 +244,53 @@ impl Application {
             Store::Sqlite(pool) => pool.close().await,
         }
         result
+    }
+}
+
+/// The configured transport, as `serve` and `dlq redrive` use it: connections are made on first
+/// use, so building it needs no broker.
+pub async fn build_transport(
+    settings: &Settings,
+    store: &Store,
+    wakeups: Arc<Wakeups>,
+) -> Arc<dyn Transport> {
+    match settings.transport.kind {
+        TransportKind::Rabbitmq => Arc::new(RabbitMqQueue::new(
+            settings.transport.amqp_url.clone(),
+            settings.transport.queue.clone(),
+            RabbitOptions {
+                prefetch: u16::try_from(settings.consumer.batch_size * 2).unwrap_or(u16::MAX),
+                delivery_limit: settings.transport.delivery_limit,
+                retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
+            },
+        )),
+        TransportKind::Sqs => Arc::new(
+            SqsQueue::from_env(
+                settings.transport.queue.clone(),
+                Duration::from_secs(settings.consumer.lease_secs),
+            )
+            .await
+            .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs)),
+        ),
+        TransportKind::Database => {
+            Arc::new(DatabaseQueue::start(
+                store.clone(),
+                settings.transport.queue.clone(),
+                wakeups.clone(),
+                GroupCommit {
+                    max_batch: settings.transport.publish_batch_max,
+                    // SQLite has one writer; more writer tasks would only wait on its lock.
+                    writers: if store.backend_name() == "sqlite" {
+                        1
+                    } else {
+                        settings.transport.publish_writers
+                    },
+                    channel_capacity: settings.transport.publish_channel_capacity,
+                    commit_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
+                    lease: Duration::from_secs(settings.consumer.lease_secs),
+                },
+            ))
+        }
     }
 }
 

@@ -105,7 +105,7 @@ async fn handler_failures(backend: Backend) {
         ],
     );
     let app = TestApp::spawn(
-        settings,
+        settings.clone(),
         Overrides {
             handler: Some(handler.clone()),
             ..Overrides::default()
@@ -190,7 +190,16 @@ async fn handler_failures(backend: Backend) {
     handler
         .poison_active
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    store.redrive_dead_letters(&[poison.id]).await.unwrap();
+    let transport = dedup_worker::startup::build_transport(
+        &settings,
+        &store,
+        Arc::new(dedup_worker::store::Wakeups::default()),
+    )
+    .await;
+    let redriven = dedup_worker::dlq::redrive(&store, transport.as_ref(), &[poison.id], None)
+        .await
+        .unwrap();
+    assert_eq!(redriven, 1);
     wait_for(
         "the redriven event to be delivered",
         Duration::from_secs(30),

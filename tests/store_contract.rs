@@ -528,35 +528,50 @@ async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
 async fn dead_letters_list_and_redrive(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let mut tx = store.begin().await.unwrap();
-    tx.insert_dead_letter(&NewDeadLetter {
+    let row = |id: &str, error: &str| NewDeadLetter {
         source: "stripe".into(),
-        event_id: "evt_dead".into(),
+        event_id: id.into(),
         event_type: "test.event".into(),
         queue: "q".into(),
-        payload: b"{\"id\":\"evt_dead\"}".to_vec(),
-        error: "fatal: no such account".into(),
+        payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        error: error.into(),
         attempts: 3,
-    })
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    let listed = store.dead_letters(10).await.unwrap();
-    assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].error, "fatal: no such account");
-    assert_eq!(store.redrive_dead_letters(&[]).await.unwrap(), 1);
-    assert!(store.dead_letters(10).await.unwrap().is_empty());
-    let back = store
-        .claim_messages("q", 10, Duration::from_secs(30))
+    };
+    let mut tx = store.begin().await.unwrap();
+    tx.insert_dead_letter(&row("evt_dead", "fatal: no such account"))
         .await
         .unwrap();
-    assert_eq!(back.len(), 1);
-    assert_eq!(back[0].message_id.as_deref(), Some("evt_dead"));
-    assert_eq!(
-        back[0].source.as_deref(),
-        Some("stripe"),
-        "redrive keeps the source"
-    );
+    tx.insert_dead_letter(&row("evt_other", "fatal"))
+        .await
+        .unwrap();
+    // Once per event and queue: a repeated move adds nothing; an unknown id is never merged.
+    assert!(!tx
+        .insert_dead_letter_once(&row("evt_dead", "moved again"))
+        .await
+        .unwrap());
+    assert!(tx.insert_dead_letter_once(&row("", "no id")).await.unwrap());
+    assert!(tx.insert_dead_letter_once(&row("", "no id")).await.unwrap());
+    tx.commit().await.unwrap();
+    let listed = store.dead_letters(10).await.unwrap();
+    assert_eq!(listed.len(), 4);
+    assert_eq!(listed[0].error, "fatal: no such account");
+
+    // A redrive pages through the selection in id order, then deletes what it published.
+    let ids = [listed[0].id, listed[2].id];
+    let first = store.dead_letters_selected(&ids, 0, 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].event_id, "evt_dead");
+    assert_eq!(first[0].source, "stripe");
+    let next = store
+        .dead_letters_selected(&ids, first[0].id, 10)
+        .await
+        .unwrap();
+    assert_eq!(next.iter().map(|d| d.id).collect::<Vec<_>>(), [ids[1]]);
+    let all = store.dead_letters_selected(&[], 0, 10).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 1);
+    assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 0);
+    assert_eq!(store.dead_letters(10).await.unwrap().len(), 3);
 }
 
 async fn retention_purges_old_rows(backend: Backend) {

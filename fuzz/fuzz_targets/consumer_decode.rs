@@ -37,6 +37,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         payload: Bytes::copy_from_slice(payload),
         attempts: 1,
         defect: None,
+        give_up: None,
     };
     if let Ok(event) = decode_delivery(&delivery, &options) {
         for (field, value) in [

@@ -140,6 +140,7 @@ mod tests {
             payload: Bytes::copy_from_slice(payload),
             attempts: 1,
             defect: None,
+            give_up: None,
         }
     }
 

@@ -10,6 +10,9 @@
 //!   acked without running the handler;
 //! * a failing event never blocks its batch: it is rolled back to its savepoint, its dedup row
 //!   removed, and it is retried with backoff or dead-lettered;
+//! * a delivery its transport gave up on ([`Delivery::give_up`]: over `transport.delivery_limit`,
+//!   or parked by the broker) is dead-lettered without running its handler, once per event,
+//!   unless its event was handled already;
 //! * a message that cannot become an event (not JSON, no id, an id the store cannot hold: see
 //!   [`decode`]) is dead-lettered with the reason and acked, never retried;
 //! * no shared fate: if the database refuses the batch's transaction for one row's data (a
@@ -22,6 +25,7 @@
 //! failed step leaves: it gives the batch back to the transport at once, backs off, and waits
 //! for the store to answer before it receives again.
 
+mod dead_letter;
 pub mod decode;
 pub mod handler;
 mod run;
@@ -33,10 +37,10 @@ use std::time::{Duration, Instant};
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
 
-use crate::event::{check_event_field, printable, Event, EventField};
+use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
-use crate::store::{NewDeadLetter, NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
+use crate::store::{NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -230,9 +234,18 @@ impl Consumer {
 
         let mut tx = self.store.begin().await?;
         let candidates: Vec<&(Event, &Delivery)> = events.iter().collect();
-        let (mut fresh, seen) = record_new(&mut tx, candidates).await?;
+        let (fresh, seen) = record_new(&mut tx, candidates).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
+        // New events the transport gave up on (over the delivery limit) are dead-lettered
+        // without running their handler: a message that keeps killing its consumer must stop
+        // somewhere. They are not processed, so their dedup rows go again; handled ones were
+        // acked above as duplicates, with nothing left to do.
+        let (given_up, mut fresh): (Vec<_>, Vec<_>) =
+            fresh.into_iter().partition(|(_, d)| d.give_up.is_some());
+        for (event, _) in &given_up {
+            tx.delete_processed(&event.source, &event.id).await?;
+        }
 
         // Optimistic pass: all handlers in the transaction with no savepoints (no extra round
         // trips). If any fails, start over with a savepoint per event so only that one is undone.
@@ -301,6 +314,16 @@ impl Consumer {
                     }
                 }
             }
+        }
+        for (event, delivery) in &given_up {
+            let reason = delivery.give_up.as_deref().unwrap_or_default();
+            tracing::warn!(event_id = %event.id, %reason, "dead-lettering event");
+            // Once per event: moving the same message again (a crash before its ack) adds
+            // nothing to list or redrive.
+            tx.insert_dead_letter_once(&self.dead_letter(event, delivery, reason))
+                .await?;
+            outcome.dead_lettered += 1;
+            to_ack.push(delivery.tag.clone());
         }
         for (delivery, reason) in &undecodable {
             let reason = reason.to_string();
@@ -380,48 +403,6 @@ impl Consumer {
                     .unwrap_or_else(|| "unknown panic".to_owned());
                 Err(HandlerError::Fatal(format!("handler panicked: {reason}")))
             }
-        }
-    }
-
-    /// The dead letter of an event whose handler failed: its fields passed
-    /// [`decode_delivery`], so they are stored as they are (a redrive dedups on them); only the
-    /// error, which a handler may fill with anything, is made printable.
-    fn dead_letter(&self, event: &Event, delivery: &Delivery, error: &str) -> NewDeadLetter {
-        NewDeadLetter {
-            source: event.source.clone(),
-            event_id: event.id.clone(),
-            event_type: event.event_type.clone(),
-            queue: self.transport.queue_name().to_owned(),
-            payload: delivery.payload.to_vec(),
-            error: printable(error, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
-            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
-        }
-    }
-
-    /// The dead letter of a message that is not an event: its payload kept byte for byte, its
-    /// transport properties kept only where storable. A refused id is not stored (the reason
-    /// describes it): stored escaped, a redrive would dedup on an id nobody sent; stored empty,
-    /// a redrive decodes the payload again and meets the same reason.
-    fn undecodable_dead_letter(&self, delivery: &Delivery, reason: &str) -> NewDeadLetter {
-        let storable = |field, value: &Option<String>| {
-            value
-                .as_deref()
-                .filter(|v| check_event_field(field, v).is_ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        NewDeadLetter {
-            source: delivery
-                .source
-                .as_ref()
-                .map(|_| storable(EventField::Source, &delivery.source))
-                .unwrap_or_else(|| self.options.source.clone()),
-            event_id: storable(EventField::Id, &delivery.message_id),
-            event_type: storable(EventField::Type, &delivery.message_type),
-            queue: self.transport.queue_name().to_owned(),
-            payload: delivery.payload.to_vec(),
-            error: printable(reason, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
-            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
         }
     }
 }

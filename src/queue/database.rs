@@ -165,6 +165,30 @@ impl Transport for DatabaseQueue {
         reply_rx.await.map_err(|_| TransportError::Closed)?
     }
 
+    /// The configured queue goes through the group commit; another is one insert of its own.
+    async fn publish_to_queue(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        if queue == self.queue {
+            return self.publish(message).await;
+        }
+        let message = NewQueueMessage {
+            source: message.source,
+            message_id: message.message_id,
+            message_type: message.message_type,
+            payload: message.payload.to_vec(),
+        };
+        self.store.enqueue(queue, &[message]).await?;
+        self.wakeups.queue.notify_waiters();
+        Ok(())
+    }
+
+    fn can_address(&self, queue: &str) -> bool {
+        !queue.is_empty() && !queue.contains("://")
+    }
+
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
         // Register for the wake-up before looking, so an enqueue between the look and the wait
         // is not missed.
@@ -195,6 +219,7 @@ impl Transport for DatabaseQueue {
                 payload: Bytes::from(row.payload),
                 attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
                 defect: None,
+                give_up: None,
             })
             .collect())
     }

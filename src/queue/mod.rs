@@ -60,6 +60,11 @@ pub struct Delivery {
     /// marked base64 that is not); such a message is dead-lettered with this reason rather than
     /// left to come back forever.
     pub defect: Option<String>,
+    /// Why the transport wants no more deliveries of this message (RabbitMQ: it went over
+    /// `transport.delivery_limit`, or the broker parked it in `<queue>.dead`). The consumer
+    /// dead-letters it with this reason without running its handler, unless its event was
+    /// handled already (then it is acked as a duplicate).
+    pub give_up: Option<String>,
 }
 
 /// The transport could not do what was asked.
@@ -112,6 +117,31 @@ pub trait Transport: Send + Sync + 'static {
     /// delivery because a broker without delayed redelivery republishes a copy.
     async fn retry_later(&self, delivery: &Delivery, delay: Duration)
         -> Result<(), TransportError>;
+
+    /// Publishes to `queue` of this transport rather than the configured one (`dlq redrive`
+    /// puts each dead letter back on the queue it was recorded on). Same guarantee as
+    /// `publish`. By default only the configured queue is addressable.
+    async fn publish_to_queue(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        if self.can_address(queue) && queue == self.queue_name() {
+            self.publish(message).await
+        } else {
+            Err(TransportError::Rejected(format!(
+                "this transport publishes only to {}",
+                self.queue_name()
+            )))
+        }
+    }
+
+    /// Whether `queue` can name a queue of this transport (an SQS queue URL, a RabbitMQ or
+    /// database queue name), so a dead letter recorded under another transport is not sent
+    /// where no consumer of this one reads.
+    fn can_address(&self, queue: &str) -> bool {
+        queue == self.queue_name()
+    }
 
     /// Whether the transport can take messages now (for `/readyz`).
     async fn ready(&self) -> Result<(), TransportError>;

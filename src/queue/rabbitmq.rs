@@ -1,10 +1,16 @@
 //! The RabbitMQ transport (lapin).
 //!
-//! Topology, declared on every (re)connect so a fresh broker needs no set-up:
-//! * `<queue>`: a durable quorum queue with an explicit `x-delivery-limit` and a dead-letter
-//!   route to `<queue>.dead`, so a message that keeps crashing its consumers stops after the
-//!   limit instead of looping forever;
-//! * `<queue>.dead`: where the broker parks those;
+//! Topology, ensured on every (re)connect so a fresh broker needs no set-up, and declared
+//! passively first so a queue that exists is used as it is (`rabbitmq/topology.rs`: a changed
+//! setting never makes a declare fail and take ingress and the consumer down):
+//! * `<queue>`: a durable quorum queue. Created with an `x-delivery-limit` and a dead-letter
+//!   route to `<queue>.dead` as a backstop; the limit that applies is
+//!   `transport.delivery_limit`, enforced by the consumer from `x-delivery-count`, so changing
+//!   the setting takes effect without recreating the queue (`rabbitmq/incoming.rs`);
+//! * `<queue>.dead`: where the broker parks what went over the backstop limit. The consumer
+//!   reads it too and moves each message into the store's dead letters (inserted there, then
+//!   acked: a crash in between moves it again, and the store keeps one dead letter per event),
+//!   so `dlq list` shows it and `dlq redrive` replays it;
 //! * `<queue>.retry.<ms>`: delay buckets for retryable handler failures. RabbitMQ has no
 //!   delayed redelivery, so a retry republishes a copy into the bucket whose TTL is the delay
 //!   (rounded up to a power of two, so a long delay never holds up a short one) and whose
@@ -21,11 +27,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Confirmation;
@@ -33,6 +39,12 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+
+mod incoming;
+mod topology;
+
+pub use incoming::BROKER_DEAD_LETTERED;
+use incoming::{Incoming, Origin};
 
 /// The longest a connect (with its topology) or a publisher confirm may take.
 const BROKER_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,7 +59,8 @@ const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
 pub struct RabbitOptions {
     /// Unacked messages the broker may push to this consumer (bounds memory).
     pub prefetch: u16,
-    /// Quorum queue `x-delivery-limit`: redeliveries before the broker dead-letters a message.
+    /// Deliveries that may end unsettled before a message is dead-lettered: enforced on
+    /// receive (`rabbitmq/incoming.rs`), and the `x-delivery-limit` of a queue this creates.
     pub delivery_limit: u32,
     /// The longest retry bucket.
     pub retry_max: Duration,
@@ -58,8 +71,8 @@ struct ConsumerSide {
     /// Keeps the connection open while the side lives.
     connection: Connection,
     channel: Channel,
-    /// Polled by one receiver at a time.
-    stream: Mutex<lapin::Consumer>,
+    /// Deliveries of `<queue>` and `<queue>.dead`, merged; polled by one receiver at a time.
+    stream: Mutex<BoxStream<'static, Incoming>>,
     /// Tags are per channel: a tag from an older generation must never be acked on this one.
     generation: u64,
     unacked: std::sync::Mutex<BTreeSet<u64>>,
@@ -129,35 +142,9 @@ impl RabbitMqQueue {
         let connection = Connection::connect(&self.url, ConnectionProperties::default())
             .await
             .map_err(unavailable)?;
-        let channel = connection.create_channel().await.map_err(unavailable)?;
-        self.declare_topology(&channel).await?;
+        let channel =
+            topology::declare_queues(&connection, &self.queue, self.options.delivery_limit).await?;
         Ok((connection, channel))
-    }
-
-    async fn declare_topology(&self, channel: &Channel) -> Result<(), TransportError> {
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        let dead = format!("{}.dead", self.queue);
-        let mut quorum = FieldTable::default();
-        quorum.insert("x-queue-type".into(), long("quorum"));
-        channel
-            .queue_declare(dead.as_str().into(), durable, quorum.clone())
-            .await
-            .map_err(unavailable)?;
-        let mut main = quorum;
-        main.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongInt(i32::try_from(self.options.delivery_limit).unwrap_or(i32::MAX)),
-        );
-        main.insert("x-dead-letter-exchange".into(), long(""));
-        main.insert("x-dead-letter-routing-key".into(), long(&dead));
-        channel
-            .queue_declare(self.queue.as_str().into(), durable, main)
-            .await
-            .map_err(unavailable)?;
-        Ok(())
     }
 
     async fn publisher(&self) -> Result<Arc<PublisherSide>, TransportError> {
@@ -188,15 +175,12 @@ impl RabbitMqQueue {
             .basic_qos(self.options.prefetch, BasicQosOptions::default())
             .await
             .map_err(unavailable)?;
-        let stream = channel
-            .basic_consume(
-                self.queue.as_str().into(),
-                ShortString::from(""),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
+        // Both queues on one channel: delivery tags are per channel, so acks and requeues
+        // work the same for either, and a closed channel gives back what either delivered.
+        let main = incoming::consume(&channel, &self.queue, Origin::Main).await?;
+        let dead = topology::dead_queue(&self.queue);
+        let parked = incoming::consume(&channel, &dead, Origin::Parked).await?;
+        let stream = futures::stream::select(main, parked).boxed();
         let side = Arc::new(ConsumerSide {
             connection,
             channel,
@@ -299,21 +283,7 @@ impl RabbitMqQueue {
             .unwrap_or(false);
         if !known {
             let side = self.publisher().await?;
-            let mut args = FieldTable::default();
-            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl as i64));
-            args.insert("x-dead-letter-exchange".into(), long(""));
-            args.insert("x-dead-letter-routing-key".into(), long(&self.queue));
-            side.channel
-                .queue_declare(
-                    name.as_str().into(),
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    args,
-                )
-                .await
-                .map_err(unavailable)?;
+            topology::declare_bucket(&side.connection, &self.queue, &name, ttl).await?;
             if let Ok(mut buckets) = self.buckets.lock() {
                 buckets.insert(ttl);
             }
@@ -444,51 +414,6 @@ impl RabbitMqQueue {
         }
         Ok(())
     }
-
-    fn convert(side: &ConsumerSide, d: lapin::message::Delivery) -> Delivery {
-        let headers = d.properties.headers().clone().unwrap_or_default();
-        let header = |name: &str| headers.inner().get(&ShortString::from(name)).cloned();
-        let source = match header(SOURCE_HEADER) {
-            Some(AMQPValue::LongString(s)) => {
-                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
-            }
-            Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
-            _ => None,
-        };
-        let as_u32 = |v: Option<AMQPValue>| -> u32 {
-            match v {
-                Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(0),
-                Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(0),
-                Some(AMQPValue::LongUInt(n)) => n,
-                _ => 0,
-            }
-        };
-        // Quorum queues count redeliveries in x-delivery-count; republished retries carry ours.
-        let redelivered = match header("x-delivery-count") {
-            None if d.redelivered => 1,
-            other => as_u32(other),
-        };
-        let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
-        if let Ok(mut unacked) = side.unacked.lock() {
-            unacked.insert(d.delivery_tag);
-        }
-        Delivery {
-            tag: DeliveryTag::Amqp {
-                generation: side.generation,
-                tag: d.delivery_tag,
-            },
-            source,
-            message_id: d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.as_str().to_owned()),
-            message_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
-            payload: Bytes::from(d.data),
-            attempts,
-            defect: None,
-        }
-    }
 }
 
 #[async_trait]
@@ -514,11 +439,15 @@ impl Transport for RabbitMqQueue {
                 return Err(unavailable("consumer stream ended"));
             }
         };
-        let mut out = vec![Self::convert(&side, first)];
+        let mut out = vec![incoming::convert(&side, self.options.delivery_limit, first)];
         // Take what is already buffered (up to the prefetch), without waiting for more.
         while out.len() < max {
             match stream.next().now_or_never() {
-                Some(Some(Ok(delivery))) => out.push(Self::convert(&side, delivery)),
+                Some(Some(Ok(delivery))) => out.push(incoming::convert(
+                    &side,
+                    self.options.delivery_limit,
+                    delivery,
+                )),
                 _ => break,
             }
         }
@@ -549,6 +478,19 @@ impl Transport for RabbitMqQueue {
         // the event twice, which the dedup record absorbs; the other order could lose it.
         self.publish_to(&bucket, &copy, delivery.attempts).await?;
         self.ack(std::slice::from_ref(&delivery.tag)).await
+    }
+
+    /// Mandatory, like every publish: a queue that does not exist is an error, not a drop.
+    async fn publish_to_queue(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        self.publish_to(queue, &message, 0).await
+    }
+
+    fn can_address(&self, queue: &str) -> bool {
+        !queue.is_empty() && !queue.contains("://")
     }
 
     async fn ready(&self) -> Result<(), TransportError> {

@@ -152,6 +152,7 @@ impl SqsQueue {
             payload,
             attempts,
             defect,
+            give_up: None,
         })
     }
 
@@ -189,9 +190,9 @@ impl SqsQueue {
     }
 }
 
-#[async_trait]
-impl Transport for SqsQueue {
-    async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
+impl SqsQueue {
+    /// `SendMessage` to the queue at `url`.
+    async fn send(&self, url: &str, message: OutgoingMessage) -> Result<(), TransportError> {
         let (body, encoded) = match std::str::from_utf8(&message.payload) {
             Ok(text) => (text.to_owned(), false),
             Err(_) => (
@@ -199,14 +200,10 @@ impl Transport for SqsQueue {
                 true,
             ),
         };
-        let mut request = self
-            .client
-            .send_message()
-            .queue_url(&self.url)
-            .message_body(body);
+        let mut request = self.client.send_message().queue_url(url).message_body(body);
         if let Some(id) = &message.message_id {
             request = request.message_attributes(ID_ATTRIBUTE, string_attribute(id)?);
-            if self.url.ends_with(".fifo") {
+            if url.ends_with(".fifo") {
                 request = request
                     .message_deduplication_id(id)
                     .message_group_id(message.source.as_deref().unwrap_or("events"));
@@ -223,6 +220,26 @@ impl Transport for SqsQueue {
         }
         request.send().await.map_err(unavailable)?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl Transport for SqsQueue {
+    async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
+        self.send(&self.url, message).await
+    }
+
+    async fn publish_to_queue(
+        &self,
+        queue: &str,
+        message: OutgoingMessage,
+    ) -> Result<(), TransportError> {
+        self.send(queue, message).await
+    }
+
+    /// A queue URL; a plain name would be refused by SQS anyway, but only after the attempt.
+    fn can_address(&self, queue: &str) -> bool {
+        queue.starts_with("https://") || queue.starts_with("http://")
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {

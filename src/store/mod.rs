@@ -336,10 +336,32 @@ impl Store {
         on_pool!(self, dead_letters(limit))
     }
 
-    /// Puts dead letters back on the database queue they came from and deletes them, in one
-    /// transaction. `ids` empty means all.
-    pub async fn redrive_dead_letters(&self, ids: &[i64]) -> Result<u64, StoreError> {
-        on_pool!(self, redrive_dead_letters(ids))
+    /// Up to `limit` dead letters with an id above `after`, in id order: those in `ids`, or
+    /// all when `ids` is empty (a redrive pages through them).
+    pub async fn dead_letters_selected(
+        &self,
+        ids: &[i64],
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        on_pool!(self, dead_letters_selected(ids, after, limit))
+    }
+
+    /// Deletes one dead letter (after its redrive was published); returns the rows deleted.
+    pub async fn delete_dead_letter(&self, id: i64) -> Result<u64, StoreError> {
+        const SQL: &str = "DELETE FROM dead_letters WHERE id = $1";
+        Ok(match self {
+            Store::Postgres(pool) => sqlx::query(SQL)
+                .bind(id)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Store::Sqlite(pool) => sqlx::query(SQL)
+                .bind(id)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        })
     }
 }
 
@@ -381,7 +403,18 @@ impl StoreTx {
     }
 
     pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
-        on_tx!(self, insert_dead_letter(row))
+        on_tx!(self, insert_dead_letter(row, false)).map(drop)
+    }
+
+    /// Like [`StoreTx::insert_dead_letter`], unless a dead letter of the same event (source and
+    /// a non-empty id) on the same queue is there already; returns whether it inserted. Dead
+    /// letters have no key of their own, so a move that is repeated (a crash between its
+    /// commit and its ack delivers the message again) would otherwise list the event twice.
+    pub async fn insert_dead_letter_once(
+        &mut self,
+        row: &NewDeadLetter,
+    ) -> Result<bool, StoreError> {
+        on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
     }
 
     /// The connection handlers write through.

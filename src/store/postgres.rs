@@ -163,10 +163,13 @@ pub(super) async fn insert_outbox(
 pub(super) async fn insert_dead_letter(
     tx: &mut PgConnection,
     row: &NewDeadLetter,
-) -> Result<(), StoreError> {
-    sqlx::query(
+    once: bool,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
         "INSERT INTO dead_letters (source, event_id, event_type, queue, payload, error, attempts)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+         SELECT $1, $2, $3, $4, $5, $6, $7
+          WHERE NOT ($8 AND $2 <> '' AND EXISTS (
+                SELECT 1 FROM dead_letters WHERE source = $1 AND event_id = $2 AND queue = $4))",
     )
     .bind(&row.source)
     .bind(&row.event_id)
@@ -175,9 +178,10 @@ pub(super) async fn insert_dead_letter(
     .bind(&row.payload)
     .bind(&row.error)
     .bind(row.attempts)
+    .bind(once)
     .execute(tx)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn claim_outbox(
@@ -332,26 +336,22 @@ pub(super) async fn dead_letters(pool: &PgPool, limit: i64) -> Result<Vec<DeadLe
     .await?)
 }
 
-pub(super) async fn redrive_dead_letters(pool: &PgPool, ids: &[i64]) -> Result<u64, StoreError> {
-    let all = ids.is_empty();
-    let moved = sqlx::query(
-        "WITH moved AS (
-             DELETE FROM dead_letters WHERE $1 OR id = ANY($2)
-             RETURNING queue, source, event_id, event_type, payload
-         )
-         INSERT INTO queue_messages (queue, source, message_id, message_type, payload)
-         SELECT queue, source, event_id, event_type, payload FROM moved",
+pub(super) async fn dead_letters_selected(
+    pool: &PgPool,
+    ids: &[i64],
+    after: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    Ok(sqlx::query_as::<_, DeadLetter>(
+        "SELECT id, source, event_id, event_type, queue, payload, error, attempts
+           FROM dead_letters WHERE ($1 OR id = ANY($2)) AND id > $3 ORDER BY id LIMIT $4",
     )
-    .bind(all)
+    .bind(ids.is_empty())
     .bind(ids)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(QUEUE_CHANNEL)
-        .execute(pool)
-        .await?;
-    Ok(moved)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Turns notifications into in-process wake-ups. Reconnects (PgListener does) after errors;

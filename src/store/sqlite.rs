@@ -163,10 +163,13 @@ pub(super) async fn insert_outbox(
 pub(super) async fn insert_dead_letter(
     tx: &mut SqliteConnection,
     row: &NewDeadLetter,
-) -> Result<(), StoreError> {
-    sqlx::query(
+    once: bool,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
         "INSERT INTO dead_letters (source, event_id, event_type, queue, payload, error, attempts, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8
+          WHERE NOT ($9 AND $2 <> '' AND EXISTS (
+                SELECT 1 FROM dead_letters WHERE source = $1 AND event_id = $2 AND queue = $4))",
     )
     .bind(&row.source)
     .bind(&row.event_id)
@@ -176,9 +179,10 @@ pub(super) async fn insert_dead_letter(
     .bind(&row.error)
     .bind(row.attempts)
     .bind(now_ms())
+    .bind(once)
     .execute(tx)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected())
 }
 
 pub(super) async fn claim_outbox(
@@ -323,30 +327,24 @@ pub(super) async fn dead_letters(
     .await?)
 }
 
-pub(super) async fn redrive_dead_letters(
+pub(super) async fn dead_letters_selected(
     pool: &SqlitePool,
     ids: &[i64],
-) -> Result<u64, StoreError> {
+    after: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, StoreError> {
     // The id list travels as one JSON array parameter; an empty list selects everything.
-    let all = ids.is_empty();
     let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    const SELECTED: &str = "($1 OR id IN (SELECT value FROM json_each($2)))";
-    let mut tx = pool.begin().await?;
-    let moved = sqlx::query(&format!(
-        "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at)
-         SELECT queue, source, event_id, event_type, payload, $3, $3 FROM dead_letters WHERE {SELECTED}"
-    ))
-    .bind(all)
+    Ok(sqlx::query_as::<_, DeadLetter>(
+        "SELECT id, source, event_id, event_type, queue, payload, error, attempts
+           FROM dead_letters
+          WHERE ($1 OR id IN (SELECT value FROM json_each($2))) AND id > $3
+          ORDER BY id LIMIT $4",
+    )
+    .bind(ids.is_empty())
     .bind(&list)
-    .bind(now_ms())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    sqlx::query(&format!("DELETE FROM dead_letters WHERE {SELECTED}"))
-        .bind(all)
-        .bind(&list)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(moved)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?)
 }

@@ -544,7 +544,9 @@ impl TestQueue {
         }
     }
 
-    fn rabbit(&self) -> dedup_worker::queue::RabbitMqQueue {
+    /// A RabbitMQ transport on this queue, declaring it (if new) with this queue's delivery
+    /// limit; the caller closes it.
+    pub fn rabbit(&self) -> dedup_worker::queue::RabbitMqQueue {
         dedup_worker::queue::RabbitMqQueue::new(
             std::env::var("AMQP_URL")
                 .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),

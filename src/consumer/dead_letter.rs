@@ -1,0 +1,61 @@
+//! The dead letter rows the consumer writes: what is kept of a delivery it gives up on.
+
+use crate::event::{check_event_field, printable, Event, EventField};
+use crate::queue::Delivery;
+use crate::store::NewDeadLetter;
+
+use super::{Consumer, MAX_DEAD_LETTER_ERROR_CHARS};
+
+impl Consumer {
+    /// The dead letter of an event the consumer gives up on (its handler failed, or its
+    /// transport gave up on the delivery): its fields passed [`super::decode_delivery`], so they
+    /// are stored as they are (a redrive dedups on them); only the error, which a handler may
+    /// fill with anything, is made printable.
+    pub(super) fn dead_letter(
+        &self,
+        event: &Event,
+        delivery: &Delivery,
+        error: &str,
+    ) -> NewDeadLetter {
+        NewDeadLetter {
+            source: event.source.clone(),
+            event_id: event.id.clone(),
+            event_type: event.event_type.clone(),
+            queue: self.transport.queue_name().to_owned(),
+            payload: delivery.payload.to_vec(),
+            error: printable(error, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
+            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
+        }
+    }
+
+    /// The dead letter of a message that is not an event: its payload kept byte for byte, its
+    /// transport properties kept only where storable. A refused id is not stored (the reason
+    /// describes it): stored escaped, a redrive would dedup on an id nobody sent; stored empty,
+    /// a redrive decodes the payload again and meets the same reason.
+    pub(super) fn undecodable_dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> NewDeadLetter {
+        let storable = |field, value: &Option<String>| {
+            value
+                .as_deref()
+                .filter(|v| check_event_field(field, v).is_ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        NewDeadLetter {
+            source: delivery
+                .source
+                .as_ref()
+                .map(|_| storable(EventField::Source, &delivery.source))
+                .unwrap_or_else(|| self.options.source.clone()),
+            event_id: storable(EventField::Id, &delivery.message_id),
+            event_type: storable(EventField::Type, &delivery.message_type),
+            queue: self.transport.queue_name().to_owned(),
+            payload: delivery.payload.to_vec(),
+            error: printable(reason, MAX_DEAD_LETTER_ERROR_CHARS).into_owned(),
+            attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
+        }
+    }
+}

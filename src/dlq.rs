@@ -1,0 +1,111 @@
+//! Replaying dead letters (`dedup-worker dlq redrive`) through the configured transport.
+//!
+//! A dead letter goes back the way its event came: published through the transport the
+//! consumers read (RabbitMQ with its publisher confirm, SQS `SendMessage`, or the database
+//! queue), to the queue it was recorded on, with its source, event id, type and raw payload as
+//! they were. Writing it into the database queue table instead would strand it where no
+//! RabbitMQ or SQS consumer looks.
+//!
+//! Order: publish, then delete the dead letter. A crash in between leaves the dead letter
+//! listed although its event is back on the queue; redriving it again publishes a duplicate,
+//! which the consumer's dedup record absorbs. The other order could lose the event.
+//!
+//! A dead letter recorded on a queue this transport cannot address (an SQS URL while the
+//! configured transport is RabbitMQ, after a change of transport) is not guessed at: the
+//! redrive stops with an error naming it, and `--queue` sends dead letters to a queue chosen
+//! by the operator.
+
+use crate::queue::{OutgoingMessage, Transport, TransportError};
+use crate::store::{DeadLetter, Store, StoreError};
+
+/// Dead letters read per page.
+const PAGE: i64 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedriveError {
+    #[error("reading or deleting dead letters ({redriven} redriven before)")]
+    Store {
+        redriven: u64,
+        #[source]
+        source: StoreError,
+    },
+    #[error(
+        "dead letter {id}: publishing to {queue} failed ({redriven} redriven before); it is kept"
+    )]
+    Publish {
+        id: i64,
+        queue: String,
+        redriven: u64,
+        #[source]
+        source: TransportError,
+    },
+    #[error(
+        "dead letter {id} was recorded on {queue}, which is not a queue of the configured \
+         transport ({redriven} redriven before); it is kept: pass --queue to choose one"
+    )]
+    Unaddressable {
+        id: i64,
+        queue: String,
+        redriven: u64,
+    },
+}
+
+/// Publishes the dead letters `ids` (all when empty) through `transport`, each to its recorded
+/// queue or to `to_queue`, deleting each after its publish succeeded. Stops at the first
+/// failure (what follows would most likely fail the same way); returns how many were redriven.
+pub async fn redrive(
+    store: &Store,
+    transport: &dyn Transport,
+    ids: &[i64],
+    to_queue: Option<&str>,
+) -> Result<u64, RedriveError> {
+    let mut redriven = 0;
+    let mut after = 0;
+    loop {
+        let page = store
+            .dead_letters_selected(ids, after, PAGE)
+            .await
+            .map_err(|source| RedriveError::Store { redriven, source })?;
+        let Some(last) = page.last() else {
+            return Ok(redriven);
+        };
+        after = last.id;
+        for dead in page {
+            let queue = to_queue.unwrap_or(&dead.queue).to_owned();
+            if !transport.can_address(&queue) {
+                return Err(RedriveError::Unaddressable {
+                    id: dead.id,
+                    queue,
+                    redriven,
+                });
+            }
+            let id = dead.id;
+            transport
+                .publish_to_queue(&queue, message(dead))
+                .await
+                .map_err(|source| RedriveError::Publish {
+                    id,
+                    queue: queue.clone(),
+                    redriven,
+                    source,
+                })?;
+            store
+                .delete_dead_letter(id)
+                .await
+                .map_err(|source| RedriveError::Store { redriven, source })?;
+            redriven += 1;
+        }
+    }
+}
+
+/// The message a dead letter was: an empty id or type was not known (the consumer derives
+/// them from the payload again), so it is left out rather than sent empty.
+fn message(dead: DeadLetter) -> OutgoingMessage {
+    let known = |s: String| (!s.is_empty()).then_some(s);
+    OutgoingMessage {
+        source: Some(dead.source),
+        message_id: known(dead.event_id),
+        message_type: known(dead.event_type),
+        payload: dead.payload.into(),
+    }
+}
