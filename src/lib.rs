@@ -14,6 +14,7 @@
 //!   claims and delivers them, and the sinks (log, file, HTTP).
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
+//! * [`lease`]: the heartbeat that extends a consumer's and a relay's leases while they work.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
@@ -28,6 +29,7 @@ pub mod config;
 pub mod consumer;
 pub mod event;
 pub mod idempotency;
+pub mod lease;
 pub mod outbox;
 #[cfg(test)]
 mod proptest_support;

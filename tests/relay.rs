@@ -260,15 +260,16 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_sqlite(
     lease_taken_over(Backend::Sqlite).await;
 }
 
-/// Relay A's request hangs past its lease; relay B claims the row and its request hangs too.
-/// A's delivery then fails: before lease-checked marks, A marked the row failed (B's claim had
+/// Relay A's request hangs and A loses its lease (its heartbeat keeps the lease while A runs, so
+/// the test expires it, as a pause longer than the lease would); relay B claims the row and its
+/// request hangs too. A's next heartbeat finds the lease lost. A's delivery then fails: before lease-checked marks, A marked the row failed (B's claim had
 /// brought attempts to max_attempts), and B's successful delivery could no longer mark it
 /// dispatched. Now A's mark changes nothing, A's step reports the lost lease without failing,
 /// and B's delivery decides the row.
 async fn lease_taken_over(backend: Backend) {
     use dedup_worker::outbox::relay::{Relay, RelayOptions};
     use dedup_worker::outbox::sink::SinkSpec;
-    use dedup_worker::store::{NewOutboxRow, Wakeups};
+    use dedup_worker::store::{NewOutboxRow, Store, Wakeups};
     use tokio::sync::{mpsc, oneshot};
 
     /// Each request takes the next answer, announces itself, and waits for the test to answer.
@@ -331,14 +332,40 @@ async fn lease_taken_over(backend: Backend) {
         relay(Duration::from_millis(300)),
         relay(Duration::from_secs(60)),
     );
+    let expire_lease_of_a = {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move {
+                match &store {
+                    Store::Postgres(pool) => sqlx::query(
+                        "UPDATE outbox SET next_attempt_at = now() WHERE status = 'pending'",
+                    )
+                    .execute(pool)
+                    .await
+                    .map(drop),
+                    // Unix milliseconds: 0 is long past.
+                    Store::Sqlite(pool) => sqlx::query(
+                        "UPDATE outbox SET next_attempt_at = 0 WHERE status = 'pending'",
+                    )
+                    .execute(pool)
+                    .await
+                    .map(drop),
+                }
+                .expect("expire the lease");
+            }
+        }
+    };
 
     let step_a = tokio::spawn(async move { relay_a.try_step().await });
     tokio::time::timeout(Duration::from_secs(10), arrived.recv())
         .await
         .expect("relay A's request");
-    // B polls until A's lease has expired and it can claim the row.
+    // A pauses past its lease (simulated: its lease is expired under it) and B claims the row;
+    // should A's heartbeat extend the lease between the two, B tries again.
     let step_b = tokio::spawn(async move {
         loop {
+            expire_lease_of_a().await;
             let outcome = relay_b.try_step().await?;
             if outcome.claimed > 0 {
                 return Ok(outcome);
