@@ -25,6 +25,7 @@
 pub mod decode;
 pub mod handler;
 mod run;
+mod settle;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -32,9 +33,9 @@ use std::time::{Duration, Instant};
 
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
+use settle::Settlement;
 
 use crate::event::{check_event_field, printable, Event, EventField};
-use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
 use crate::store::{NewDeadLetter, NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
@@ -98,27 +99,6 @@ impl std::ops::AddAssign for StepOutcome {
 /// Longest text kept in a dead letter's error (a handler's message may be anything).
 const MAX_DEAD_LETTER_ERROR_CHARS: usize = 4096;
 
-/// What a committed batch leaves to tell the transport, once its leases need no heartbeat any
-/// more: the acks and the delayed redeliveries.
-#[derive(Default)]
-struct Settlement<'d> {
-    outcome: StepOutcome,
-    ack: Vec<DeliveryTag>,
-    retries: Vec<(&'d Delivery, Duration)>,
-    /// A failure after part of the batch committed (processing one delivery at a time): what
-    /// committed is settled, then the step fails and the rest is given back.
-    failure: Option<ConsumerError>,
-}
-
-impl<'d> std::ops::AddAssign for Settlement<'d> {
-    fn add_assign(&mut self, other: Self) {
-        self.outcome += other.outcome;
-        self.ack.extend(other.ack);
-        self.retries.extend(other.retries);
-        self.failure = self.failure.take().or(other.failure);
-    }
-}
-
 /// What happened to one new event in the transaction.
 enum Verdict {
     Handled(Vec<OutboxMessage>),
@@ -168,37 +148,6 @@ impl Consumer {
         }
         let settlement = self.commit_holding_leases(deliveries).await?;
         self.settle(settlement).await
-    }
-
-    /// [`Self::commit`] with the deliveries' leases extended every third of a lease meanwhile.
-    async fn commit_holding_leases<'d>(
-        &self,
-        deliveries: &'d [Delivery],
-    ) -> Result<Settlement<'d>, ConsumerError> {
-        let held = std::sync::Arc::new(std::sync::Mutex::new(
-            deliveries.iter().map(|d| d.tag.clone()).collect::<Vec<_>>(),
-        ));
-        let lease = self.options.lease;
-        with_lease_heartbeat(
-            "queue",
-            heartbeat_period(lease),
-            self.commit(deliveries),
-            || {
-                let (transport, held) = (self.transport.clone(), held.clone());
-                async move {
-                    let tags = lock(&held).clone();
-                    match transport.extend_leases(&tags, lease).await {
-                        Ok(lost) => {
-                            report_lost("queue", lost.len());
-                            // Not extended again: another consumer holds them now.
-                            lock(&held).retain(|tag| !lost.contains(tag));
-                        }
-                        Err(error) => report_failed("queue", &error),
-                    }
-                }
-            },
-        )
-        .await
     }
 
     /// Commits a batch's outcome; if the database refuses it for one row's data, commits it
@@ -275,25 +224,6 @@ impl Consumer {
             ack: deliveries.iter().map(|d| d.tag.clone()).collect(),
             ..Settlement::default()
         })
-    }
-
-    /// After the commit, and only then: acks and delayed redeliveries. If these fail the
-    /// messages come back after their lease and are recognised as duplicates.
-    async fn settle(&self, settlement: Settlement<'_>) -> Result<StepOutcome, ConsumerError> {
-        self.transport.ack(&settlement.ack).await?;
-        for (delivery, delay) in &settlement.retries {
-            self.transport.retry_later(delivery, *delay).await?;
-        }
-        let outcome = settlement.outcome;
-        metrics::counter!("dedup_events_received_total").increment(outcome.received as u64);
-        metrics::counter!("dedup_events_handled_total").increment(outcome.handled as u64);
-        metrics::counter!("dedup_events_duplicate_total").increment(outcome.duplicates as u64);
-        metrics::counter!("dedup_events_retried_total").increment(outcome.retried as u64);
-        metrics::counter!("dedup_dead_letters_total").increment(outcome.dead_lettered as u64);
-        match settlement.failure {
-            Some(error) => Err(error),
-            None => Ok(outcome),
-        }
     }
 
     /// Commits one received batch: dedup, handlers, outbox, dead letters. Acks and retries are
@@ -519,13 +449,6 @@ impl Consumer {
             attempts: i32::try_from(delivery.attempts).unwrap_or(i32::MAX),
         }
     }
-}
-
-/// The held tags, whatever a panicking holder left (a tag list stays valid).
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
