@@ -25,6 +25,10 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// handled a second time: a second charge.
 pub const MIN_DEDUP_RETENTION_DAYS: u64 = 4;
 
+/// Shortest accepted `consumer.lease_secs` and `outbox.lease_secs`: heartbeats extend a lease
+/// every third of it, so this leaves them about 0.7 s each.
+pub const MIN_LEASE_SECS: u64 = 2;
+
 /// Fixed environment names and the keys they set.
 const FIXED_ENV: &[(&str, &str)] = &[
     ("DATABASE_URL", "database_url"),
@@ -268,6 +272,8 @@ pub struct ConsumerSettings {
     pub dedup_key_pointer: String,
     pub batch_size: usize,
     pub workers: usize,
+    /// How long a received message stays leased (database queue row, SQS visibility); the
+    /// consumer extends it every third of it while it works on the batch.
     pub lease_secs: u64,
     pub poll_interval_ms: u64,
     pub max_attempts: u32,
@@ -293,6 +299,8 @@ pub struct OutboxSettings {
     pub batch_size: usize,
     pub concurrency: usize,
     pub poll_interval_ms: u64,
+    /// How long a claimed row stays leased; the relay extends it every third of it while it
+    /// delivers the row.
     pub lease_secs: u64,
     pub max_attempts: u32,
     pub retry_base_ms: u64,
@@ -452,7 +460,6 @@ impl Settings {
         )?;
         positive("consumer.batch_size", self.consumer.batch_size)?;
         positive("consumer.workers", self.consumer.workers)?;
-        positive("consumer.lease_secs", self.consumer.lease_secs as usize)?;
         positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
         // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
         // unbounded delete) and an error on PostgreSQL.
@@ -462,19 +469,24 @@ impl Settings {
         )?;
         positive("outbox.batch_size", self.outbox.batch_size)?;
         positive("outbox.concurrency", self.outbox.concurrency)?;
-        positive("outbox.lease_secs", self.outbox.lease_secs as usize)?;
         positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
-        // A claimed batch must be finished inside its lease, or another relay takes it over
-        // while it is still being delivered (a duplicate delivery, though with the same key).
-        let rounds = self.outbox.batch_size.div_ceil(self.outbox.concurrency) as u64;
-        if self.outbox.lease_secs * 1000 <= self.outbox.http_timeout_ms * rounds {
-            return Err(invalid(
-                "outbox.lease_secs",
-                format!(
-                    "must exceed outbox.http_timeout_ms × ceil(batch_size / concurrency) = {} ms",
-                    self.outbox.http_timeout_ms * rounds
-                ),
-            ));
+        // Leases are extended every third of a lease while their work runs, so they need not
+        // cover the slowest batch; but a one-second lease would be lost to any pause of a third
+        // of a second (a slow heartbeat round trip, a stalled runtime), and its work done twice.
+        for (key, value) in [
+            ("consumer.lease_secs", self.consumer.lease_secs),
+            ("outbox.lease_secs", self.outbox.lease_secs),
+        ] {
+            if value < MIN_LEASE_SECS {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "is {value}, below the minimum of {MIN_LEASE_SECS} s: the lease is \
+                         extended every third of it, and a shorter one is lost to a pause that \
+                         long (its work is then done twice)"
+                    ),
+                ));
+            }
         }
         if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
             && !self.consumer.allow_short_dedup_retention

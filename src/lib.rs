@@ -16,6 +16,7 @@
 //!   type; every SQL statement of the pipeline lives here.
 //! * [`dlq`]: `dlq redrive`, which publishes dead letters again through the configured
 //!   transport.
+//! * [`lease`]: the heartbeat that extends a consumer's and a relay's leases while they work.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
@@ -31,6 +32,7 @@ pub mod consumer;
 pub mod dlq;
 pub mod event;
 pub mod idempotency;
+pub mod lease;
 pub mod outbox;
 #[cfg(test)]
 mod proptest_support;

@@ -4,7 +4,10 @@
 //! [`Application::build`] binds before returning, so tests (and `serve`) learn the real port
 //! when `http.listen` has port 0. [`Application::run`] takes a [`CancellationToken`]: on
 //! cancellation the HTTP server stops accepting and finishes in-flight requests, the consumers
-//! finish and commit their batches, and everything is drained within `shutdown.grace_secs`.
+//! finish and commit their batches, the relays finish their deliveries, and everything is
+//! drained within `shutdown.grace_secs`. Work that cannot finish in time is given back (the
+//! last quarter of the grace period, at most 5 s, is kept for that), so nothing waits out a
+//! lease after a restart.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -117,6 +120,9 @@ impl Application {
         let roles = settings.roles;
         let listen_task = store.spawn_listener(wakeups.clone());
         let mut tasks = JoinSet::new();
+        // Cancelled when the grace period is nearly over: consumers and relays drop the work
+        // they could not finish and give it back, rather than be aborted holding its leases.
+        let abandon = CancellationToken::new();
 
         let state = IngressState {
             transport: transport.clone(),
@@ -155,6 +161,7 @@ impl Application {
                 retry_base: Duration::from_millis(c.retry_base_ms),
                 retry_max: Duration::from_millis(c.retry_max_ms),
                 max_message_bytes: c.max_message_bytes,
+                lease: Duration::from_secs(c.lease_secs),
             };
             let workers = if store.backend_name() == "sqlite" {
                 1
@@ -169,9 +176,9 @@ impl Application {
                     wakeups.clone(),
                     options.clone(),
                 );
-                let token = shutdown.clone();
+                let (token, abandon) = (shutdown.clone(), abandon.clone());
                 tasks.spawn(async move {
-                    consumer.run(token).await;
+                    consumer.run(token, abandon).await;
                     Ok(())
                 });
             }
@@ -203,9 +210,9 @@ impl Application {
                 http_timeout: Duration::from_millis(o.http_timeout_ms),
             };
             let relay = Relay::new(store.clone(), wakeups.clone(), options);
-            let token = shutdown.clone();
+            let (token, abandon) = (shutdown.clone(), abandon.clone());
             tasks.spawn(async move {
-                relay.run(token).await;
+                relay.run(token, abandon).await;
                 Ok(())
             });
         }
@@ -221,15 +228,21 @@ impl Application {
             }
         }
         let grace = settings.shutdown_grace();
-        let drained = tokio::time::timeout(grace, async {
-            while let Some(joined) = tasks.join_next().await {
-                if let Err(error) = flatten(joined) {
-                    tracing::error!(%error, "task failed during shutdown");
-                }
-            }
-        })
-        .await;
-        if drained.is_err() {
+        let give_back_window = (grace / 4).min(MAX_GIVE_BACK_WINDOW);
+        let mut drained = tokio::time::timeout(grace - give_back_window, drain(&mut tasks))
+            .await
+            .is_ok();
+        if !drained {
+            tracing::warn!(
+                ?grace,
+                "shutdown grace period nearly over; giving back unfinished work"
+            );
+            abandon.cancel();
+            drained = tokio::time::timeout(give_back_window, drain(&mut tasks))
+                .await
+                .is_ok();
+        }
+        if !drained {
             tracing::warn!(
                 ?grace,
                 "shutdown grace period over; aborting remaining tasks"
@@ -290,6 +303,19 @@ pub async fn build_transport(
                     lease: Duration::from_secs(settings.consumer.lease_secs),
                 },
             ))
+        }
+    }
+}
+
+/// The most of the grace period kept for giving back unfinished work (a quarter of it, if
+/// less): enough for one give-back call each.
+const MAX_GIVE_BACK_WINDOW: Duration = Duration::from_secs(5);
+
+/// Waits for every task, logging those that fail.
+async fn drain(tasks: &mut JoinSet<Result<(), StartupError>>) {
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(error) = flatten(joined) {
+            tracing::error!(%error, "task failed during shutdown");
         }
     }
 }

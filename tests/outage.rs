@@ -154,7 +154,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
 
 /// The store goes away after the sink accepted a delivery and before the relay marked it. The
 /// relay keeps the mark and writes it once the store is back: the row is `dispatched` long
-/// before its 120 s lease would have expired, and the sink saw the event exactly once.
+/// before its lease (10 s; no heartbeat holds it once its step failed) would have expired, and the sink saw the event exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery() {
     let db = TestDb::new(Backend::Postgres).await;

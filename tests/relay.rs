@@ -260,15 +260,16 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_sqlite(
     lease_taken_over(Backend::Sqlite).await;
 }
 
-/// Relay A's request hangs past its lease; relay B claims the row and its request hangs too.
-/// A's delivery then fails: before lease-checked marks, A marked the row failed (B's claim had
+/// Relay A's request hangs and A loses its lease (its heartbeat keeps the lease while A runs, so
+/// the test expires it, as a pause longer than the lease would); relay B claims the row and its
+/// request hangs too. A's next heartbeat finds the lease lost. A's delivery then fails: before lease-checked marks, A marked the row failed (B's claim had
 /// brought attempts to max_attempts), and B's successful delivery could no longer mark it
 /// dispatched. Now A's mark changes nothing, A's step reports the lost lease without failing,
 /// and B's delivery decides the row.
 async fn lease_taken_over(backend: Backend) {
     use dedup_worker::outbox::relay::{Relay, RelayOptions};
     use dedup_worker::outbox::sink::SinkSpec;
-    use dedup_worker::store::{NewOutboxRow, Wakeups};
+    use dedup_worker::store::{NewOutboxRow, Store, Wakeups};
     use tokio::sync::{mpsc, oneshot};
 
     /// Each request takes the next answer, announces itself, and waits for the test to answer.
@@ -331,14 +332,40 @@ async fn lease_taken_over(backend: Backend) {
         relay(Duration::from_millis(300)),
         relay(Duration::from_secs(60)),
     );
+    let expire_lease_of_a = {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move {
+                match &store {
+                    Store::Postgres(pool) => sqlx::query(
+                        "UPDATE outbox SET next_attempt_at = now() WHERE status = 'pending'",
+                    )
+                    .execute(pool)
+                    .await
+                    .map(drop),
+                    // Unix milliseconds: 0 is long past.
+                    Store::Sqlite(pool) => sqlx::query(
+                        "UPDATE outbox SET next_attempt_at = 0 WHERE status = 'pending'",
+                    )
+                    .execute(pool)
+                    .await
+                    .map(drop),
+                }
+                .expect("expire the lease");
+            }
+        }
+    };
 
     let step_a = tokio::spawn(async move { relay_a.try_step().await });
     tokio::time::timeout(Duration::from_secs(10), arrived.recv())
         .await
         .expect("relay A's request");
-    // B polls until A's lease has expired and it can claim the row.
+    // A pauses past its lease (simulated: its lease is expired under it) and B claims the row;
+    // should A's heartbeat extend the lease between the two, B tries again.
     let step_b = tokio::spawn(async move {
         loop {
+            expire_lease_of_a().await;
             let outcome = relay_b.try_step().await?;
             if outcome.claimed > 0 {
                 return Ok(outcome);
@@ -375,4 +402,80 @@ async fn lease_taken_over(backend: Backend) {
         (counts.pending, counts.dispatched, counts.failed),
         (0, 1, 0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_slower_than_the_lease_keeps_its_lease_on_postgres() {
+    slow_delivery_keeps_its_lease(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_slower_than_the_lease_keeps_its_lease_on_sqlite() {
+    slow_delivery_keeps_its_lease(Backend::Sqlite).await;
+}
+
+/// Relay A delivers into a sink that takes four leases to answer; its heartbeat extends the
+/// lease meanwhile, so relay B, polling all along, never claims the row: one delivery, marked
+/// by A, no lease lost. (Without the heartbeat B takes the row over after one lease and
+/// delivers it a second time.)
+async fn slow_delivery_keeps_its_lease(backend: Backend) {
+    use dedup_worker::outbox::relay::{Relay, RelayOptions};
+    use dedup_worker::outbox::sink::SinkSpec;
+    use dedup_worker::store::{NewOutboxRow, Wakeups};
+
+    const LEASE: Duration = Duration::from_millis(600);
+    let receiver = common::Receiver::start().await;
+    receiver.delay_answers(LEASE * 4);
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut tx = store.begin().await.unwrap();
+    tx.insert_outbox(&[NewOutboxRow {
+        source: "stripe".into(),
+        event_id: "evt_slow_sink".into(),
+        destination: None,
+        idempotency_key: "evt_slow_sink".into(),
+        event_type: "charge.succeeded".into(),
+        payload: br#"{"id":"evt_slow_sink"}"#.to_vec(),
+    }])
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let relay = || {
+        Relay::new(
+            store.clone(),
+            Arc::new(Wakeups::default()),
+            RelayOptions {
+                default_sink: SinkSpec::Http(receiver.url()),
+                batch_size: 10,
+                concurrency: 1,
+                poll_interval: Duration::from_millis(20),
+                lease: LEASE,
+                max_attempts: 3,
+                retry_base: Duration::from_millis(10),
+                retry_max: Duration::from_millis(10),
+                http_timeout: Duration::from_secs(30),
+            },
+        )
+    };
+    let (relay_a, relay_b) = (relay(), relay());
+    let a = relay_a.try_step();
+    let b = async {
+        let mut claimed = 0;
+        // Until A's delivery is answered (and a little longer): B keeps trying to claim.
+        let until = tokio::time::Instant::now() + LEASE * 5;
+        while tokio::time::Instant::now() < until {
+            claimed += relay_b.try_step().await.unwrap().claimed;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        claimed
+    };
+    let (a, b_claimed) = tokio::join!(a, b);
+    let a = a.unwrap();
+    assert_eq!(
+        (a.claimed, a.dispatched, a.lease_lost, b_claimed),
+        (1, 1, 0, 0),
+        "A kept its lease while the sink took {:?}; B claimed nothing",
+        LEASE * 4
+    );
+    assert_eq!(receiver.snapshot().len(), 1, "delivered once");
 }

@@ -6,6 +6,9 @@
 //! * what a consumer received but never acked comes back to the next consumer, counted as a
 //!   further attempt;
 //! * `retry_later` brings a delivery back, with its attempts counted;
+//! * `extend_leases` (the consumer's heartbeat) keeps deliveries from another consumer for as
+//!   long as it is called, well past the lease; then they come back, and (database queue) the
+//!   first consumer's next extension reports them lost;
 //! * an ack that arrives after the lease ran out and the message was received again is not an
 //!   error, and the current holder's ack removes the message;
 //! * (SQS) a receive long-polls for the transport's own wait, which the SDK's timeout allows.
@@ -244,7 +247,52 @@ contract!(
     published_messages_arrive_intact_and_acked_ones_stay_gone,
     unacked_messages_come_back_to_the_next_consumer,
     retry_later_brings_a_delivery_back,
+    extended_leases_hold_deliveries_until_they_lapse,
 );
+
+async fn extended_leases_hold_deliveries_until_they_lapse(kind: Kind) {
+    let mut h = Harness::new(kind).await;
+    let first = h.transport().await;
+    let second = h.transport().await;
+    for i in 0..3 {
+        first.publish(message(i)).await.expect("publish");
+    }
+    let held = receive_n(&first, 3).await;
+    let tags: Vec<_> = held.iter().map(|d| d.tag.clone()).collect();
+    // Three leases long, extended every third of one: nothing lapses, nothing is lost.
+    let until = std::time::Instant::now() + h.lease * 3;
+    while std::time::Instant::now() < until {
+        let lost = first.extend_leases(&tags, h.lease).await.expect("extend");
+        assert!(lost.is_empty(), "leases lost while extended: {lost:?}");
+        let stolen = second
+            .receive(3, Duration::from_millis(0))
+            .await
+            .expect("receive");
+        assert!(
+            stolen.is_empty(),
+            "a held delivery went to another consumer"
+        );
+        tokio::time::sleep(h.lease / 3).await;
+    }
+    // The heartbeat stops (the consumer died): they come back to the other consumer.
+    h.abandon(first.clone()).await;
+    let again = receive_n(&second, 3).await;
+    assert!(
+        again.iter().all(|d| d.attempts >= 2),
+        "counted as redeliveries"
+    );
+    if matches!(kind, Kind::DatabasePostgres | Kind::DatabaseSqlite) {
+        let lost = first.extend_leases(&tags, h.lease).await.expect("extend");
+        assert_eq!(
+            lost.len(),
+            3,
+            "the first consumer's leases are reported lost"
+        );
+    }
+    let again_tags: Vec<_> = again.iter().map(|d| d.tag.clone()).collect();
+    second.ack(&again_tags).await.expect("ack");
+    h.cleanup().await;
+}
 
 /// Transports whose deliveries come back when a lease runs out while the first receiver still
 /// holds its tag. (RabbitMQ redelivers only once the receiving channel is closed, when its tags

@@ -125,6 +125,7 @@ mod tests {
             retry_base: Duration::from_millis(10),
             retry_max: Duration::from_millis(10),
             max_message_bytes: 1024,
+            lease: Duration::from_secs(10),
         }
     }
 

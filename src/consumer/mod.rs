@@ -29,6 +29,7 @@ mod dead_letter;
 pub mod decode;
 pub mod handler;
 mod run;
+mod settle;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use std::time::{Duration, Instant};
 
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
+use settle::Settlement;
 
 use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
@@ -59,6 +61,9 @@ pub struct ConsumerOptions {
     /// Larger messages are dead-lettered without being parsed (bounds the work one foreign
     /// message can cause).
     pub max_message_bytes: usize,
+    /// How long the transport leases a received message (`consumer.lease_secs`); the consumer
+    /// extends the lease every third of it while it works on the batch.
+    pub lease: Duration,
 }
 
 /// A step failed as a whole; nothing was acked, so the transport redelivers.
@@ -138,15 +143,29 @@ impl Consumer {
         self.process(&deliveries).await
     }
 
-    /// Processes one received batch; if the database refuses it for one row's data, processes
-    /// it again one delivery at a time, dead-lettering the delivery that is refused alone.
+    /// Processes one received batch: commits its outcome while a heartbeat keeps its leases,
+    /// then acks and schedules its retries. The heartbeat stops before the acks and retries: an
+    /// extension landing after a retry would overwrite the retry's backoff.
     async fn process(&self, deliveries: &[Delivery]) -> Result<StepOutcome, ConsumerError> {
-        match self.process_batch(deliveries).await {
+        if deliveries.is_empty() {
+            return Ok(StepOutcome::default());
+        }
+        let settlement = self.commit_holding_leases(deliveries).await?;
+        self.settle(settlement).await
+    }
+
+    /// Commits a batch's outcome; if the database refuses it for one row's data, commits it
+    /// again one delivery at a time, dead-lettering the delivery that is refused alone.
+    async fn commit<'d>(
+        &self,
+        deliveries: &'d [Delivery],
+    ) -> Result<Settlement<'d>, ConsumerError> {
+        match self.commit_batch(deliveries).await {
             Err(ConsumerError::Store(error))
                 if deliveries.len() > 1 && error.refused_for_its_data() =>
             {
                 tracing::warn!(%error, count = deliveries.len(), "the database refused a batch for one row's data; processing it one delivery at a time");
-                self.process_one_by_one(deliveries).await
+                self.commit_one_by_one(deliveries).await
             }
             Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
                 self.dead_letter_refused(deliveries, &error).await
@@ -156,31 +175,39 @@ impl Consumer {
     }
 
     /// The batch again, each delivery in a transaction of its own. Stops at the first failure
-    /// that is not about a row's data: what was not processed yet stays unacked.
-    async fn process_one_by_one(
+    /// that is not about a row's data: what committed before it is settled, the rest given back.
+    async fn commit_one_by_one<'d>(
         &self,
-        deliveries: &[Delivery],
-    ) -> Result<StepOutcome, ConsumerError> {
-        let mut outcome = StepOutcome::default();
+        deliveries: &'d [Delivery],
+    ) -> Result<Settlement<'d>, ConsumerError> {
+        let mut settlement = Settlement::default();
         for delivery in deliveries {
             let alone = std::slice::from_ref(delivery);
-            outcome += match self.process_batch(alone).await {
+            let committed = match self.commit_batch(alone).await {
                 Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
-                    self.dead_letter_refused(alone, &error).await?
+                    self.dead_letter_refused(alone, &error).await
                 }
-                result => result?,
+                result => result,
             };
+            match committed {
+                Ok(committed) => settlement += committed,
+                Err(error) if settlement.outcome.received == 0 => return Err(error),
+                Err(error) => {
+                    settlement.failure = Some(error);
+                    break;
+                }
+            }
         }
-        Ok(outcome)
+        Ok(settlement)
     }
 
     /// Dead-letters deliveries whose own transaction the database refused for their data
-    /// (with nothing else in it), and acks them: retrying could only fail again.
-    async fn dead_letter_refused(
+    /// (with nothing else in it), to be acked: retrying could only fail again.
+    async fn dead_letter_refused<'d>(
         &self,
-        deliveries: &[Delivery],
+        deliveries: &'d [Delivery],
         error: &StoreError,
-    ) -> Result<StepOutcome, ConsumerError> {
+    ) -> Result<Settlement<'d>, ConsumerError> {
         let reason = format!("the database refused this event's data: {error}");
         let mut tx = self.store.begin().await?;
         for delivery in deliveries {
@@ -192,20 +219,25 @@ impl Consumer {
             tx.insert_dead_letter(&row).await?;
         }
         tx.commit().await?;
-        let tags: Vec<DeliveryTag> = deliveries.iter().map(|d| d.tag.clone()).collect();
-        self.transport.ack(&tags).await?;
-        metrics::counter!("dedup_dead_letters_total").increment(deliveries.len() as u64);
-        Ok(StepOutcome {
-            received: deliveries.len(),
-            dead_lettered: deliveries.len(),
-            ..StepOutcome::default()
+        Ok(Settlement {
+            outcome: StepOutcome {
+                received: deliveries.len(),
+                dead_lettered: deliveries.len(),
+                ..StepOutcome::default()
+            },
+            ack: deliveries.iter().map(|d| d.tag.clone()).collect(),
+            ..Settlement::default()
         })
     }
 
-    /// Processes one received batch: dedup, handlers, outbox, commit, then ack.
-    async fn process_batch(&self, deliveries: &[Delivery]) -> Result<StepOutcome, ConsumerError> {
+    /// Commits one received batch: dedup, handlers, outbox, dead letters. Acks and retries are
+    /// left to [`Self::settle`].
+    async fn commit_batch<'d>(
+        &self,
+        deliveries: &'d [Delivery],
+    ) -> Result<Settlement<'d>, ConsumerError> {
         if deliveries.is_empty() {
-            return Ok(StepOutcome::default());
+            return Ok(Settlement::default());
         }
         let started = Instant::now();
         let mut outcome = StepOutcome {
@@ -215,9 +247,9 @@ impl Consumer {
 
         // Group deliveries by dedup key: one representative each, the rest are duplicates.
         let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
-        let mut events: Vec<(Event, &Delivery)> = Vec::new();
+        let mut events: Vec<(Event, &'d Delivery)> = Vec::new();
         let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
-        let mut undecodable: Vec<(&Delivery, DecodeError)> = Vec::new();
+        let mut undecodable: Vec<(&'d Delivery, DecodeError)> = Vec::new();
         for delivery in deliveries {
             match decode_delivery(delivery, &self.options) {
                 Ok(event) => {
@@ -275,7 +307,7 @@ impl Consumer {
         }
 
         let mut outbox_rows = Vec::new();
-        let mut retries: Vec<(&Delivery, Duration)> = Vec::new();
+        let mut retries: Vec<(&'d Delivery, Duration)> = Vec::new();
         for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
             match verdict {
                 Verdict::Handled(messages) => {
@@ -339,20 +371,13 @@ impl Consumer {
             self.wakeups.outbox.notify_waiters();
         }
 
-        // After the commit, and only then: acks and delayed redeliveries. If these fail the
-        // messages come back after their lease and are recognised as duplicates.
-        self.transport.ack(&to_ack).await?;
-        for (delivery, delay) in &retries {
-            self.transport.retry_later(delivery, *delay).await?;
-        }
-
-        metrics::counter!("dedup_events_received_total").increment(outcome.received as u64);
-        metrics::counter!("dedup_events_handled_total").increment(outcome.handled as u64);
-        metrics::counter!("dedup_events_duplicate_total").increment(outcome.duplicates as u64);
-        metrics::counter!("dedup_events_retried_total").increment(outcome.retried as u64);
-        metrics::counter!("dedup_dead_letters_total").increment(outcome.dead_lettered as u64);
         metrics::histogram!("dedup_consumer_batch_seconds").record(started.elapsed().as_secs_f64());
-        Ok(outcome)
+        Ok(Settlement {
+            outcome,
+            ack: to_ack,
+            retries,
+            failure: None,
+        })
     }
 
     /// The precise pass: each handler in its own savepoint; a failure undoes only its event,

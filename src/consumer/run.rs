@@ -13,36 +13,65 @@
 //!    Each delivery that cycles through a failed step counts towards its redelivery limit
 //!    (RabbitMQ's `x-delivery-limit`), so while the store is down the loop receives nothing
 //!    rather than cycling valid events towards the broker's dead letters.
+//!
+//! Shutdown strands nothing either (see [`Consumer::run`]): what this consumer received and did
+//! not finish is given back, so after a restart it is processed at once, not after a lease.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::{Consumer, ConsumerError};
-use crate::queue::{Delivery, DeliveryTag};
+use crate::queue::{Delivery, DeliveryTag, TransportError};
 use crate::retry::backoff_delay;
 
 /// The longest a give-back or a store ping may take before the loop moves on (what is not
 /// given back returns after its lease).
 const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// On shutdown, how long a receive in progress may still take: a database queue's claim, or
+/// what SQS answers a long poll with, is then given back. An idle long poll is dropped after it.
+pub const RECEIVE_DRAIN: Duration = Duration::from_secs(1);
+
 impl Consumer {
-    /// Repeats receive-and-process until `shutdown`. Waiting for messages is interrupted by
-    /// shutdown; a batch already received is finished, committed and acked before returning.
-    /// (A claim interrupted mid-statement leaves its messages leased: they come back after
-    /// `consumer.lease_secs`.)
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// Repeats receive-and-process until `shutdown`, then stops without stranding anything:
+    /// * a batch being processed is finished, committed and acked, unless `abandon` comes first
+    ///   (the grace period is nearly over): then its transaction is dropped, rolling back, and
+    ///   its deliveries are given back;
+    /// * a receive in progress (it may have claimed messages already) gets
+    ///   [`RECEIVE_DRAIN`] to return, and what it returns is given back; past that it is
+    ///   dropped (an SQS long poll that took nothing), and anything it had taken comes back
+    ///   after its lease.
+    pub async fn run(self, shutdown: CancellationToken, abandon: CancellationToken) {
         let mut failures = 0u32;
-        loop {
+        while !shutdown.is_cancelled() {
             if failures > 0 && !self.wait_for_store(&shutdown, &mut failures).await {
                 break;
             }
+            let receive = self
+                .transport
+                .receive(self.options.batch_size, self.options.poll_interval);
+            tokio::pin!(receive);
             let received = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                received = self.transport.receive(self.options.batch_size, self.options.poll_interval) => received,
+                received = &mut receive => received,
+                _ = shutdown.cancelled() => {
+                    self.give_back_pending_receive(receive).await;
+                    break;
+                }
             };
             let (result, deliveries) = match received {
-                Ok(deliveries) => (self.process(&deliveries).await, deliveries),
+                Ok(deliveries) => {
+                    let processed = tokio::select! {
+                        result = self.process(&deliveries) => Some(result),
+                        _ = abandon.cancelled() => None,
+                    };
+                    let Some(result) = processed else {
+                        let given_back = self.give_back(&deliveries).await;
+                        tracing::warn!(given_back, "shutdown grace period over mid-batch; its transaction was rolled back and its deliveries given back");
+                        break;
+                    };
+                    (result, deliveries)
+                }
                 Err(error) => (Err(ConsumerError::Transport(error)), Vec::new()),
             };
             let Err(error) = result else {
@@ -60,6 +89,21 @@ impl Consumer {
             }
         }
         tracing::debug!("consumer stopped");
+    }
+
+    /// On shutdown: lets a receive in progress finish for up to [`RECEIVE_DRAIN`] and gives
+    /// back what it took. A claim cut off mid-statement would leave its messages leased
+    /// until the lease ran out, delaying them by that much after a restart.
+    async fn give_back_pending_receive(
+        &self,
+        receive: impl std::future::Future<Output = Result<Vec<Delivery>, TransportError>>,
+    ) {
+        if let Ok(Ok(deliveries)) = tokio::time::timeout(RECEIVE_DRAIN, receive).await {
+            let given_back = self.give_back(&deliveries).await;
+            if given_back > 0 {
+                tracing::info!(given_back, "stopping: gave back what the last receive took");
+            }
+        }
     }
 
     fn failure_delay(failures: u32) -> Duration {

@@ -9,8 +9,12 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::sink::{build_sink, Sink, SinkError, SinkSpec};
+use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
 use crate::store::{OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
+
+/// The longest a give-back or a last mark at shutdown may take.
+const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Relay options (see `[outbox]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -20,7 +24,8 @@ pub struct RelayOptions {
     pub batch_size: usize,
     pub concurrency: usize,
     pub poll_interval: Duration,
-    /// A claimed row not finished within this is claimed again (by any relay).
+    /// A claimed row not finished within this is claimed again (by any relay). The relay
+    /// extends it every third of it while it delivers, so it need not cover a slow batch.
     pub lease: Duration,
     pub max_attempts: u32,
     pub retry_base: Duration,
@@ -65,14 +70,32 @@ impl Relay {
     }
 
     /// Repeats [`Self::try_step`] until `shutdown`; waits for a wake-up or the poll interval
-    /// when there is nothing due.
-    pub async fn run(self, shutdown: CancellationToken) {
+    /// when there is nothing due. A step in progress at shutdown is finished (its deliveries
+    /// answered and marked) unless `abandon` comes first (the grace period is nearly over):
+    /// then its deliveries are dropped and its rows not yet marked are made due at once, so
+    /// the next relay, or this one restarted, delivers them without waiting out their lease.
+    pub async fn run(self, shutdown: CancellationToken, abandon: CancellationToken) {
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             let notified = self.wakeups.outbox.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let idle = match self.try_step().await {
+            let stepped = match self.claim().await {
+                Err(error) => Err(error),
+                Ok((outcome, rows)) => {
+                    let claims: Vec<OutboxClaim> = rows.iter().map(OutboxRow::claim).collect();
+                    let finished = tokio::select! {
+                        stepped = self.deliver_and_mark(rows, outcome) => Some(stepped),
+                        _ = abandon.cancelled() => None,
+                    };
+                    let Some(stepped) = finished else {
+                        self.give_back(&claims).await;
+                        break;
+                    };
+                    stepped
+                }
+            };
+            let idle = match stepped {
                 Ok(outcome) => {
                     failures = 0;
                     outcome.claimed == 0
@@ -100,12 +123,23 @@ impl Relay {
                 }
             }
         }
+        // Deliveries an outage left unmarked: one more try, or they are delivered again after
+        // their lease.
+        if !self.lock_unmarked().is_empty() {
+            let _ = tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, self.mark_unmarked()).await;
+        }
         tracing::debug!("relay stopped");
     }
 
     /// Claims one batch of due rows and delivers it. Rows delivered by an earlier step whose
     /// mark was lost are marked first.
     pub async fn try_step(&self) -> Result<RelayOutcome, StoreError> {
+        let (outcome, rows) = self.claim().await?;
+        self.deliver_and_mark(rows, outcome).await
+    }
+
+    /// Marks what an earlier step left unmarked, then claims a batch of due rows.
+    async fn claim(&self) -> Result<(RelayOutcome, Vec<OutboxRow>), StoreError> {
         let mut outcome = RelayOutcome {
             lease_lost: self.mark_unmarked().await?,
             ..RelayOutcome::default()
@@ -115,33 +149,34 @@ impl Relay {
             .claim_outbox(self.options.batch_size, self.options.lease)
             .await?;
         outcome.claimed = rows.len();
+        Ok((outcome, rows))
+    }
+
+    /// Delivers claimed rows, extending their lease every third of it meanwhile, then marks
+    /// them. The heartbeat stops before the marks: an extension landing after a failed
+    /// delivery's mark would overwrite its backoff.
+    async fn deliver_and_mark(
+        &self,
+        rows: Vec<OutboxRow>,
+        mut outcome: RelayOutcome,
+    ) -> Result<RelayOutcome, StoreError> {
         if rows.is_empty() {
             return Ok(outcome);
         }
-        let mut by_destination: HashMap<Option<String>, Vec<OutboxRow>> = HashMap::new();
-        for row in rows {
-            by_destination
-                .entry(row.destination.clone())
-                .or_default()
-                .push(row);
-        }
-        let mut delivered = Vec::new();
-        let mut failures = Vec::new();
-        for (destination, rows) in by_destination {
-            let results = match self.sink_for(&destination).await {
-                Ok(sink) => sink.deliver_batch(&rows).await,
-                Err(reason) => rows
-                    .iter()
-                    .map(|_| Err(SinkError::Destination(reason.clone())))
-                    .collect(),
-            };
-            for (row, result) in rows.into_iter().zip(results) {
-                match result {
-                    Ok(()) => delivered.push(row.claim()),
-                    Err(error) => failures.push((row, error)),
-                }
-            }
-        }
+        let held = Arc::new(std::sync::Mutex::new(
+            rows.iter().map(OutboxRow::claim).collect::<Vec<_>>(),
+        ));
+        let lease = self.options.lease;
+        let (delivered, failures) = with_lease_heartbeat(
+            "outbox",
+            heartbeat_period(lease),
+            self.deliver(rows),
+            || {
+                let (store, held) = (self.store.clone(), held.clone());
+                async move { extend_outbox_leases(&store, &held, lease).await }
+            },
+        )
+        .await;
         // Deliveries are marked first: an outage now must not lose what the sink already has.
         let marked = match self.store.mark_dispatched(&delivered).await {
             Ok(marked) => marked,
@@ -177,6 +212,64 @@ impl Relay {
         metrics::counter!("dedup_outbox_delivery_failures_total")
             .increment(outcome.failed_attempts as u64);
         Ok(outcome)
+    }
+
+    /// Delivers rows, grouped by destination; returns the claims delivered and the failures.
+    async fn deliver(
+        &self,
+        rows: Vec<OutboxRow>,
+    ) -> (Vec<OutboxClaim>, Vec<(OutboxRow, SinkError)>) {
+        let mut by_destination: HashMap<Option<String>, Vec<OutboxRow>> = HashMap::new();
+        for row in rows {
+            by_destination
+                .entry(row.destination.clone())
+                .or_default()
+                .push(row);
+        }
+        let mut delivered = Vec::new();
+        let mut failures = Vec::new();
+        for (destination, rows) in by_destination {
+            let results = match self.sink_for(&destination).await {
+                Ok(sink) => sink.deliver_batch(&rows).await,
+                Err(reason) => rows
+                    .iter()
+                    .map(|_| Err(SinkError::Destination(reason.clone())))
+                    .collect(),
+            };
+            for (row, result) in rows.into_iter().zip(results) {
+                match result {
+                    Ok(()) => delivered.push(row.claim()),
+                    Err(error) => failures.push((row, error)),
+                }
+            }
+        }
+        (delivered, failures)
+    }
+
+    /// Makes claimed rows due at once (a step abandoned at shutdown). What cannot be given back
+    /// is delivered after its lease.
+    async fn give_back(&self, claims: &[OutboxClaim]) {
+        let mut released = 0;
+        for (claim_token, ids) in by_claim(claims) {
+            match tokio::time::timeout(
+                OUTSIDE_CALL_TIMEOUT,
+                self.store.release_outbox_leases(claim_token, &ids),
+            )
+            .await
+            {
+                Ok(Ok(rows)) => released += rows,
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "could not give claimed rows back; they are delivered after their lease")
+                }
+                Err(_) => tracing::warn!(
+                    "giving claimed rows back timed out; they are delivered after their lease"
+                ),
+            }
+        }
+        tracing::warn!(
+            released,
+            "shutdown grace period over mid-delivery; the rows not yet marked were given back"
+        );
     }
 
     /// Marks the rows a failed step delivered but could not mark; they stay remembered until
@@ -224,6 +317,45 @@ impl Relay {
                 .into();
         sinks.insert(destination.clone(), sink.clone());
         Ok(sink)
+    }
+}
+
+/// Claimed rows by claim token (one claim, one token; grouped anyway).
+fn by_claim(claims: &[OutboxClaim]) -> HashMap<i64, Vec<i64>> {
+    let mut by_token: HashMap<i64, Vec<i64>> = HashMap::new();
+    for claim in claims {
+        by_token
+            .entry(claim.claim_token)
+            .or_default()
+            .push(claim.id);
+    }
+    by_token
+}
+
+/// One heartbeat: extends the leases of the rows in `held`, and forgets those found lost
+/// (another relay claimed them after this one's lease lapsed; its delivery decides them).
+async fn extend_outbox_leases(
+    store: &Store,
+    held: &std::sync::Mutex<Vec<OutboxClaim>>,
+    lease: Duration,
+) {
+    let claims = held
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let mut extended = std::collections::HashSet::new();
+    for (claim_token, ids) in by_claim(&claims) {
+        match store.extend_outbox_leases(claim_token, &ids, lease).await {
+            Ok(ids) => extended.extend(ids.into_iter().map(|id| (id, claim_token))),
+            Err(error) => return report_failed("outbox", &error),
+        }
+    }
+    let lost = claims.len() - extended.len();
+    report_lost("outbox", lost);
+    if lost > 0 {
+        held.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|c| extended.contains(&(c.id, c.claim_token)));
     }
 }
 

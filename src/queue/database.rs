@@ -251,6 +251,36 @@ impl Transport for DatabaseQueue {
         Ok(())
     }
 
+    async fn extend_leases(
+        &self,
+        tags: &[DeliveryTag],
+        lease: Duration,
+    ) -> Result<Vec<DeliveryTag>, TransportError> {
+        // One receive is one claim, so a batch has one token; grouped anyway, in case a caller
+        // holds the deliveries of several receives.
+        let mut by_token: std::collections::HashMap<i64, Vec<i64>> = Default::default();
+        for tag in tags {
+            if let DeliveryTag::Row { id, claim_token } = tag {
+                by_token.entry(*claim_token).or_default().push(*id);
+            }
+        }
+        let mut lost = Vec::new();
+        for (claim_token, ids) in by_token {
+            let held: std::collections::HashSet<i64> = self
+                .store
+                .extend_message_leases(claim_token, &ids, lease)
+                .await?
+                .into_iter()
+                .collect();
+            lost.extend(
+                ids.into_iter()
+                    .filter(|id| !held.contains(id))
+                    .map(|id| DeliveryTag::Row { id, claim_token }),
+            );
+        }
+        Ok(lost)
+    }
+
     async fn retry_later(
         &self,
         delivery: &Delivery,

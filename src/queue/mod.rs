@@ -6,7 +6,9 @@
 //! * `receive` delivers at least once: a message not acked within its lease comes back;
 //! * `ack` is called only after the consumer's transaction committed;
 //! * `release` hands back at once what a failed step received, so a failure never strands
-//!   deliveries until a lease, a channel close or a broker's consumer timeout.
+//!   deliveries until a lease, a channel close or a broker's consumer timeout;
+//! * `extend_leases` keeps deliveries leased while the consumer works on them (its heartbeat),
+//!   so the lease itself can be short and a dead consumer's deliveries come back quickly.
 
 pub mod database;
 pub mod rabbitmq;
@@ -112,6 +114,17 @@ pub trait Transport: Send + Sync + 'static {
     /// left full of deliveries nobody works on. Tags already acked are skipped. Best effort:
     /// what cannot be given back returns after its lease (or when its channel closes) anyway.
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
+
+    /// Extends the lease of deliveries still being worked on to `lease` from now (the
+    /// consumer's heartbeat, every third of the lease). Returns the tags whose lease is lost: the
+    /// delivery was received again by another consumer after this one's lease ran out (or is
+    /// settled already); extending it again is pointless. A transport without leases (RabbitMQ:
+    /// an unacked delivery stays with its live channel) returns none.
+    async fn extend_leases(
+        &self,
+        tags: &[DeliveryTag],
+        lease: Duration,
+    ) -> Result<Vec<DeliveryTag>, TransportError>;
 
     /// Makes a delivery come back after `delay` (retryable handler failure). It gets the whole
     /// delivery because a broker without delayed redelivery republishes a copy.

@@ -462,6 +462,16 @@ impl Transport for RabbitMqQueue {
         self.settle(tags, Settle::Requeue).await
     }
 
+    /// Nothing to extend: an unacked delivery stays with its channel for as long as the channel
+    /// lives, and comes back at once when it closes (the process died).
+    async fn extend_leases(
+        &self,
+        _tags: &[DeliveryTag],
+        _lease: Duration,
+    ) -> Result<Vec<DeliveryTag>, TransportError> {
+        Ok(Vec::new())
+    }
+
     async fn retry_later(
         &self,
         delivery: &Delivery,

@@ -5,7 +5,8 @@
 //!   answering). The event id, type and source travel as message attributes; a FIFO queue
 //!   (`….fifo`) also gets the event id as its deduplication id.
 //! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
-//!   invisible for the lease (`consumer.lease_secs`) and comes back if not deleted.
+//!   invisible for the lease (`consumer.lease_secs`, extended by the consumer's heartbeat) and
+//!   comes back if not deleted.
 //! * Long polling: every `ReceiveMessage` is billed and counts against throttling, and an empty
 //!   short poll answers at once, so a consumer looping on `receive` with its short
 //!   `consumer.poll_interval_ms` would send a stream of empty calls while idle. So a receive
@@ -23,6 +24,9 @@
 //!   lease ran out first) is not an error: the message's work is committed and its new holder
 //!   deletes it as a duplicate.
 //! * `retry_later` changes the message's visibility to the backoff delay (at most 12 h).
+//! * `extend_leases` (the consumer's heartbeat) sets the batch's visibility to the lease again
+//!   with `ChangeMessageVisibilityBatch`, so the visibility timeout can be short and a dead
+//!   consumer's messages come back within seconds.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -156,6 +160,49 @@ impl SqsQueue {
         })
     }
 
+    /// Sets the visibility timeout of the messages `handles` to `visibility` from now, in
+    /// `ChangeMessageVisibilityBatch` calls of ten. Returns the handles whose entry failed.
+    async fn change_visibility(
+        &self,
+        handles: &[&str],
+        visibility: Duration,
+    ) -> Result<Vec<String>, TransportError> {
+        let mut failed = Vec::new();
+        for chunk in handles.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, handle)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(*handle)
+                        .visibility_timeout(Self::secs(visibility))
+                        .build()
+                        .map_err(unavailable)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let output = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(unavailable)?;
+            for entry in output.failed() {
+                tracing::debug!(
+                    code = entry.code(),
+                    message = entry.message(),
+                    "sqs visibility change refused for one message"
+                );
+                if let Some(handle) = entry.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) {
+                    failed.push((*handle).to_owned());
+                }
+            }
+        }
+        Ok(failed)
+    }
+
     /// One `ReceiveMessage` call: each delivery with SQS's own message id.
     async fn receive_once(
         &self,
@@ -188,6 +235,18 @@ impl SqsQueue {
             .filter_map(|m| Some((m.message_id()?.to_owned(), Self::convert(m)?)))
             .collect())
     }
+}
+
+/// The SQS receipt handles among `tags`, each once.
+fn receipt_handles(tags: &[DeliveryTag]) -> Vec<&str> {
+    let mut seen = HashSet::new();
+    tags.iter()
+        .filter_map(|tag| match tag {
+            DeliveryTag::Sqs { receipt_handle } => Some(receipt_handle.as_str()),
+            _ => None,
+        })
+        .filter(|handle| seen.insert(*handle))
+        .collect()
 }
 
 impl SqsQueue {
@@ -267,15 +326,7 @@ impl Transport for SqsQueue {
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
-        let mut seen = HashSet::new();
-        let handles: Vec<&str> = tags
-            .iter()
-            .filter_map(|t| match t {
-                DeliveryTag::Sqs { receipt_handle } => Some(receipt_handle.as_str()),
-                _ => None,
-            })
-            .filter(|h| seen.insert(*h))
-            .collect();
+        let handles = receipt_handles(tags);
         let mut failures = Vec::new();
         for chunk in handles.chunks(10) {
             let entries = chunk
@@ -327,37 +378,27 @@ impl Transport for SqsQueue {
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
-        let handles: Vec<&str> = tags
-            .iter()
-            .filter_map(|tag| match tag {
-                DeliveryTag::Sqs { receipt_handle } => Some(receipt_handle.as_str()),
-                _ => None,
-            })
-            .collect();
         // Visibility 0: receivable again at once. An entry that fails alone (a message deleted
         // already, a handle superseded by a newer receive) has nothing left to give back.
-        for chunk in handles.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, handle)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(*handle)
-                        .visibility_timeout(0)
-                        .build()
-                        .map_err(unavailable)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            self.client
-                .change_message_visibility_batch()
-                .queue_url(&self.url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
+        self.change_visibility(&receipt_handles(tags), Duration::ZERO)
+            .await
+            .map(drop)
+    }
+
+    async fn extend_leases(
+        &self,
+        tags: &[DeliveryTag],
+        lease: Duration,
+    ) -> Result<Vec<DeliveryTag>, TransportError> {
+        // An entry that fails names a message deleted already or received again since (its
+        // handle superseded): either way this consumer's lease on it is over.
+        let lost = self
+            .change_visibility(&receipt_handles(tags), lease)
+            .await?;
+        Ok(lost
+            .into_iter()
+            .map(|receipt_handle| DeliveryTag::Sqs { receipt_handle })
+            .collect())
     }
 
     async fn retry_later(

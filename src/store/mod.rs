@@ -263,6 +263,21 @@ impl Store {
         on_pool!(self, release_message(id, claim_token, delay))
     }
 
+    /// Extends the lease of messages `ids` still under the claim `claim_token` to `lease` from
+    /// now (the consumer's heartbeat while it works on them). Returns the ids extended: one
+    /// missing was claimed by another consumer since (its lease had run out), or was acked.
+    pub async fn extend_message_leases(
+        &self,
+        claim_token: i64,
+        ids: &[i64],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        on_pool!(self, extend_message_leases(claim_token, ids, lease))
+    }
+
     /// Messages on `queue`, leased or not.
     pub async fn queue_depth(&self, queue: &str) -> Result<i64, StoreError> {
         on_pool!(self, queue_depth(queue))
@@ -289,6 +304,35 @@ impl Store {
             return Ok(0);
         }
         on_pool!(self, mark_dispatched(claims))
+    }
+
+    /// Extends the lease of pending rows `ids` still under the claim `claim_token` to `lease`
+    /// from now (the relay's heartbeat while it delivers them). Returns the ids extended: one
+    /// missing was claimed by another relay since (its lease had run out), or is marked already.
+    pub async fn extend_outbox_leases(
+        &self,
+        claim_token: i64,
+        ids: &[i64],
+        lease: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        on_pool!(self, extend_outbox_leases(claim_token, ids, lease))
+    }
+
+    /// Makes pending rows `ids` still under the claim `claim_token` due now: a relay that stops
+    /// before delivering them gives them back, so the next relay need not wait out the lease.
+    /// Returns the rows released (rows marked meanwhile, or claimed by another relay, are not).
+    pub async fn release_outbox_leases(
+        &self,
+        claim_token: i64,
+        ids: &[i64],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        on_pool!(self, release_outbox_leases(claim_token, ids))
     }
 
     /// Records a failed delivery under `claim`: retried after `delay`, or marked failed once

@@ -100,6 +100,24 @@ pub(super) async fn release_message(
     .rows_affected())
 }
 
+pub(super) async fn extend_message_leases(
+    pool: &PgPool,
+    claim_token: i64,
+    ids: &[i64],
+    lease: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE queue_messages SET visible_at = now() + make_interval(secs => $3)
+          WHERE id = ANY($1) AND claim_token = $2
+      RETURNING id",
+    )
+    .bind(ids)
+    .bind(claim_token)
+    .bind(secs(lease))
+    .fetch_all(pool)
+    .await?)
+}
+
 pub(super) async fn queue_depth(pool: &PgPool, queue: &str) -> Result<i64, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT count(*) FROM queue_messages WHERE queue = $1")
@@ -228,6 +246,40 @@ pub(super) async fn mark_dispatched(
     )
     .bind(&ids)
     .bind(&tokens)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+pub(super) async fn extend_outbox_leases(
+    pool: &PgPool,
+    claim_token: i64,
+    ids: &[i64],
+    lease: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $3)
+          WHERE id = ANY($1) AND claim_token = $2 AND status = 'pending'
+      RETURNING id",
+    )
+    .bind(ids)
+    .bind(claim_token)
+    .bind(secs(lease))
+    .fetch_all(pool)
+    .await?)
+}
+
+pub(super) async fn release_outbox_leases(
+    pool: &PgPool,
+    claim_token: i64,
+    ids: &[i64],
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE outbox SET next_attempt_at = now()
+          WHERE id = ANY($1) AND claim_token = $2 AND status = 'pending'",
+    )
+    .bind(ids)
+    .bind(claim_token)
     .execute(pool)
     .await?
     .rows_affected())

@@ -102,6 +102,48 @@ pub(super) async fn release_message(
     )
 }
 
+pub(super) async fn extend_message_leases(
+    pool: &SqlitePool,
+    claim_token: i64,
+    ids: &[i64],
+    lease: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    let set = format!(
+        "UPDATE queue_messages SET visible_at = {}",
+        now_ms() + millis(lease)
+    );
+    update_claimed(pool, &set, "", claim_token, ids).await
+}
+
+/// Runs `set` (an UPDATE up to its WHERE) on the rows `ids` still under `claim_token` and
+/// matching `also`, in chunks, in one transaction; returns the ids updated.
+async fn update_claimed(
+    pool: &SqlitePool,
+    set: &str,
+    also: &str,
+    claim_token: i64,
+    ids: &[i64],
+) -> Result<Vec<i64>, StoreError> {
+    let mut updated = Vec::with_capacity(ids.len());
+    let mut tx = pool.begin().await?;
+    for chunk in ids.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(set);
+        qb.push(" WHERE claim_token = ");
+        qb.push_bind(claim_token);
+        qb.push(also);
+        qb.push(" AND id IN (");
+        let mut list = qb.separated(", ");
+        for id in chunk {
+            list.push_bind(*id);
+        }
+        qb.push(") RETURNING id");
+        let ids: Vec<i64> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
+        updated.extend(ids);
+    }
+    tx.commit().await?;
+    Ok(updated)
+}
+
 pub(super) async fn queue_depth(pool: &SqlitePool, queue: &str) -> Result<i64, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT count(*) FROM queue_messages WHERE queue = $1")
@@ -230,6 +272,29 @@ pub(super) async fn mark_dispatched(
     }
     tx.commit().await?;
     Ok(marked)
+}
+
+pub(super) async fn extend_outbox_leases(
+    pool: &SqlitePool,
+    claim_token: i64,
+    ids: &[i64],
+    lease: Duration,
+) -> Result<Vec<i64>, StoreError> {
+    let set = format!(
+        "UPDATE outbox SET next_attempt_at = {}",
+        now_ms() + millis(lease)
+    );
+    update_claimed(pool, &set, " AND status = 'pending'", claim_token, ids).await
+}
+
+pub(super) async fn release_outbox_leases(
+    pool: &SqlitePool,
+    claim_token: i64,
+    ids: &[i64],
+) -> Result<u64, StoreError> {
+    let set = format!("UPDATE outbox SET next_attempt_at = {}", now_ms());
+    let released = update_claimed(pool, &set, " AND status = 'pending'", claim_token, ids).await?;
+    Ok(released.len() as u64)
 }
 
 pub(super) async fn mark_delivery_failed(

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -285,6 +286,29 @@ impl RunningBinary {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// SIGTERM: the process drains and exits on its own; see [`RunningBinary::wait_exit`].
+    pub fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) with a pid we spawned and still hold (not yet reaped).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+    }
+
+    /// Waits up to `timeout` for the process to exit; its exit status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the binary did not exit within {timeout:?}; it logged:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -325,21 +349,27 @@ pub struct Received {
     pub body: Bytes,
 }
 
-/// An HTTP sink target that records every POST.
+/// An HTTP sink target that records every POST on arrival, then answers 200 (after
+/// [`Receiver::delay_answers`], if set: a sink that hangs).
 pub struct Receiver {
     pub addr: SocketAddr,
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// Milliseconds each answer waits.
+    answer_delay_ms: Arc<AtomicU64>,
     _task: tokio::task::JoinHandle<()>,
 }
+
+type ReceiverState = (Arc<Mutex<Vec<Received>>>, Arc<AtomicU64>);
 
 impl Receiver {
     pub async fn start() -> Self {
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let answer_delay_ms = Arc::new(AtomicU64::new(0));
         let app = Router::new()
             .route(
                 "/hook",
                 post(
-                    |State(seen): State<Arc<Mutex<Vec<Received>>>>,
+                    |State((seen, delay)): State<ReceiverState>,
                      headers: HeaderMap,
                      body: Bytes| async move {
                         let key = headers
@@ -350,11 +380,15 @@ impl Receiver {
                             idempotency_key: key,
                             body,
                         });
+                        let delay = delay.load(Ordering::SeqCst);
+                        if delay > 0 {
+                            tokio::time::sleep(Duration::from_millis(delay)).await;
+                        }
                         StatusCode::OK
                     },
                 ),
             )
-            .with_state(received.clone());
+            .with_state((received.clone(), answer_delay_ms.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -365,8 +399,17 @@ impl Receiver {
         Receiver {
             addr,
             received,
+            answer_delay_ms,
             _task: task,
         }
+    }
+
+    /// Requests arriving from now on are recorded, then answered only after `delay`.
+    pub fn delay_answers(&self, delay: Duration) {
+        self.answer_delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
     }
 
     pub fn url(&self) -> String {
