@@ -460,6 +460,17 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
     let (relay_a, relay_b) = (relay(), relay());
     let a = relay_a.try_step();
     let b = async {
+        // B starts once A holds the row (its request reached the sink), so that A, not
+        // whichever relay polls first, is the one whose lease is under test.
+        wait_for(
+            "A's delivery to reach the sink",
+            Duration::from_secs(10),
+            || {
+                let seen = receiver.snapshot().len();
+                async move { (seen > 0).then_some(()) }
+            },
+        )
+        .await;
         let mut claimed = 0;
         // Until A's delivery is answered (and a little longer): B keeps trying to claim.
         let until = tokio::time::Instant::now() + LEASE * 5;

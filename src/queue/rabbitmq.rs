@@ -19,7 +19,7 @@
 //! Guarantees: `publish` returns only after the broker's publisher confirm (mandatory publish,
 //! so an unroutable message is an error, not a silent drop); many confirms are in flight at
 //! once on one channel. Unacked deliveries return to the queue when the channel closes (a
-//! crashed consumer). Acks of a contiguous run of delivery tags are one `multiple` ack.
+//! crashed consumer). Each delivery is settled by a frame of its own (see `settle`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -297,6 +297,14 @@ impl RabbitMqQueue {
         let consumer = self.consumer.lock().await.take();
         let publisher = self.publisher.lock().await.take();
         if let Some(side) = consumer {
+            // The channel first: its CloseOk comes after the broker handled every frame sent
+            // before it on the channel, so acks just issued take effect (a connection close
+            // may overtake frames still buffered, and those deliveries would come back).
+            let _ = tokio::time::timeout(
+                BROKER_ANSWER_TIMEOUT,
+                side.channel.close(200, "closing".into()),
+            )
+            .await;
             let _ = side.connection.close(200, "closing".into()).await;
         }
         if let Some(side) = publisher {
@@ -348,66 +356,55 @@ impl RabbitMqQueue {
 
     /// Acks or requeues deliveries of the current channel that are still unsettled; tags of an
     /// older channel are void (the broker requeued those when it closed), and settling a tag
-    /// twice would close the channel. A contiguous run of every unsettled tag up to the last
-    /// one is one `multiple` frame. On error the channel is reset, which requeues everything
+    /// twice would close the channel. On error the channel is reset, which requeues everything
     /// it held.
     async fn settle(&self, tags: &[DeliveryTag], how: Settle) -> Result<(), TransportError> {
         let Some(side) = self.consumer.lock().await.clone() else {
             return Ok(());
         };
-        let (mine, multiple): (Vec<u64>, bool) = {
+        let mine: Vec<u64> = {
             let Ok(mut unacked) = side.unacked.lock() else {
                 return Ok(());
             };
-            let mut mine: Vec<u64> = tags
-                .iter()
+            tags.iter()
                 .filter_map(|t| match t {
                     DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
                         Some(*tag)
                     }
                     _ => None,
                 })
-                .filter(|tag| unacked.contains(tag))
-                .collect();
-            mine.sort_unstable();
-            mine.dedup();
-            let Some(&last) = mine.last() else {
-                return Ok(());
-            };
-            let contiguous = unacked.range(..=last).copied().eq(mine.iter().copied());
-            for tag in &mine {
-                unacked.remove(tag);
-            }
-            if contiguous {
-                (vec![last], true)
-            } else {
-                (mine, false)
-            }
+                // Removing as we go also drops a tag named twice.
+                .filter(|tag| unacked.remove(tag))
+                .collect()
         };
-        let mut result = Ok(());
-        for tag in &mine {
-            result = match how {
-                Settle::Ack => {
-                    side.channel
-                        .basic_ack(*tag, BasicAckOptions { multiple })
-                        .await
+        // One frame per tag, never `multiple`: `<queue>` and `<queue>.dead` share this channel's
+        // tag space, so a lower tag may sit unseen in the other consumer's buffer, and a
+        // `multiple` frame would settle it too (lost, then "unknown delivery tag" when its turn
+        // came); and two workers settling at once could cover each other's tags. The frames are
+        // issued together, in order, without waiting on each in turn.
+        let frames = mine.iter().map(|&tag| {
+            let channel = &side.channel;
+            async move {
+                match how {
+                    Settle::Ack => channel.basic_ack(tag, BasicAckOptions::default()).await,
+                    Settle::Requeue => {
+                        channel
+                            .basic_nack(
+                                tag,
+                                BasicNackOptions {
+                                    multiple: false,
+                                    requeue: true,
+                                },
+                            )
+                            .await
+                    }
                 }
-                Settle::Requeue => {
-                    side.channel
-                        .basic_nack(
-                            *tag,
-                            BasicNackOptions {
-                                multiple,
-                                requeue: true,
-                            },
-                        )
-                        .await
-                }
-            };
-            if result.is_err() {
-                break;
             }
-        }
+        });
+        let result: Result<Vec<()>, _> = futures::future::join_all(frames)
+            .await
+            .into_iter()
+            .collect();
         if let Err(e) = result {
             self.reset_consumer().await;
             return Err(unavailable(e));
