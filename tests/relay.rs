@@ -490,3 +490,68 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
     );
     assert_eq!(receiver.snapshot().len(), 1, "delivered once");
 }
+
+/// Issue 9: under load, a receiver whose listen backlog overflowed (Python's `http.server`
+/// listens with a backlog of 5) took the relay's requests in only after `outbox.http_timeout_ms`,
+/// so the attempt counted as failed and the row was delivered twice. What `last_error` and the
+/// relay's log said was only "error sending request for url (…)": the cause (here, the timeout)
+/// was dropped with reqwest's error sources. A receiver that takes the connection and never
+/// answers stands in for the stalled one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_timed_out_says_so_in_last_error() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                ("outbox.sink", json!(format!("http://{addr}/hook"))),
+                ("outbox.http_timeout_ms", json!(300)),
+                ("outbox.max_attempts", json!(1)),
+                ("outbox.poll_interval_ms", json!(20)),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let body = stripe_event("evt_stalled_1", "payout.paid");
+    let r = post_signed(
+        &reqwest::Client::new(),
+        &app.url("/webhooks/stripe"),
+        SECRET,
+        body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let store = Arc::new(app.store.clone());
+    wait_for(
+        "the row to be marked failed",
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            async move { (store.outbox_counts().await.unwrap().failed == 1).then_some(()) }
+        },
+    )
+    .await;
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let last_error: String =
+        sqlx::query_scalar("SELECT last_error FROM outbox WHERE event_id = 'evt_stalled_1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert!(
+        last_error.contains(&format!("http://{addr}/hook")) && last_error.contains("timed out"),
+        "last_error names the URL and the cause: {last_error}"
+    );
+    app.stop().await;
+}

@@ -94,7 +94,9 @@ impl SinkSpec {
 /// A delivery failed; the relay retries the row with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    #[error("HTTP request failed: {0}")]
+    /// Shown with its causes (`last_error`, logs): reqwest's own text names only the URL, not
+    /// whether the connect was refused, the connection closed or the timeout ran out.
+    #[error("HTTP request failed: {}", error_chain(.0))]
     Http(#[from] reqwest::Error),
     #[error("receiver answered {status}")]
     Status { status: u16 },
@@ -110,6 +112,22 @@ pub enum SinkError {
     Destination(String),
     #[error("file write failed: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // hyper and reqwest sometimes repeat their source's text in their own.
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 #[async_trait]
