@@ -19,7 +19,8 @@
 //! Guarantees: `publish` returns only after the broker's publisher confirm (mandatory publish,
 //! so an unroutable message is an error, not a silent drop); many confirms are in flight at
 //! once on one channel. Unacked deliveries return to the queue when the channel closes (a
-//! crashed consumer). Each delivery is settled by a frame of its own (see `settle`).
+//! crashed consumer). Acks of a contiguous run of delivery tags are one `multiple` ack (see
+//! `settle` for when not).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,8 @@ struct ConsumerSide {
     /// Tags are per channel: a tag from an older generation must never be acked on this one.
     generation: u64,
     unacked: std::sync::Mutex<BTreeSet<u64>>,
+    /// `<queue>.dead` has delivered on this channel: no more `multiple` frames (see `settle`).
+    parked_seen: std::sync::atomic::AtomicBool,
 }
 
 /// What [`RabbitMqQueue::settle`] does with deliveries.
@@ -187,6 +190,7 @@ impl RabbitMqQueue {
             stream: Mutex::new(stream),
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
             unacked: std::sync::Mutex::new(BTreeSet::new()),
+            parked_seen: std::sync::atomic::AtomicBool::new(false),
         });
         *slot = Some(side.clone());
         Ok(side)
@@ -357,54 +361,71 @@ impl RabbitMqQueue {
     /// Acks or requeues deliveries of the current channel that are still unsettled; tags of an
     /// older channel are void (the broker requeued those when it closed), and settling a tag
     /// twice would close the channel. On error the channel is reset, which requeues everything
-    /// it held.
+    /// it held. (A failed step's give-back may name tags acked already: only unsettled ones
+    /// are sent.)
     async fn settle(&self, tags: &[DeliveryTag], how: Settle) -> Result<(), TransportError> {
         let Some(side) = self.consumer.lock().await.clone() else {
             return Ok(());
         };
-        let mine: Vec<u64> = {
-            let Ok(mut unacked) = side.unacked.lock() else {
+        let (mine, multiple) = {
+            let Ok(unacked) = side.unacked.lock() else {
                 return Ok(());
             };
-            tags.iter()
+            let mut mine: Vec<u64> = tags
+                .iter()
                 .filter_map(|t| match t {
                     DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
                         Some(*tag)
                     }
                     _ => None,
                 })
-                // Removing as we go also drops a tag named twice.
-                .filter(|tag| unacked.remove(tag))
-                .collect()
+                .filter(|tag| unacked.contains(tag))
+                .collect();
+            mine.sort_unstable();
+            mine.dedup();
+            let Some(&last) = mine.last() else {
+                return Ok(());
+            };
+            // One `multiple` frame when the tags are exactly every unsettled tag up to the last
+            // one (tags are removed only after their frames were sent, so a worker settling at
+            // the same time sees these as unsettled and sends single frames). Not once
+            // `<queue>.dead` has delivered on this channel: it shares the tag space, and a lower
+            // tag of it could sit in its stream unseen, which a `multiple` frame would settle.
+            let multiple = !side.parked_seen.load(Ordering::Relaxed)
+                && unacked.range(..=last).copied().eq(mine.iter().copied());
+            (mine, multiple)
         };
-        // One frame per tag, never `multiple`: `<queue>` and `<queue>.dead` share this channel's
-        // tag space, so a lower tag may sit unseen in the other consumer's buffer, and a
-        // `multiple` frame would settle it too (lost, then "unknown delivery tag" when its turn
-        // came); and two workers settling at once could cover each other's tags. The frames are
-        // issued together, in order, without waiting on each in turn.
-        let frames = mine.iter().map(|&tag| {
-            let channel = &side.channel;
-            async move {
-                match how {
-                    Settle::Ack => channel.basic_ack(tag, BasicAckOptions::default()).await,
-                    Settle::Requeue => {
-                        channel
-                            .basic_nack(
-                                tag,
-                                BasicNackOptions {
-                                    multiple: false,
-                                    requeue: true,
-                                },
-                            )
-                            .await
-                    }
+        let last = mine[mine.len() - 1];
+        let frames: Vec<u64> = if multiple { vec![last] } else { mine.clone() };
+        let mut result = Ok(());
+        for tag in frames {
+            result = match how {
+                Settle::Ack => {
+                    side.channel
+                        .basic_ack(tag, BasicAckOptions { multiple })
+                        .await
                 }
+                Settle::Requeue => {
+                    side.channel
+                        .basic_nack(
+                            tag,
+                            BasicNackOptions {
+                                multiple,
+                                requeue: true,
+                            },
+                        )
+                        .await
+                }
+            };
+            if result.is_err() {
+                break;
             }
-        });
-        let result: Result<Vec<()>, _> = futures::future::join_all(frames)
-            .await
-            .into_iter()
-            .collect();
+        }
+        if let Ok(mut unacked) = side.unacked.lock() {
+            for tag in &mine {
+                unacked.remove(tag);
+            }
+        }
         if let Err(e) = result {
             self.reset_consumer().await;
             return Err(unavailable(e));

@@ -100,6 +100,10 @@ pub(super) fn convert(
         other => as_u32(other),
     };
     let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
+    if origin == Origin::Parked {
+        side.parked_seen
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Ok(mut unacked) = side.unacked.lock() {
         unacked.insert(d.delivery_tag);
     }
