@@ -17,34 +17,8 @@ use dedup_worker::store::Store;
 
 const SECRET: &str = "whsec_test_secret";
 
-/// Runs a `dedup-worker` command with `env` (plus the brokers' and AWS SDK's settings) and
-/// returns its stdout; the command must succeed.
 fn cli(env: &[(&str, String)], args: &[&str]) -> String {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
-    for name in [
-        "AMQP_URL",
-        "AWS_ENDPOINT_URL",
-        "AWS_REGION",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-    ] {
-        if let Ok(value) = std::env::var(name) {
-            cmd.env(name, value);
-        }
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run cli");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::run_cli(env, args)
 }
 
 /// `dlq list`, parsed.

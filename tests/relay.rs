@@ -54,18 +54,7 @@ async fn flaky_receiver() -> (String, Seen) {
 }
 
 fn cli(db: &TestDb, args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedup-worker"))
-        .args(args)
-        .env_clear()
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .expect("run cli");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::run_cli(&[("DATABASE_URL", db.url.clone())], args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

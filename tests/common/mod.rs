@@ -224,6 +224,41 @@ json.dump(out, sys.stdout)
     serde_json::from_slice(&output.stdout).expect("headers")
 }
 
+/// The binary with a clean environment: `PATH`, the brokers' and the AWS SDK's own settings
+/// (scripts/test.sh sets them), then `env`. No developer configuration leaks in.
+pub fn dedup_command(env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for name in [
+        "AMQP_URL",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ] {
+        if let Ok(value) = std::env::var(name) {
+            cmd.env(name, value);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs a `dedup-worker` command (`dlq list`, `migrate`, …) with `env` and returns its stdout;
+/// the command must succeed.
+pub fn run_cli(env: &[(&str, String)], args: &[&str]) -> String {
+    let out = dedup_command(env).args(args).output().expect("run cli");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The real binary, started with `env`, killed on drop.
 pub struct RunningBinary {
     pub child: Child,
@@ -236,26 +271,11 @@ impl RunningBinary {
     pub fn start(env: &[(&str, String)], log_dir: &Path) -> Self {
         let stderr_path = log_dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&stderr_path).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
-        cmd.arg("serve")
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DEDUP_LISTEN", "127.0.0.1:0")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(stderr);
-        // The brokers' and the AWS SDK's own settings pass through (scripts/test.sh sets them).
-        for name in [
-            "AMQP_URL",
-            "AWS_ENDPOINT_URL",
-            "AWS_REGION",
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-        ] {
-            if let Ok(value) = std::env::var(name) {
-                cmd.env(name, value);
-            }
-        }
+        let mut cmd = dedup_command(&[
+            ("DEDUP_LISTEN", "127.0.0.1:0".into()),
+            ("RUST_LOG", "warn".into()),
+        ]);
+        cmd.arg("serve").stdout(Stdio::piped()).stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
