@@ -114,6 +114,10 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     /// Wait for a pooled connection before failing (ingress then answers 503).
     pub acquire_timeout_ms: u64,
+    /// PostgreSQL's `statement_timeout` on the service's connections, and the longest the
+    /// database queue, the relay and retention wait for any one store call: a database that
+    /// stops answering (a partition, a hung host) holds none of them longer.
+    pub statement_timeout_ms: u64,
     /// Whether starting a role applies pending migrations first.
     pub migrate_on_start: bool,
 }
@@ -275,6 +279,11 @@ pub struct ConsumerSettings {
     /// How long a received message stays leased (database queue row, SQS visibility); the
     /// consumer extends it every third of it while it works on the batch.
     pub lease_secs: u64,
+    /// The longest one batch may take, from its transaction's start to its acks: past it the
+    /// batch is abandoned (rolled back) and given back to the transport. Also PostgreSQL's
+    /// `idle_in_transaction_session_timeout`, so the server ends an abandoned transaction and
+    /// frees its locks even when the client cannot reach it.
+    pub step_timeout_ms: u64,
     pub poll_interval_ms: u64,
     pub max_attempts: u32,
     pub retry_base_ms: u64,
@@ -458,6 +467,15 @@ impl Settings {
             "transport.publish_channel_capacity",
             self.transport.publish_channel_capacity,
         )?;
+        for (key, value) in [
+            (
+                "database.statement_timeout_ms",
+                self.database.statement_timeout_ms,
+            ),
+            ("consumer.step_timeout_ms", self.consumer.step_timeout_ms),
+        ] {
+            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
+        }
         positive("consumer.batch_size", self.consumer.batch_size)?;
         positive("consumer.workers", self.consumer.workers)?;
         positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::{bounded, Store};
 
 /// Retention options.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +22,8 @@ pub struct RetentionOptions {
     pub outbox_window: Duration,
     pub interval: Duration,
     pub batch: i64,
+    /// The longest one purge statement may wait for the store (`database.statement_timeout_ms`).
+    pub statement_timeout: Duration,
 }
 
 /// Deletes expired processed ids and dispatched outbox rows in bounded batches, every
@@ -29,10 +31,9 @@ pub struct RetentionOptions {
 pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: CancellationToken) {
     loop {
         loop {
-            match store
-                .purge_expired(options.dedup_window, options.outbox_window, options.batch)
-                .await
-            {
+            let purge =
+                store.purge_expired(options.dedup_window, options.outbox_window, options.batch);
+            match bounded(options.statement_timeout, purge).await {
                 Ok(n) if n > 0 && !shutdown.is_cancelled() => {
                     tracing::debug!(deleted = n, "retention");
                     continue;

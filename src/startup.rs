@@ -162,6 +162,7 @@ impl Application {
                 retry_max: Duration::from_millis(c.retry_max_ms),
                 max_message_bytes: c.max_message_bytes,
                 lease: Duration::from_secs(c.lease_secs),
+                step_timeout: Duration::from_millis(c.step_timeout_ms),
             };
             let workers = if store.backend_name() == "sqlite" {
                 1
@@ -187,6 +188,7 @@ impl Application {
                 outbox_window: Duration::from_secs(settings.outbox.retention_hours * 3_600),
                 interval: Duration::from_secs(c.retention_interval_secs.max(1)),
                 batch: c.retention_batch,
+                statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
             };
             let token = shutdown.clone();
             let retention_store = store.clone();
@@ -208,6 +210,7 @@ impl Application {
                 retry_base: Duration::from_millis(o.retry_base_ms),
                 retry_max: Duration::from_millis(o.retry_max_ms),
                 http_timeout: Duration::from_millis(o.http_timeout_ms),
+                statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
             };
             let relay = Relay::new(store.clone(), wakeups.clone(), options);
             let (token, abandon) = (shutdown.clone(), abandon.clone());
@@ -301,6 +304,9 @@ pub async fn build_transport(
                     channel_capacity: settings.transport.publish_channel_capacity,
                     commit_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
                     lease: Duration::from_secs(settings.consumer.lease_secs),
+                    statement_timeout: Duration::from_millis(
+                        settings.database.statement_timeout_ms,
+                    ),
                 },
             ))
         }

@@ -528,3 +528,112 @@ async fn client_send(client: &reqwest::Client, url: &str, id: &str) -> Option<re
         .await
         .ok()
 }
+
+/// PostgreSQL stops answering one process in the middle of its batch, and stays that way (a
+/// partition between that process and the database: its connections open, nothing coming
+/// back), while a second process reaches PostgreSQL fine. The batch must move to the second
+/// process while the first is still cut off:
+/// * the first process's step is bounded (`consumer.step_timeout_ms`): it gives the batch back
+///   and, its store not answering, hands back what RabbitMQ pushed to it beyond the batch;
+/// * its transaction, open on the server with the batch's dedup rows locked, is ended by the
+///   server (`idle_in_transaction_session_timeout`), or the second process's inserts of the
+///   same ids would wait on those locks for as long as the dead connection stays open.
+///
+/// The first process is caught mid-transaction deterministically: the test holds the dedup row
+/// of one event of the batch in a transaction of its own, so the process's insert waits on it;
+/// the proxy is black-holed while it waits, then the test lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_process() {
+    use common::fault_proxy::{FaultProxy, Mode};
+    use common::{TestQueue, Transport};
+
+    const EVENTS: usize = 20;
+    let db = TestDb::new(Backend::Postgres).await;
+    let queue = TestQueue::new(Transport::Rabbitmq).await;
+    let proxy = FaultProxy::start("127.0.0.1:5432").await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let env = |database_url: String, relay: bool| {
+        vec![
+            ("DATABASE_URL", database_url),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+            ("DEDUP_TRANSPORT", "rabbitmq".to_owned()),
+            ("DEDUP_QUEUE", queue.name.clone()),
+            ("DEDUP_SINK", format!("file:{}", sink.display())),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+            // Short, so the test is; the default is 30 s.
+            ("DEDUP_CONSUMER__STEP_TIMEOUT_MS", "6000".to_owned()),
+            ("DEDUP_ROLES__RELAY", relay.to_string()),
+        ]
+    };
+    let cut_off = RunningBinary::start(
+        &env(proxy.rewrite(&db.url, "127.0.0.1:5432"), false),
+        work.path(),
+    );
+
+    // The test's own transaction holds the dedup row of the first event.
+    let direct = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let mut holder = direct.begin().await.unwrap();
+    sqlx::query("INSERT INTO processed_events (source, event_id) VALUES ('stripe', 'evt_held_0')")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let client = reqwest::Client::new();
+    let url = cut_off.url("/webhooks/stripe");
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("evt_held_{i}")).collect();
+    for id in &ids {
+        assert_eq!(send(&client, &url, id).await.status(), 200, "{id}");
+    }
+    cut_off
+        .wait_for(
+            "the process's batch insert to wait on the held row",
+            Duration::from_secs(30),
+            || {
+                let direct = direct.clone();
+                async move {
+                    let waiting: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                    .fetch_one(&direct)
+                    .await
+                    .ok()?;
+                    (waiting > 0).then_some(())
+                }
+            },
+        )
+        .await;
+    // Cut the process off mid-transaction, then let its insert finish on the server: its
+    // transaction now holds every dedup row of the batch, and its answers go nowhere.
+    proxy.set(Mode::BlackHole).await;
+    holder.rollback().await.unwrap();
+
+    let reaches = RunningBinary::start(&env(db.url.clone(), true), work.path());
+    reaches
+        .wait_for(
+            "every event to reach the sink through the process that reaches PostgreSQL",
+            Duration::from_secs(60),
+            || {
+                let delivered: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
+                async move { (delivered.len() >= EVENTS).then_some(()) }
+            },
+        )
+        .await;
+    // All of it while the first process is still cut off: the proxy passes again only below.
+    assert!(
+        cut_off.stderr().contains("consumer.step_timeout_ms"),
+        "the first process gave its batch up on its step timeout"
+    );
+    let delivered = file_sink_ids(&sink);
+    let unique: HashSet<String> = delivered.iter().cloned().collect();
+    assert_eq!(unique, ids.iter().cloned().collect::<HashSet<_>>());
+    assert_eq!(delivered.len(), EVENTS, "each event reached the sink once");
+
+    proxy.set(Mode::Pass).await;
+    drop(cut_off);
+    drop(reaches);
+    direct.close().await;
+    queue.cleanup().await;
+}

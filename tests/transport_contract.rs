@@ -98,6 +98,7 @@ impl Harness {
                         channel_capacity: 256,
                         lease: self.lease,
                         commit_timeout: Duration::from_secs(10),
+                        statement_timeout: Duration::from_secs(10),
                     },
                 ))
             }

@@ -104,3 +104,21 @@ fn sqs_wait_outside_long_poll_range_names_the_key() {
         assert!(err.to_string().contains("sqs_wait_time_secs"), "{err}");
     }
 }
+
+#[test]
+fn leases_below_the_minimum_are_refused_naming_the_key() {
+    for key in ["consumer.lease_secs", "outbox.lease_secs"] {
+        let err = Settings::from_figment(with(key, MIN_LEASE_SECS - 1)).expect_err("too short");
+        assert!(err.to_string().contains(key), "{err}");
+        Settings::from_figment(with(key, MIN_LEASE_SECS)).expect("the minimum is accepted");
+    }
+}
+
+#[test]
+fn zero_store_timeouts_are_refused_naming_the_key() {
+    // 0 would mean "no limit" to PostgreSQL, the opposite of what a small value asks for.
+    for key in ["database.statement_timeout_ms", "consumer.step_timeout_ms"] {
+        let err = Settings::from_figment(with(key, 0)).expect_err("zero");
+        assert!(err.to_string().contains(key), "{err}");
+    }
+}

@@ -126,6 +126,7 @@ mod tests {
             retry_max: Duration::from_millis(10),
             max_message_bytes: 1024,
             lease: Duration::from_secs(10),
+            step_timeout: Duration::from_secs(30),
         }
     }
 

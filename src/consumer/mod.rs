@@ -64,6 +64,12 @@ pub struct ConsumerOptions {
     /// How long the transport leases a received message (`consumer.lease_secs`); the consumer
     /// extends the lease every third of it while it works on the batch.
     pub lease: Duration,
+    /// The longest one batch may take, from its transaction's start to its acks
+    /// (`consumer.step_timeout_ms`). Past it the step fails: its transaction is dropped
+    /// (rolled back) and the loop gives its deliveries back. Without it, a database that stops
+    /// answering mid-transaction would hold the batch, and on RabbitMQ its unacked deliveries,
+    /// for as long as the connection stays open.
+    pub step_timeout: Duration,
 }
 
 /// A step failed as a whole; nothing was acked, so the transport redelivers.
@@ -73,6 +79,9 @@ pub enum ConsumerError {
     Transport(#[from] TransportError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The batch did not finish within [`ConsumerOptions::step_timeout`].
+    #[error("the batch did not finish within {0:?} (consumer.step_timeout_ms); abandoned and rolled back")]
+    TimedOut(Duration),
 }
 
 /// What one step did.
@@ -150,8 +159,14 @@ impl Consumer {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }
-        let settlement = self.commit_holding_leases(deliveries).await?;
-        self.settle(settlement).await
+        let limit = self.options.step_timeout;
+        let step = async {
+            let settlement = self.commit_holding_leases(deliveries).await?;
+            self.settle(settlement).await
+        };
+        tokio::time::timeout(limit, step)
+            .await
+            .unwrap_or(Err(ConsumerError::TimedOut(limit)))
     }
 
     /// Commits a batch's outcome; if the database refuses it for one row's data, commits it

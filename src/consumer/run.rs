@@ -132,8 +132,12 @@ impl Consumer {
         tags.len()
     }
 
-    /// After a failure, waits until the store answers; `false` if shutdown came first.
+    /// After a failure, waits until the store answers; `false` if shutdown came first. While
+    /// it does not, the transport is told to hand back what it holds for this consumer
+    /// ([`Transport::pause_receiving`](crate::queue::Transport::pause_receiving)): other
+    /// processes, whose store may well answer, take it meanwhile.
     async fn wait_for_store(&self, shutdown: &CancellationToken, failures: &mut u32) -> bool {
+        let mut paused = false;
         loop {
             let answered = tokio::select! {
                 _ = shutdown.cancelled() => return false,
@@ -141,6 +145,13 @@ impl Consumer {
             };
             if answered {
                 return true;
+            }
+            if !paused {
+                paused = true;
+                tracing::warn!("the store does not answer; handing back what the transport holds for this consumer until it does");
+                let _ =
+                    tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, self.transport.pause_receiving())
+                        .await;
             }
             *failures = failures.saturating_add(1);
             let delay = Self::failure_delay(*failures);

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::sink::{build_sink, Sink, SinkError, SinkSpec};
 use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
-use crate::store::{OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
+use crate::store::{bounded, OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
 
 /// The longest a give-back or a last mark at shutdown may take.
 const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,6 +31,9 @@ pub struct RelayOptions {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub http_timeout: Duration,
+    /// The longest a claim or a mark waits for the store (`database.statement_timeout_ms`): a
+    /// database that stops answering fails the step, which backs off and tries again.
+    pub statement_timeout: Duration,
 }
 
 /// What one step did.
@@ -144,10 +147,12 @@ impl Relay {
             lease_lost: self.mark_unmarked().await?,
             ..RelayOutcome::default()
         };
-        let rows = self
-            .store
-            .claim_outbox(self.options.batch_size, self.options.lease)
-            .await?;
+        let rows = bounded(
+            self.options.statement_timeout,
+            self.store
+                .claim_outbox(self.options.batch_size, self.options.lease),
+        )
+        .await?;
         outcome.claimed = rows.len();
         Ok((outcome, rows))
     }
@@ -178,7 +183,8 @@ impl Relay {
         )
         .await;
         // Deliveries are marked first: an outage now must not lose what the sink already has.
-        let marked = match self.store.mark_dispatched(&delivered).await {
+        let limit = self.options.statement_timeout;
+        let marked = match bounded(limit, self.store.mark_dispatched(&delivered)).await {
             Ok(marked) => marked,
             Err(error) => {
                 self.lock_unmarked().extend_from_slice(&delivered);
@@ -194,15 +200,16 @@ impl Relay {
             let delay = backoff_delay(self.options.retry_base, self.options.retry_max, attempts);
             tracing::warn!(outbox_id = row.id, event_id = %row.event_id, attempts, %error, ?delay, "delivery failed");
             // If this mark is lost, the row is simply retried when its lease ends.
-            let marked = self
-                .store
-                .mark_delivery_failed(
+            let marked = bounded(
+                limit,
+                self.store.mark_delivery_failed(
                     row.claim(),
                     &error.to_string(),
                     delay,
                     self.options.max_attempts,
-                )
-                .await?;
+                ),
+            )
+            .await?;
             if marked == 0 {
                 tracing::warn!(outbox_id = row.id, event_id = %row.event_id, "lease lost; another relay owns the row");
                 metrics::counter!("dedup_outbox_lease_lost_total").increment(1);
@@ -281,7 +288,8 @@ impl Relay {
         if claims.is_empty() {
             return Ok(0);
         }
-        match self.store.mark_dispatched(&claims).await {
+        let limit = self.options.statement_timeout;
+        match bounded(limit, self.store.mark_dispatched(&claims)).await {
             Ok(marked) => {
                 metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
                 tracing::info!(rows = marked, "marked deliveries an outage left unmarked");

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use crate::store::{NewQueueMessage, Store, StoreError, Wakeups};
+use crate::store::{bounded, NewQueueMessage, Store, Wakeups};
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
 
@@ -31,6 +31,8 @@ pub struct GroupCommit {
     pub commit_timeout: Duration,
     /// How long a receive holds a message before it is redelivered.
     pub lease: Duration,
+    /// The longest a claim, ack, release or lease extension waits for the store.
+    pub statement_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -44,6 +46,8 @@ pub struct DatabaseQueue {
     /// Wakes receivers when something was enqueued (in-process, and from NOTIFY on PostgreSQL).
     wakeups: Arc<Wakeups>,
     lease: Duration,
+    /// See [`GroupCommit::statement_timeout`].
+    statement_timeout: Duration,
 }
 
 impl DatabaseQueue {
@@ -67,6 +71,7 @@ impl DatabaseQueue {
             publish_tx,
             wakeups,
             lease: options.lease,
+            statement_timeout: options.statement_timeout,
         }
     }
 }
@@ -91,11 +96,7 @@ async fn write_groups(
         let (messages, replies): (Vec<_>, Vec<_>) = group.drain(..).unzip();
         // On timeout the commit may still land: its callers were told 503 and their senders
         // retry, which the consumer recognises as a duplicate. Never the other way round.
-        let result =
-            match tokio::time::timeout(commit_timeout, store.enqueue(&queue, &messages)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::TimedOut(commit_timeout)),
-            };
+        let result = bounded(commit_timeout, store.enqueue(&queue, &messages)).await;
         metrics::histogram!("dedup_queue_group_commit_size").record(messages.len() as f64);
         match result {
             Ok(()) => {
@@ -195,16 +196,16 @@ impl Transport for DatabaseQueue {
         let notified = self.wakeups.queue.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let mut rows = self
-            .store
-            .claim_messages(&self.queue, max, self.lease)
-            .await?;
+        let claim = || {
+            bounded(
+                self.statement_timeout,
+                self.store.claim_messages(&self.queue, max, self.lease),
+            )
+        };
+        let mut rows = claim().await?;
         if rows.is_empty() {
             let _ = tokio::time::timeout(wait, notified).await;
-            rows = self
-                .store
-                .claim_messages(&self.queue, max, self.lease)
-                .await?;
+            rows = claim().await?;
         }
         Ok(rows
             .into_iter()
@@ -235,7 +236,7 @@ impl Transport for DatabaseQueue {
                 _ => None,
             })
             .collect();
-        Ok(self.store.ack_messages(&ids).await?)
+        Ok(bounded(self.statement_timeout, self.store.ack_messages(&ids)).await?)
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
@@ -243,9 +244,12 @@ impl Transport for DatabaseQueue {
         // its token: releasing either updates nothing.
         for tag in tags {
             if let DeliveryTag::Row { id, claim_token } = tag {
-                self.store
-                    .release_message(*id, *claim_token, Duration::ZERO)
-                    .await?;
+                bounded(
+                    self.statement_timeout,
+                    self.store
+                        .release_message(*id, *claim_token, Duration::ZERO),
+                )
+                .await?;
             }
         }
         Ok(())
@@ -266,12 +270,13 @@ impl Transport for DatabaseQueue {
         }
         let mut lost = Vec::new();
         for (claim_token, ids) in by_token {
-            let held: std::collections::HashSet<i64> = self
-                .store
-                .extend_message_leases(claim_token, &ids, lease)
-                .await?
-                .into_iter()
-                .collect();
+            let held: std::collections::HashSet<i64> = bounded(
+                self.statement_timeout,
+                self.store.extend_message_leases(claim_token, &ids, lease),
+            )
+            .await?
+            .into_iter()
+            .collect();
             lost.extend(
                 ids.into_iter()
                     .filter(|id| !held.contains(id))
@@ -291,7 +296,12 @@ impl Transport for DatabaseQueue {
                 "not a database queue delivery".into(),
             ));
         };
-        if self.store.release_message(id, claim_token, delay).await? == 0 {
+        let released = bounded(
+            self.statement_timeout,
+            self.store.release_message(id, claim_token, delay),
+        )
+        .await?;
+        if released == 0 {
             // Our lease expired and another consumer claimed the message (or acked it): its
             // lease and its attempt count stand. Not an error: that consumer finishes the job.
             tracing::warn!(
@@ -305,7 +315,7 @@ impl Transport for DatabaseQueue {
     }
 
     async fn ready(&self) -> Result<(), TransportError> {
-        Ok(self.store.ping().await?)
+        Ok(bounded(self.statement_timeout, self.store.ping()).await?)
     }
 
     fn queue_name(&self) -> &str {

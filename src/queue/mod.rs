@@ -156,6 +156,13 @@ pub trait Transport: Send + Sync + 'static {
         queue == self.queue_name()
     }
 
+    /// The consumer cannot work for a while (its store does not answer): hand back what the
+    /// transport took on its behalf that no receive has returned yet, so that other consumers
+    /// take it rather than wait for this one. The next receive resumes. By default nothing: the
+    /// database queue and SQS take messages only inside a receive. RabbitMQ pushes up to its
+    /// prefetch to a live consumer whether or not it receives; see its implementation.
+    async fn pause_receiving(&self) {}
+
     /// Whether the transport can take messages now (for `/readyz`).
     async fn ready(&self) -> Result<(), TransportError>;
 

@@ -298,22 +298,36 @@ impl RabbitMqQueue {
     /// Closes both connections; unacked deliveries go back to the queue (as when the process
     /// dies), and the next call reconnects.
     pub async fn close(&self) {
-        let consumer = self.consumer.lock().await.take();
+        self.close_consumer().await;
         let publisher = self.publisher.lock().await.take();
-        if let Some(side) = consumer {
-            // The channel first: its CloseOk comes after the broker handled every frame sent
-            // before it on the channel, so acks just issued take effect (a connection close
-            // may overtake frames still buffered, and those deliveries would come back).
+        if let Some(side) = publisher {
             let _ = tokio::time::timeout(
                 BROKER_ANSWER_TIMEOUT,
-                side.channel.close(200, "closing".into()),
+                side.connection.close(200, "closing".into()),
             )
             .await;
-            let _ = side.connection.close(200, "closing".into()).await;
         }
-        if let Some(side) = publisher {
-            let _ = side.connection.close(200, "closing".into()).await;
-        }
+    }
+
+    /// Closes the consuming side: what it delivered and nobody acked, received or still
+    /// buffered, goes back to the queue; the next receive opens a new one.
+    async fn close_consumer(&self) {
+        let Some(side) = self.consumer.lock().await.take() else {
+            return;
+        };
+        // The channel first: its CloseOk comes after the broker handled every frame sent before
+        // it on the channel, so acks just issued take effect (a connection close may overtake
+        // frames still buffered, and those deliveries would come back).
+        let _ = tokio::time::timeout(
+            BROKER_ANSWER_TIMEOUT,
+            side.channel.close(200, "closing".into()),
+        )
+        .await;
+        let _ = tokio::time::timeout(
+            BROKER_ANSWER_TIMEOUT,
+            side.connection.close(200, "closing".into()),
+        )
+        .await;
     }
 
     /// Messages ready or unacked in the queue (a passive declare), for tests and operators.
@@ -474,6 +488,16 @@ impl Transport for RabbitMqQueue {
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
         self.settle(tags, Settle::Ack).await
+    }
+
+    /// The broker pushes up to the prefetch to a live consumer whether it receives or not: a
+    /// process cut off from its database would hold that many messages, unacked, for as long as
+    /// its outage lasts, while other processes could handle them. Closing the consuming side
+    /// gives them back at once. Another worker of this process with a batch in progress on that
+    /// channel loses its acks (the tags belong to the closed channel): its events come back and
+    /// are recognised as duplicates.
+    async fn pause_receiving(&self) {
+        self.close_consumer().await;
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {

@@ -110,6 +110,62 @@ pub enum Store {
     Sqlite(SqlitePool),
 }
 
+/// Awaits one store call for at most `limit`: a database that stops answering mid-statement (a
+/// partition, a hung host: the connection stays open and nothing comes back) is an error after
+/// `limit`, not a wait until TCP gives up. Whether a write that timed out took effect is
+/// unknown; callers treat it like a lost connection.
+pub async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut(limit)))
+}
+
+/// PostgreSQL's own bounds on the service's sessions. They free the server when the client
+/// cannot: a statement stuck behind a lock is cancelled, and a transaction whose client
+/// vanished mid-way (a partition, a process paused or cut off by a black-holed network) is
+/// ended with its session, releasing its row locks, which would otherwise hold every other
+/// worker's insert of the same event ids until TCP gave up, hours later.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerTimeouts {
+    /// `statement_timeout`: `database.statement_timeout_ms`.
+    pub statement: Duration,
+    /// `idle_in_transaction_session_timeout`: the consumer's step timeout, by which the client
+    /// has given the transaction up itself.
+    pub idle_in_transaction: Duration,
+}
+
+impl ServerTimeouts {
+    pub fn from_settings(settings: &Settings) -> Self {
+        ServerTimeouts {
+            statement: Duration::from_millis(settings.database.statement_timeout_ms),
+            idle_in_transaction: Duration::from_millis(settings.consumer.step_timeout_ms),
+        }
+    }
+
+    fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
+        options.options([
+            ("statement_timeout", pg_millis(self.statement)),
+            (
+                "idle_in_transaction_session_timeout",
+                pg_millis(self.idle_in_transaction),
+            ),
+        ])
+    }
+
+    /// Lifts both on one session (0: no limit).
+    const LIFT: &'static str =
+        "SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0";
+}
+
+/// A duration as PostgreSQL reads a bare number for these settings: milliseconds, at least 1
+/// (0 would mean no limit).
+fn pg_millis(duration: Duration) -> String {
+    duration.as_millis().max(1).to_string()
+}
+
 /// An open transaction. Dropping it without [`StoreTx::commit`] rolls back.
 #[derive(Debug)]
 pub enum StoreTx {
@@ -125,20 +181,32 @@ pub enum DbTx<'a> {
 }
 
 impl Store {
-    /// Connects (creating the SQLite file and its directory when needed).
+    /// Connects (creating the SQLite file and its directory when needed). On PostgreSQL every
+    /// connection carries the server-side bounds of [`ServerTimeouts::from_settings`].
     pub async fn connect(settings: &Settings) -> Result<Self, StoreError> {
-        Self::connect_url(
+        Self::connect_with(
             &settings.database_url,
             settings.database.max_connections,
             Duration::from_millis(settings.database.acquire_timeout_ms),
+            Some(ServerTimeouts::from_settings(settings)),
         )
         .await
     }
 
+    /// Connects without server-side timeouts (tests and tools that inspect a store).
     pub async fn connect_url(
         url: &str,
         max_connections: u32,
         acquire_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, acquire_timeout, None).await
+    }
+
+    async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        acquire_timeout: Duration,
+        server_timeouts: Option<ServerTimeouts>,
     ) -> Result<Self, StoreError> {
         if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
@@ -163,7 +231,10 @@ impl Store {
                 .await?;
             Ok(Store::Sqlite(pool))
         } else {
-            let options = PgConnectOptions::from_str(url)?;
+            let mut options = PgConnectOptions::from_str(url)?;
+            if let Some(timeouts) = server_timeouts {
+                options = timeouts.apply(options);
+            }
             let pool = PoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(acquire_timeout)
@@ -173,9 +244,21 @@ impl Store {
         }
     }
 
+    /// Applies pending migrations. On PostgreSQL they run on a connection of their own with
+    /// the statement and transaction timeouts lifted: a migration that rewrites a large table
+    /// may rightly take longer than any pipeline statement.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
-            Store::Postgres(pool) => sqlx::migrate!("migrations/postgres").run(pool).await?,
+            Store::Postgres(pool) => {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
+                sqlx::raw_sql(ServerTimeouts::LIFT)
+                    .execute(&mut conn)
+                    .await?;
+                let migrated = sqlx::migrate!("migrations/postgres").run(&mut conn).await;
+                let _ = conn.close().await;
+                migrated?
+            }
             Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
         }
         Ok(())

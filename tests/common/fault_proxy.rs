@@ -4,7 +4,8 @@
 //!
 //! * [`Mode::Pass`]: bytes flow both ways;
 //! * [`Mode::BlackHole`]: connections stay open and nothing is answered (a hung server, a
-//!   partition): open connections stop forwarding, new ones are accepted and held;
+//!   partition): open connections stop forwarding with both ends held open, so the dependency
+//!   sees no close either; new ones are accepted and held;
 //! * [`Mode::Refuse`]: open connections are reset and new ones are reset as soon as accepted
 //!   (a server that is down or restarting);
 //! * [`FaultProxy::cut_all`]: every open connection is reset once, new ones pass (a broker
@@ -172,14 +173,22 @@ async fn connection(
         changed = state.wait_for(|s| *s != start) => changed.ok().map(|s| *s),
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
     };
-    drop(server);
     drop(epoch);
     match next {
+        // Both ends held: as in a real partition, the dependency sees nothing either (a
+        // PostgreSQL session stays open, its transaction and locks with it, until the server's
+        // own timeouts end it).
         Some(State {
             mode: Mode::BlackHole,
             cuts,
-        }) if cuts == start.cuts => hold_until_change(client, state).await,
-        _ => reset(client),
+        }) if cuts == start.cuts => {
+            hold_until_change(client, state).await;
+            drop(server);
+        }
+        _ => {
+            drop(server);
+            reset(client);
+        }
     }
 }
 

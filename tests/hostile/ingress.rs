@@ -238,6 +238,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
             channel_capacity: 1024,
             lease: Duration::from_secs(30),
             commit_timeout: Duration::from_secs(10),
+            statement_timeout: Duration::from_secs(10),
         },
     ));
     let ids: Vec<String> = (0..101)
