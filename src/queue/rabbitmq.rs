@@ -22,7 +22,7 @@
 //! crashed consumer). Acks of a contiguous run of delivery tags are one `multiple` ack (see
 //! `settle` for when not).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +42,12 @@ use tokio::sync::Mutex;
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 mod incoming;
+mod tags;
 mod topology;
 
 pub use incoming::BROKER_DEAD_LETTERED;
 use incoming::{Incoming, Origin};
+use tags::ChannelTags;
 
 /// The longest a connect (with its topology) or a publisher confirm may take.
 const BROKER_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,9 +78,8 @@ struct ConsumerSide {
     stream: Mutex<BoxStream<'static, Incoming>>,
     /// Tags are per channel: a tag from an older generation must never be acked on this one.
     generation: u64,
-    unacked: std::sync::Mutex<BTreeSet<u64>>,
-    /// `<queue>.dead` has delivered on this channel: no more `multiple` frames (see `settle`).
-    parked_seen: std::sync::atomic::AtomicBool,
+    /// Which tags are unsettled, and how far one `multiple` frame may reach (see `tags.rs`).
+    tags: std::sync::Mutex<ChannelTags>,
 }
 
 /// What [`RabbitMqQueue::settle`] does with deliveries.
@@ -189,8 +190,7 @@ impl RabbitMqQueue {
             channel,
             stream: Mutex::new(stream),
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
-            unacked: std::sync::Mutex::new(BTreeSet::new()),
-            parked_seen: std::sync::atomic::AtomicBool::new(false),
+            tags: std::sync::Mutex::new(ChannelTags::default()),
         });
         *slot = Some(side.clone());
         Ok(side)
@@ -382,31 +382,22 @@ impl RabbitMqQueue {
             return Ok(());
         };
         let (mine, multiple) = {
-            let Ok(unacked) = side.unacked.lock() else {
+            let Ok(channel_tags) = side.tags.lock() else {
                 return Ok(());
             };
-            let mut mine: Vec<u64> = tags
-                .iter()
-                .filter_map(|t| match t {
-                    DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
-                        Some(*tag)
-                    }
-                    _ => None,
-                })
-                .filter(|tag| unacked.contains(tag))
-                .collect();
-            mine.sort_unstable();
-            mine.dedup();
-            let Some(&last) = mine.last() else {
+            let mine = channel_tags.unsettled_of(tags.iter().filter_map(|t| match t {
+                DeliveryTag::Amqp { generation, tag } if *generation == side.generation => {
+                    Some(*tag)
+                }
+                _ => None,
+            }));
+            if mine.is_empty() {
                 return Ok(());
-            };
-            // One `multiple` frame when the tags are exactly every unsettled tag up to the last
-            // one (tags are removed only after their frames were sent, so a worker settling at
-            // the same time sees these as unsettled and sends single frames). Not once
-            // `<queue>.dead` has delivered on this channel: it shares the tag space, and a lower
-            // tag of it could sit in its stream unseen, which a `multiple` frame would settle.
-            let multiple = !side.parked_seen.load(Ordering::Relaxed)
-                && unacked.range(..=last).copied().eq(mine.iter().copied());
+            }
+            // One `multiple` frame when it settles exactly these tags (tags are removed only
+            // after their frames were sent, so a worker settling at the same time sees these as
+            // unsettled and sends single frames).
+            let multiple = channel_tags.one_frame_settles_exactly(&mine);
             (mine, multiple)
         };
         let last = mine[mine.len() - 1];
@@ -435,10 +426,8 @@ impl RabbitMqQueue {
                 break;
             }
         }
-        if let Ok(mut unacked) = side.unacked.lock() {
-            for tag in &mine {
-                unacked.remove(tag);
-            }
+        if let Ok(mut channel_tags) = side.tags.lock() {
+            channel_tags.settled(&mine);
         }
         if let Err(e) = result {
             self.reset_consumer().await;

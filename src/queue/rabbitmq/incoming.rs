@@ -100,12 +100,8 @@ pub(super) fn convert(
         other => as_u32(other),
     };
     let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
-    if origin == Origin::Parked {
-        side.parked_seen
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    if let Ok(mut unacked) = side.unacked.lock() {
-        unacked.insert(d.delivery_tag);
+    if let Ok(mut tags) = side.tags.lock() {
+        tags.received(d.delivery_tag);
     }
     Delivery {
         tag: DeliveryTag::Amqp {
