@@ -2,6 +2,12 @@
 //! served on port 0. Every test owns a database `idem_<uuid>` and a Redis key prefix.
 
 mod idempotency_support;
+// The fault proxy of the binary suites, in front of Redis.
+#[allow(dead_code)]
+#[path = "common/fault_proxy.rs"]
+mod fault_proxy;
+#[path = "idempotency_support/redis_faults.rs"]
+mod redis_faults;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -546,3 +546,224 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
     );
     app.stop().await;
 }
+
+/// The Idempotency-Key of each delivery the receiver saw, with the event id in its body.
+fn keys_and_ids(receiver: &common::Receiver) -> Vec<(Option<String>, String)> {
+    receiver
+        .snapshot()
+        .into_iter()
+        .map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON event");
+            let id = body["id"].as_str().expect("event id").to_owned();
+            (r.idempotency_key, id)
+        })
+        .collect()
+}
+
+/// Every event reached the receiver, each delivery under its event's key, and each event has
+/// one outbox row, marked dispatched. How many deliveries each event took, by id.
+async fn every_event_dispatched_once(
+    pool: &sqlx::PgPool,
+    receiver: &common::Receiver,
+    ids: &[String],
+) -> HashMap<String, usize> {
+    let mut deliveries: HashMap<String, usize> = HashMap::new();
+    for (key, id) in keys_and_ids(receiver) {
+        assert_eq!(
+            key.as_deref(),
+            Some(id.as_str()),
+            "a delivery's Idempotency-Key"
+        );
+        *deliveries.entry(id).or_default() += 1;
+    }
+    let mut delivered: Vec<&String> = deliveries.keys().collect();
+    delivered.sort();
+    assert_eq!(
+        delivered,
+        ids.iter().collect::<Vec<_>>(),
+        "every event arrived"
+    );
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT event_id, status FROM outbox ORDER BY event_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let dispatched: Vec<(String, String)> = ids
+        .iter()
+        .map(|id| (id.clone(), "dispatched".to_owned()))
+        .collect();
+    assert_eq!(rows, dispatched, "one row per event, marked dispatched");
+    deliveries
+}
+
+/// Accepts `ids` at the ingress (each a 200: durable), in sorted order.
+async fn accept_events(app: &TestApp, prefix: &str, n: usize) -> Vec<String> {
+    let client = reqwest::Client::new();
+    let mut ids: Vec<String> = (0..n).map(|i| format!("{prefix}_{i:03}")).collect();
+    ids.sort();
+    for id in &ids {
+        let body = stripe_event(id, "payout.paid");
+        let r = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    ids
+}
+
+/// Issue 9: the HTTP sink behind a fault proxy that first black-holes it (connections taken,
+/// never answered), then refuses it (connections reset as soon as taken). Each delivery fails
+/// when `outbox.http_timeout_ms` runs out, then on the reset, and `last_error` names that cause;
+/// rows stay pending and are retried with backoff; once the proxy passes, every event reaches
+/// the receiver under its key and its row is marked dispatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then_gets_every_event()
+{
+    use common::fault_proxy::{FaultProxy, Mode};
+    let receiver = common::Receiver::start().await;
+    let proxy = FaultProxy::start(&receiver.addr.to_string()).await;
+    proxy.set(Mode::BlackHole).await;
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                (
+                    "outbox.sink",
+                    json!(format!("http://127.0.0.1:{}/hook", proxy.port)),
+                ),
+                ("outbox.http_timeout_ms", json!(300)),
+                ("outbox.retry_base_ms", json!(50)),
+                ("outbox.retry_max_ms", json!(200)),
+                // Never given up on: the outage, not the attempt limit, is under test.
+                ("outbox.max_attempts", json!(10_000)),
+                ("outbox.poll_interval_ms", json!(20)),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
+        panic!("a PostgreSQL test");
+    };
+    let ids = accept_events(&app, "evt_unreachable", 10).await;
+    // Rows retried (at least twice), still pending, whose last attempt failed with `cause`.
+    let failing_with = |cause: &'static [&'static str]| {
+        let pool = pool.clone();
+        move || {
+            let pool = pool.clone();
+            async move {
+                let rows: Vec<(i32, String, Option<String>)> =
+                    sqlx::query_as("SELECT attempts, status, last_error FROM outbox")
+                        .fetch_all(&pool)
+                        .await
+                        .ok()?;
+                let failing = rows.iter().filter(|(attempts, status, error)| {
+                    *attempts >= 2
+                        && status == "pending"
+                        && error
+                            .as_deref()
+                            .is_some_and(|e| cause.iter().any(|c| e.contains(c)))
+                });
+                (failing.count() == 10).then_some(())
+            }
+        }
+    };
+    wait_for(
+        "every delivery to time out, twice",
+        Duration::from_secs(20),
+        failing_with(&["timed out"]),
+    )
+    .await;
+    assert!(
+        receiver.snapshot().is_empty(),
+        "nothing passed the black hole"
+    );
+
+    proxy.set(Mode::Refuse).await;
+    // The proxy takes the connection and resets it: the client sees the reset (or the
+    // connection closed under its request), never a timeout.
+    wait_for(
+        "every delivery to be refused",
+        Duration::from_secs(20),
+        failing_with(&["reset", "closed"]),
+    )
+    .await;
+    assert!(receiver.snapshot().is_empty(), "nothing passed the refusal");
+
+    proxy.set(Mode::Pass).await;
+    wait_for("every row dispatched", Duration::from_secs(20), || {
+        let store = app.store.clone();
+        async move {
+            let c = store.outbox_counts().await.ok()?;
+            (c.dispatched == 10 && c.pending == 0 && c.failed == 0).then_some(())
+        }
+    })
+    .await;
+    every_event_dispatched_once(pool, &receiver, &ids).await;
+    app.stop().await;
+}
+
+/// Issue 9: every connection to the HTTP sink cut three times while the receiver holds
+/// requests (it took them, and answers only a second later): each cut delivery is delivered
+/// again under the same Idempotency-Key, and no event is lost or left pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempotency_key() {
+    use common::fault_proxy::FaultProxy;
+    let receiver = common::Receiver::start().await;
+    receiver.delay_answers(Duration::from_secs(1));
+    let proxy = FaultProxy::start(&receiver.addr.to_string()).await;
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = TestApp::spawn(
+        test_settings(
+            &db.url,
+            &[
+                (
+                    "outbox.sink",
+                    json!(format!("http://127.0.0.1:{}/hook", proxy.port)),
+                ),
+                ("outbox.retry_base_ms", json!(50)),
+                ("outbox.retry_max_ms", json!(200)),
+                ("outbox.max_attempts", json!(10_000)),
+                ("outbox.poll_interval_ms", json!(20)),
+                ("consumer.poll_interval_ms", json!(50)),
+            ],
+        ),
+        Overrides::default(),
+    )
+    .await;
+    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
+        panic!("a PostgreSQL test");
+    };
+    let ids = accept_events(&app, "evt_cut", 40).await;
+    let mut seen = 0;
+    for cut in 1..=3 {
+        // Cut while requests the receiver has taken wait for their answer.
+        seen = wait_for(
+            &format!("deliveries before cut {cut}"),
+            Duration::from_secs(20),
+            || {
+                let now = receiver.snapshot().len();
+                async move { (now > seen).then_some(now) }
+            },
+        )
+        .await;
+        proxy.cut_all().await;
+    }
+    receiver.delay_answers(Duration::ZERO);
+    wait_for("every row dispatched", Duration::from_secs(20), || {
+        let store = app.store.clone();
+        async move {
+            let c = store.outbox_counts().await.ok()?;
+            (c.dispatched == 40 && c.pending == 0 && c.failed == 0).then_some(())
+        }
+    })
+    .await;
+    let deliveries = every_event_dispatched_once(pool, &receiver, &ids).await;
+    assert!(
+        deliveries.values().any(|&n| n >= 2),
+        "a cut delivery was delivered again (under the same key, checked above)"
+    );
+    app.stop().await;
+}

@@ -756,6 +756,10 @@ async fn mirror(
     };
     if let Err(e) = cache.store(account, key, lock, &cached, ttl).await {
         cache_error(&e, "mirroring idempotent result to redis failed");
+        if let Some(token) = lock {
+            // The lock was taken with the lease as its TTL (see `execute`).
+            cache.unlock_when_back(account, key, token, shared.config.lease);
+        }
     }
 }
 
@@ -763,6 +767,7 @@ async fn unlock(shared: &Shared, account: &str, key: &str, lock: Option<&str>) {
     if let (Some(cache), Some(token)) = (&shared.redis, lock) {
         if let Err(e) = cache.unlock(account, key, token).await {
             cache_error(&e, "redis unlock failed");
+            cache.unlock_when_back(account, key, token, shared.config.lease);
         }
     }
 }

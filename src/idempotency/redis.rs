@@ -8,8 +8,10 @@
 //! Redis is never the authority for "may this run": a miss, an error, a flushed or stopped Redis
 //! all fall through to the PostgreSQL claim, which alone decides. Errors are logged, open a short
 //! circuit breaker (so a dead Redis costs one failed attempt per second, not one per request) and
-//! never fail the request.
+//! never fail the request. Each call, connecting included, is bounded by one timeout, so a Redis
+//! that stops answering delays a request by at most that.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,6 +32,9 @@ pub enum CacheError {
     /// The circuit breaker is open after a recent failure.
     #[error("idempotency redis: skipped after a recent failure")]
     Skipped,
+    /// No answer (or no connection) within the cache's timeout.
+    #[error("idempotency redis: no answer within {0:?}")]
+    TimedOut(Duration),
     /// A cached value could not be decoded.
     #[error("idempotency redis: corrupt cached value")]
     Corrupt,
@@ -168,9 +173,11 @@ impl RedisCache {
                         "redis recently unreachable",
                     )));
                 }
+                // No response timeout of the manager's own: `call` bounds each call, waiting
+                // for a reconnection included. The connection timeout bounds the manager's
+                // reconnections, which run in the background.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(self.inner.timeout)
-                    .set_response_timeout(self.inner.timeout)
                     .set_number_of_retries(1)
                     .set_max_delay(100);
                 ConnectionManager::new_with_config(self.inner.client.clone(), config).await
@@ -182,8 +189,26 @@ impl RedisCache {
         }
     }
 
+    /// One Redis call on the shared connection, connecting included, within the timeout. The
+    /// bound is here rather than in the connection manager, whose waits add up (a command
+    /// queued behind a reconnection waits for its attempts, then for its own answer).
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, CacheError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let attempt = async {
+            let conn = self.conn().await?;
+            f(conn).await.map_err(|e| self.failed(e.into()))
+        };
+        match tokio::time::timeout(self.inner.timeout, attempt).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(self.failed(CacheError::TimedOut(self.inner.timeout))),
+        }
+    }
+
     fn failed(&self, e: CacheError) -> CacheError {
-        if matches!(e, CacheError::Redis(_)) {
+        if matches!(e, CacheError::Redis(_) | CacheError::TimedOut(_)) {
             let until = Self::now_ms() + self.inner.breaker.as_millis() as u64;
             self.inner.skip_until_ms.store(until, Ordering::Relaxed);
             metrics::counter!("idempotency_redis_errors_total").increment(1);
@@ -209,12 +234,10 @@ impl RedisCache {
         account: &str,
         key: &str,
     ) -> Result<Option<CachedResponse>, CacheError> {
-        let mut conn = self.conn().await?;
-        let raw: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(self.id("resp", account, key))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e.into()))?;
+        let id = self.id("resp", account, key);
+        let raw: Option<Vec<u8>> = self
+            .call(|mut conn| async move { redis::cmd("GET").arg(id).query_async(&mut conn).await })
+            .await?;
         match raw {
             None => Ok(None),
             Some(raw) => decode(&raw).map(Some).ok_or(CacheError::Corrupt),
@@ -231,17 +254,18 @@ impl RedisCache {
         fingerprint: &Fingerprint,
         ttl: Duration,
     ) -> Result<LockOutcome, CacheError> {
-        let mut conn = self.conn().await?;
         let value = format!("{}:{}", uuid::Uuid::new_v4().simple(), fingerprint.to_hex());
+        let (script, id, v) = (&self.inner.lock, self.id("lock", account, key), &value);
         let holder: Option<String> = self
-            .inner
-            .lock
-            .key(self.id("lock", account, key))
-            .arg(&value)
-            .arg(ttl.as_millis().max(1) as u64)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e.into()))?;
+            .call(|mut conn| async move {
+                script
+                    .key(id)
+                    .arg(v)
+                    .arg(ttl.as_millis().max(1) as u64)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
         Ok(match holder {
             None => LockOutcome::Acquired(LockToken(value)),
             Some(holder) => LockOutcome::Held {
@@ -262,31 +286,53 @@ impl RedisCache {
         cached: &CachedResponse,
         ttl: Duration,
     ) -> Result<(), CacheError> {
-        let mut conn = self.conn().await?;
-        self.inner
-            .store
-            .key(self.id("resp", account, key))
-            .key(self.id("lock", account, key))
-            .arg(encode(cached))
-            .arg(ttl.as_millis() as u64)
-            .arg(lock_token.unwrap_or(""))
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map_err(|e| self.failed(e.into()))?;
+        let script = &self.inner.store;
+        let (resp, lock) = (self.id("resp", account, key), self.id("lock", account, key));
+        self.call(|mut conn| async move {
+            script
+                .key(resp)
+                .key(lock)
+                .arg(encode(cached))
+                .arg(ttl.as_millis() as u64)
+                .arg(lock_token.unwrap_or(""))
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await?;
         Ok(())
     }
 
     /// Drops our lock (after a released 5xx).
     pub async fn unlock(&self, account: &str, key: &str, token: &str) -> Result<(), CacheError> {
-        let mut conn = self.conn().await?;
-        self.inner
-            .unlock
-            .key(self.id("lock", account, key))
-            .arg(token)
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map_err(|e| self.failed(e.into()))?;
+        let (script, id) = (&self.inner.unlock, self.id("lock", account, key));
+        self.call(|mut conn| async move {
+            script
+                .key(id)
+                .arg(token)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await?;
         Ok(())
+    }
+
+    /// Drops our lock once Redis answers again, after dropping it failed (Redis was down when
+    /// the request finished). Left in place, the lock would answer every retry of a request that
+    /// has completed with 409 until the lock's `ttl`, although PostgreSQL holds its result. In
+    /// the background, one try per breaker period, until the lock would have expired anyway.
+    pub fn unlock_when_back(&self, account: &str, key: &str, token: &str, ttl: Duration) {
+        let cache = self.clone();
+        let (account, key, token) = (account.to_owned(), key.to_owned(), token.to_owned());
+        let deadline = tokio::time::Instant::now() + ttl;
+        tokio::spawn(async move {
+            let period = cache.inner.breaker;
+            while tokio::time::Instant::now() + period < deadline {
+                tokio::time::sleep(period).await;
+                if cache.unlock(&account, &key, &token).await.is_ok() {
+                    return;
+                }
+            }
+        });
     }
 }
 
