@@ -284,6 +284,7 @@ pub async fn build_transport(
             SqsQueue::from_env(
                 settings.transport.queue.clone(),
                 Duration::from_secs(settings.consumer.lease_secs),
+                Duration::from_millis(settings.transport.publish_timeout_ms),
             )
             .await
             .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs)),

@@ -2,7 +2,8 @@
 //! emulator: connections cut three times while events are posted, then every connection
 //! refused. While refused ingress answers 503 (never 2xx) and `/readyz` 503; the binary
 //! reconnects by itself once the broker answers; every event that got a 200 reaches the sink
-//! once. A broker that stops answering altogether is 503 within 5 s.
+//! once. A broker that stops answering altogether is 503 within 5 s, and an SQS that stops
+//! answering while a consumer holds a batch fails its step within its calls' timeouts.
 
 mod common;
 
@@ -12,7 +13,8 @@ use std::time::Duration;
 
 use common::fault_proxy::{FaultProxy, Mode};
 use common::{
-    file_sink_ids, post_signed, stripe_event, Backend, RunningBinary, TestDb, TestQueue, Transport,
+    file_sink_ids, post_signed, stripe_event, without_colours, Backend, HeldDedupRow,
+    RunningBinary, TestDb, TestQueue, Transport,
 };
 use futures::StreamExt;
 
@@ -26,6 +28,144 @@ async fn rabbitmq_cut_three_times_then_refused_recovers_by_itself_and_loses_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_cut_three_times_then_refused_recovers_by_itself_and_loses_nothing() {
     cut_then_refuse(Transport::Sqs).await;
+}
+
+/// Issue 9: every SQS call has a timeout. SQS stops answering (a black hole) while a consumer
+/// holds a batch, just before it commits: its delete, and the give-back after it, give up
+/// within their timeouts (two attempts of `transport.publish_timeout_ms`), and the step fails
+/// and says so while SQS is still silent, rather than wait for an answer that never comes.
+/// Once SQS answers again the message comes back, is recognised as handled and deleted, and
+/// every event is at the sink once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_black_holed_mid_batch_the_consumer_gives_up_on_its_calls_and_recovers() {
+    const HELD: &str = "evt_committed_into_a_black_hole";
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = Arc::new(db.store().await);
+    let queue = TestQueue::new(Transport::Sqs).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (moto)");
+    let upstream = authority(&endpoint);
+    let proxy = FaultProxy::start(&upstream).await;
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("DEDUP_TRANSPORT", "sqs".to_owned()),
+        ("AWS_ENDPOINT_URL", proxy.rewrite(&endpoint, &upstream)),
+        ("DEDUP_QUEUE", proxy.rewrite(&queue.name, &upstream)),
+        ("DEDUP_SINK", format!("file:{}", sink.display())),
+        // One worker: the step that fails is the one holding the batch.
+        ("DEDUP_CONSUMER__WORKERS", "1".to_owned()),
+        ("DEDUP_CONSUMER__LEASE_SECS", "2".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+    ];
+    let bin = RunningBinary::start(&env, work.path());
+    let client = reqwest::Client::new();
+    // Posts an event until ingress accepts it (a loaded emulator may answer a publish late:
+    // 503, and the sender retries).
+    let accept = |id: &str| {
+        let (client, url, bin) = (&client, bin.url("/webhooks/stripe"), &bin);
+        let body = stripe_event(id, "charge.succeeded");
+        async move {
+            bin.wait_for(
+                "ingress to accept an event",
+                Duration::from_secs(30),
+                || {
+                    let request = post_signed(client, &url, SECRET, body.clone());
+                    async move { (request.await.ok()?.status() == 200).then_some(()) }
+                },
+            )
+            .await
+        }
+    };
+    let mut ids: Vec<String> = (0..3).map(|i| format!("evt_before_{i}")).collect();
+    for id in &ids {
+        accept(id).await;
+    }
+    bin.wait_for(
+        "the first events at the sink",
+        Duration::from_secs(30),
+        || {
+            let done = file_sink_ids(&sink).len() == ids.len();
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+
+    // The consumer receives the event and waits, mid-step, on its dedup row.
+    let held = HeldDedupRow::hold(&db.url, "stripe", HELD).await;
+    accept(HELD).await;
+    ids.push(HELD.to_owned());
+    bin.wait_for(
+        "the consumer's step to wait on the held dedup row",
+        Duration::from_secs(30),
+        || async { (held.waiting().await == 1).then_some(()) },
+    )
+    .await;
+    proxy.set(Mode::BlackHole).await;
+    let logged_before = bin.stderr().len();
+    held.release().await;
+    // The step commits, then its delete goes into the black hole: two attempts of
+    // `transport.publish_timeout_ms` (3 s), then the give-back's (at most 5 s). Without a
+    // timeout the delete would hang until the proxy resets the connection, i.e. until SQS
+    // answers again.
+    let failed_step = bin
+        .wait_for(
+            "the consumer step to give up on the silent SQS",
+            Duration::from_secs(30),
+            || {
+                let logged = without_colours(bin.stderr().get(logged_before..).unwrap_or_default());
+                let line = logged
+                    .lines()
+                    .find(|l| l.contains("consumer step failed") && l.contains("given_back=1"))
+                    .map(str::to_owned);
+                async move { line }
+            },
+        )
+        .await;
+    assert!(
+        failed_step.to_lowercase().contains("timeout"),
+        "the step failed on a timeout: {failed_step}"
+    );
+    // The batch committed, and the relay needs no SQS: the event reached the sink meanwhile.
+    bin.wait_for(
+        "the held event at the sink",
+        Duration::from_secs(10),
+        || {
+            let there = file_sink_ids(&sink).contains(&HELD.to_owned());
+            async move { there.then_some(()) }
+        },
+    )
+    .await;
+
+    proxy.set(Mode::Pass).await;
+    let after: Vec<String> = (0..3).map(|i| format!("evt_after_{i}")).collect();
+    for id in &after {
+        accept(id).await;
+    }
+    ids.extend(after);
+    bin.wait_for(
+        "every event at the sink and the queue drained",
+        Duration::from_secs(40),
+        || {
+            let (store, sink, queue) = (store.clone(), sink.clone(), &queue);
+            let expected: HashSet<&String> = ids.iter().collect();
+            async move {
+                let delivered = file_sink_ids(&sink);
+                let seen: HashSet<&String> = delivered.iter().collect();
+                (seen == expected && queue.drained(&store).await).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        file_sink_ids(&sink).len(),
+        ids.len(),
+        "each event at the sink once"
+    );
+    drop(bin);
+    queue.cleanup().await;
 }
 
 /// `host:port` of a URL.

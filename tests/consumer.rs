@@ -1,7 +1,8 @@
 //! Handler failures, on both stores: a poison event (an error or a panic) is dead-lettered
 //! without blocking its batch
 //! and leaves no partial effect; a flaky one is retried with backoff and then handled once;
-//! retries exhausted → dead letter; dead letters can be redriven.
+//! retries exhausted → dead letter; dead letters can be redriven. A step slower than its lease
+//! keeps its batch: the consumer's heartbeat extends the lease while the step runs.
 
 mod common;
 
@@ -363,5 +364,138 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
         "PostgreSQL reported a deadlock:\n{logged}"
     );
     drop((first, second));
+    queue.cleanup().await;
+}
+
+/// Issue 9: a consumer step slower than its lease keeps its batch, because the consumer
+/// extends the batch's leases (the database queue row's, SQS visibility) while the step runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_slower_than_its_lease_keeps_its_batch_on_the_database_queue() {
+    a_step_slower_than_its_lease_keeps_its_batch(common::Transport::Database).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_slower_than_its_lease_keeps_its_batch_on_sqs() {
+    a_step_slower_than_its_lease_keeps_its_batch(common::Transport::Sqs).await;
+}
+
+/// The binary with two consumer workers and a 2 s lease. The test holds, in a transaction of its
+/// own, the dedup row of one event, so the step that received it waits server-side on its
+/// `INSERT … ON CONFLICT DO NOTHING` for three leases, as a slow batch would, with no hook in
+/// the product. Meanwhile the other worker keeps consuming other events, yet never receives the
+/// held one: had its lease lapsed, that worker would take it and wait on the same row, a second
+/// backend blocked by the test. Once released, the event is handled once and nothing was
+/// received twice.
+async fn a_step_slower_than_its_lease_keeps_its_batch(transport: common::Transport) {
+    use common::{counter_value, HeldDedupRow, RunningBinary, TestQueue};
+
+    const LEASE: Duration = Duration::from_secs(2);
+    const HELD: &str = "evt_held_past_its_lease";
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = Arc::new(db.store().await);
+    let queue = TestQueue::new(transport).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let env = vec![
+        ("DATABASE_URL", db.url.clone()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("DEDUP_TRANSPORT", queue.kind().to_owned()),
+        ("DEDUP_QUEUE", queue.name.clone()),
+        ("DEDUP_SINK", format!("file:{}", sink.display())),
+        ("DEDUP_CONSUMER__WORKERS", "2".to_owned()),
+        ("DEDUP_CONSUMER__LEASE_SECS", LEASE.as_secs().to_string()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+    ];
+    let bin = RunningBinary::start(&env, work.path());
+    let client = reqwest::Client::new();
+    let post = |id: String| {
+        let (client, url) = (client.clone(), bin.url("/webhooks/stripe"));
+        async move {
+            let body = stripe_event(&id, "charge.succeeded");
+            let response = post_signed(&client, &url, SECRET, body).await.unwrap();
+            assert_eq!(response.status(), 200, "{id}");
+        }
+    };
+
+    let held = HeldDedupRow::hold(&db.url, "stripe", HELD).await;
+    post(HELD.to_owned()).await;
+    bin.wait_for(
+        "a consumer step to wait on the held dedup row",
+        Duration::from_secs(30),
+        || async { (held.waiting().await == 1).then_some(()) },
+    )
+    .await;
+    let free: Vec<String> = (0..5).map(|i| format!("evt_free_{i}")).collect();
+    let held_since = std::time::Instant::now();
+    let mut posted = 0;
+    while held_since.elapsed() < LEASE * 3 {
+        if let Some(id) = free.get(posted) {
+            post(id.clone()).await;
+            posted += 1;
+        }
+        assert_eq!(
+            held.waiting().await,
+            1,
+            "{:?} into the held step, another consumer received its batch: the batch's lease \
+             was not extended while the step ran; the binary logged:\n{}",
+            held_since.elapsed(),
+            bin.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The other worker was consuming all along (so it would have taken the held batch).
+    bin.wait_for(
+        "the other worker to handle the other events during the hold",
+        Duration::from_secs(10),
+        || {
+            let delivered = file_sink_ids(&sink);
+            let done = free.iter().all(|id| delivered.contains(id));
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+    assert!(!file_sink_ids(&sink).contains(&HELD.to_owned()));
+    held.release().await;
+
+    bin.wait_for(
+        "every event at the sink and the queue drained",
+        Duration::from_secs(30),
+        || {
+            let (store, sink, queue, events) =
+                (store.clone(), sink.clone(), &queue, free.len() + 1);
+            async move {
+                (file_sink_ids(&sink).len() == events && queue.drained(&store).await).then_some(())
+            }
+        },
+    )
+    .await;
+    let metrics = client
+        .get(bin.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        counter_value(&metrics, "dedup_events_received_total"),
+        free.len() as u64 + 1,
+        "each event received once"
+    );
+    assert_eq!(counter_value(&metrics, "dedup_events_duplicate_total"), 0);
+    assert_eq!(
+        counter_value(&metrics, "dedup_events_handled_total"),
+        free.len() as u64 + 1
+    );
+    let mut delivered = file_sink_ids(&sink);
+    delivered.sort();
+    delivered.dedup();
+    assert_eq!(
+        delivered.len(),
+        free.len() + 1,
+        "each event at the sink once"
+    );
+    drop(bin);
     queue.cleanup().await;
 }

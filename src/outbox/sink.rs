@@ -148,7 +148,13 @@ pub async fn build_sink(
         SinkSpec::Http(url) => Box::new(HttpSink::new(url.clone(), http_timeout, concurrency)?),
         SinkSpec::Amqp { url, exchange } => Box::new(AmqpSink::new(url.clone(), exchange.clone())),
         SinkSpec::Sqs(url) => Box::new(SqsSink {
-            queue: crate::queue::SqsQueue::from_env(url.clone(), Duration::from_secs(30)).await,
+            // Each SendMessage attempt gets the sink's request timeout, as an HTTP POST does.
+            queue: crate::queue::SqsQueue::from_env(
+                url.clone(),
+                Duration::from_secs(30),
+                http_timeout,
+            )
+            .await,
             concurrency,
         }),
     })

@@ -17,8 +17,14 @@
 //!   token is cancelled (messages SQS handed to a dropped call come back after their lease).
 //!   [`SqsQueue::with_client`] has no long poll of its own (each receive waits what its caller
 //!   asks, in whole seconds), for tests and tools that poll with short deadlines.
-//! * Each `ReceiveMessage` attempt has the SDK's attempt timeout set to its wait plus
-//!   [`RECEIVE_TIMEOUT_MARGIN`]: bounded if SQS never answers, yet never cutting a long poll.
+//! * Every call is bounded: the SDK sets no read, attempt or operation timeout by default, so a
+//!   hung endpoint (a partition, a dead pooled connection) would hold a consumer's delete or
+//!   visibility change, a heartbeat or a publish forever. [`SqsQueue::from_env`] gives each
+//!   attempt its `call_timeout` (`transport.publish_timeout_ms`; an SQS sink's
+//!   `outbox.http_timeout_ms`) and each call, retries included, [`ATTEMPTS_PER_CALL`] times
+//!   that: one hung attempt may be retried once. `ReceiveMessage` overrides both with its wait
+//!   plus [`RECEIVE_TIMEOUT_MARGIN`] per attempt: bounded if SQS never answers, yet never
+//!   cutting a long poll.
 //! * `ack` is `DeleteMessageBatch` in tens, with duplicate receipt handles removed first (SQS
 //!   rejects a batch whose entry ids repeat). A handle that a later receive replaced (the
 //!   lease ran out first) is not an error: the message's work is committed and its new holder
@@ -58,6 +64,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(20);
 /// A `ReceiveMessage` attempt may take its wait plus this (the network, a slow answer) before
 /// the SDK abandons it and retries: a long poll ends at its wait, so only a hung call is cut.
 pub const RECEIVE_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
+/// A call's operation timeout, in attempt timeouts: an attempt stuck on a connection that died
+/// silently is cut and retried once on a fresh one, and no call outlasts two attempts.
+pub const ATTEMPTS_PER_CALL: u32 = 2;
 
 fn unavailable(e: impl std::error::Error) -> TransportError {
     TransportError::Unavailable(format!("sqs: {}", DisplayErrorContext(e)))
@@ -87,11 +96,13 @@ fn string_attribute(value: &str) -> Result<MessageAttributeValue, TransportError
 }
 
 impl SqsQueue {
-    /// Builds a client from the SDK's environment; receives long-poll for [`MAX_WAIT`] (set
-    /// another with [`SqsQueue::with_long_poll`]).
-    pub async fn from_env(url: String, lease: Duration) -> Self {
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        SqsQueue::with_client(Client::new(&config), url, lease).with_long_poll(MAX_WAIT)
+    /// Builds a client from the SDK's environment, each call attempt bounded by `call_timeout`
+    /// (see the module docs); receives long-poll for [`MAX_WAIT`] (set another with
+    /// [`SqsQueue::with_long_poll`]).
+    pub async fn from_env(url: String, lease: Duration, call_timeout: Duration) -> Self {
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let client = Client::from_conf(client_config(&sdk, call_timeout));
+        SqsQueue::with_client(client, url, lease).with_long_poll(MAX_WAIT)
     }
 
     /// For tests and tools that already have a client. No long poll of its own: each receive
@@ -210,10 +221,13 @@ impl SqsQueue {
         wait: Duration,
     ) -> Result<Vec<(String, Delivery)>, TransportError> {
         let wait = Duration::from_secs(wait.min(MAX_WAIT).as_secs());
-        // The SDK sets no read or attempt timeout by default (a hung call would hold its
-        // consumer forever); one shorter than the wait would cut every idle long poll.
+        // The client's timeouts are sized for calls SQS answers at once: they would cut every
+        // idle long poll. Both are replaced (a timeout the override leaves unset is the
+        // client's).
+        let attempt = wait + RECEIVE_TIMEOUT_MARGIN;
         let timeout = TimeoutConfig::builder()
-            .operation_attempt_timeout(wait + RECEIVE_TIMEOUT_MARGIN)
+            .operation_attempt_timeout(attempt)
+            .operation_timeout(attempt * ATTEMPTS_PER_CALL)
             .build();
         let output = self
             .client
@@ -235,6 +249,21 @@ impl SqsQueue {
             .filter_map(|m| Some((m.message_id()?.to_owned(), Self::convert(m)?)))
             .collect())
     }
+}
+
+/// The SQS client's configuration: `sdk`'s, with every call bounded (see the module docs).
+fn client_config(sdk: &aws_config::SdkConfig, call_timeout: Duration) -> aws_sdk_sqs::Config {
+    // From the SDK's own timeouts, so its connect timeout stays.
+    let timeouts = sdk
+        .timeout_config()
+        .map(TimeoutConfig::to_builder)
+        .unwrap_or_default()
+        .operation_attempt_timeout(call_timeout)
+        .operation_timeout(call_timeout * ATTEMPTS_PER_CALL)
+        .build();
+    aws_sdk_sqs::config::Builder::from(sdk)
+        .timeout_config(timeouts)
+        .build()
 }
 
 /// The SQS receipt handles among `tags`, each once.
@@ -435,3 +464,6 @@ impl Transport for SqsQueue {
         &self.url
     }
 }
+
+#[cfg(test)]
+mod tests;

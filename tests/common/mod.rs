@@ -224,6 +224,26 @@ json.dump(out, sys.stdout)
     serde_json::from_slice(&output.stdout).expect("headers")
 }
 
+/// `logged` without the terminal colours the log puts around field names, so a test can match
+/// `field=value`.
+pub fn without_colours(logged: &str) -> String {
+    let mut plain = String::with_capacity(logged.len());
+    let mut chars = logged.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
 /// The binary with a clean environment: `PATH`, the brokers' and the AWS SDK's own settings
 /// (scripts/test.sh sets them), then `env`. No developer configuration leaks in.
 pub fn dedup_command(env: &[(&str, String)]) -> Command {
@@ -438,6 +458,70 @@ impl Receiver {
 
     pub fn snapshot(&self) -> Vec<Received> {
         self.received.lock().expect("lock").clone()
+    }
+}
+
+/// The value of an unlabelled counter in a Prometheus text exposition (`/metrics`); 0 when the
+/// counter has not been registered yet (nothing incremented it).
+pub fn counter_value(exposition: &str, name: &str) -> u64 {
+    exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map(|value| value.trim().parse::<f64>().expect("a counter's value") as u64)
+        .next()
+        .unwrap_or(0)
+}
+
+/// An event's dedup row, inserted by the test in a transaction it keeps open: a consumer step
+/// that receives the event waits server-side on its `INSERT … ON CONFLICT DO NOTHING` until the
+/// row is released. A step made as slow as the test likes, with no hook in the product.
+pub struct HeldDedupRow {
+    lock: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// The backend holding the row.
+    holder_pid: i32,
+    observer: sqlx::PgPool,
+}
+
+impl HeldDedupRow {
+    /// Holds `(source, event_id)`'s row on the PostgreSQL database at `db_url`.
+    pub async fn hold(db_url: &str, source: &str, event_id: &str) -> Self {
+        let holder = sqlx::PgPool::connect(db_url).await.expect("connect");
+        let mut lock = holder.begin().await.expect("begin");
+        let holder_pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *lock)
+            .await
+            .expect("backend pid");
+        sqlx::query(
+            "INSERT INTO processed_events (source, event_id, event_type) VALUES ($1, $2, 'held')",
+        )
+        .bind(source)
+        .bind(event_id)
+        .execute(&mut *lock)
+        .await
+        .expect("insert the dedup row");
+        let observer = sqlx::PgPool::connect(db_url).await.expect("connect");
+        HeldDedupRow {
+            lock,
+            holder_pid,
+            observer,
+        }
+    }
+
+    /// Database sessions waiting for the row now (consumer steps that received its event).
+    pub async fn waiting(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(self.holder_pid)
+        .fetch_one(&self.observer)
+        .await
+        .expect("blocked sessions")
+    }
+
+    /// Rolls the row back: the waiting steps go on, and the first to insert it handles the event.
+    pub async fn release(self) {
+        self.lock.rollback().await.expect("rollback");
+        self.observer.close().await;
     }
 }
 
