@@ -573,12 +573,7 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
     );
 
     // The test's own transaction holds the dedup row of the first event.
-    let direct = sqlx::PgPool::connect(&db.url).await.unwrap();
-    let mut holder = direct.begin().await.unwrap();
-    sqlx::query("INSERT INTO processed_events (source, event_id) VALUES ('stripe', 'evt_held_0')")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let held = common::HeldDedupRow::hold(&db.url, "stripe", "evt_held_0").await;
 
     let client = reqwest::Client::new();
     let url = cut_off.url("/webhooks/stripe");
@@ -591,24 +586,15 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
             "the process's batch insert to wait on the held row",
             Duration::from_secs(30),
             || {
-                let direct = direct.clone();
-                async move {
-                    let waiting: i64 = sqlx::query_scalar(
-                        "SELECT count(*) FROM pg_stat_activity \
-                         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    )
-                    .fetch_one(&direct)
-                    .await
-                    .ok()?;
-                    (waiting > 0).then_some(())
-                }
+                let held = &held;
+                async move { (held.waiting().await > 0).then_some(()) }
             },
         )
         .await;
     // Cut the process off mid-transaction, then let its insert finish on the server: its
     // transaction now holds every dedup row of the batch, and its answers go nowhere.
     proxy.set(Mode::BlackHole).await;
-    holder.rollback().await.unwrap();
+    held.release().await;
 
     let reaches = RunningBinary::start(&env(db.url.clone(), true), work.path());
     reaches
@@ -634,6 +620,5 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
     proxy.set(Mode::Pass).await;
     drop(cut_off);
     drop(reaches);
-    direct.close().await;
     queue.cleanup().await;
 }
