@@ -242,9 +242,10 @@ pub struct TransportSettings {
     pub publish_channel_capacity: usize,
     /// How long ingress waits for the transport to say an event is durable (a group commit, a
     /// publisher confirm, `SendMessage`) before answering 503; also bounds each readiness
-    /// check and each database queue commit. A dependency that stops answering holds no
-    /// request longer than this, and the sender retries (a commit that landed after all is
-    /// recognised by its id).
+    /// check, each database queue commit and each attempt of every SQS call (a call with the
+    /// SDK's retries: twice this). A dependency that stops answering holds no request longer
+    /// than this, and the sender retries (a commit that landed after all is recognised by its
+    /// id).
     pub publish_timeout_ms: u64,
     /// RabbitMQ: deliveries of one message that may end unsettled before the consumer
     /// dead-letters it (from `x-delivery-count`, whatever the queue was declared with); also the

@@ -26,6 +26,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         retry_max: Duration::from_millis(1),
         max_message_bytes: 64 * 1024,
         lease: Duration::from_secs(10),
+        step_timeout: Duration::from_secs(30),
     };
     let delivery = Delivery {
         tag: DeliveryTag::Row {
