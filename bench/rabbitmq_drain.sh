@@ -18,8 +18,9 @@ WORK=$(mktemp -d)
 cargo build --release --quiet --bin dedup-worker --example loadgen
 export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn DEDUP_TRANSPORT=rabbitmq
 
-depth() { # ready + unacked messages of queue $1
-  rabbitmqctl -q list_queues name messages | awk -v q="$1" '$1 == q { print $2 }'
+received() { # deliveries the consumer has settled (duplicates included), from its /metrics
+  curl -sf "http://127.0.0.1:$((PORT + 1))/metrics" |
+    awk '/^dedup_events_received_total / { print int($2) } END { if (!NR) print 0 }'
 }
 cleanup() {
   pkill -f "target/release/dedup-worker" 2>/dev/null || true
@@ -44,18 +45,21 @@ for round in $(seq 1 "$ROUNDS"); do
     --connections 64 --seconds 300 --requests "$EVENTS" --duplicates "$DUPLICATES" \
     --prefix "evt_drain_$round" >"$WORK/load.log"
   pkill -f "target/release/dedup-worker serve"; sleep 0.5
-  queued=$(depth "$DEDUP_QUEUE")
+  # Every accepted request is one message in the queue, duplicates included.
+  queued=$(awk '{ for (i = 1; i < NF; i++) if ($i == "requests:") n = $(i + 1);
+                  for (i = 1; i < NF; i++) if ($i == "non-2xx:") f = $(i + 1) }
+                END { sub(";", "", f); print n - f }' "$WORK/load.log")
 
   start=$(date +%s.%N)
-  DEDUP_LISTEN=127.0.0.1:0 DEDUP_ROLES__INGRESS=false DEDUP_ROLES__RELAY=false \
+  DEDUP_LISTEN=127.0.0.1:$((PORT + 1)) DEDUP_ROLES__INGRESS=false DEDUP_ROLES__RELAY=false \
     target/release/dedup-worker serve >"$WORK/consume.log" 2>&1 &
   deadline=$((SECONDS + 300))
   outcome=drained
-  until [ "$(depth "$DEDUP_QUEUE")" = 0 ]; do
+  until [ "$(received)" -ge "$queued" ]; do
     if ((SECONDS > deadline)); then outcome="NOT drained after 300 s"; break; fi
-    sleep 0.5
+    sleep 0.2
   done
-  elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.1f}')" "$start")
+  elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.2f}')" "$start")
   pkill -f "target/release/dedup-worker serve"; sleep 0.5
   handled=$(psql "$DATABASE_URL" -tAc "SELECT count(*) FROM processed_events")
   deadlocks=$(grep -c "deadlock detected" "$WORK/consume.log" || true)
