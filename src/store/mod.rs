@@ -250,13 +250,15 @@ impl Store {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Store::Postgres(pool) => {
-                use sqlx::Connection;
-                let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
+                // Taken from the pool (so within its acquire timeout) and detached: a session
+                // with the limits lifted must not serve the pipeline afterwards. Dropping it
+                // closes the socket without waiting for the server.
+                let mut conn = pool.acquire().await?.detach();
                 sqlx::raw_sql(ServerTimeouts::LIFT)
                     .execute(&mut conn)
                     .await?;
                 let migrated = sqlx::migrate!("migrations/postgres").run(&mut conn).await;
-                let _ = conn.close().await;
+                drop(conn);
                 migrated?
             }
             Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
