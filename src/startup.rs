@@ -19,16 +19,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, Settings, TransportKind};
 use crate::consumer::{Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler};
+use crate::http::{ops, serve, ServerLimits};
 use crate::outbox::relay::{Relay, RelayOptions};
-use crate::outbox::sink::SinkSpec;
 use crate::queue::database::GroupCommit;
 use crate::queue::rabbitmq::RabbitOptions;
 use crate::queue::{DatabaseQueue, RabbitMqQueue, SqsQueue, Transport};
 use crate::retention::{run_retention, RetentionOptions};
-use crate::server::{serve, ServerLimits};
 use crate::store::{Store, StoreError, Wakeups};
-use crate::webhook::ingress::StandardProvider;
-use crate::webhook::{router, Clock, IngressState};
+use crate::webhook::{Clock, IngressState, StandardProvider, StripeProvider};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -41,8 +39,6 @@ pub enum StartupError {
     },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
-    #[error("invalid sink: {0}")]
-    Sink(String),
 }
 
 /// Things library users and tests may replace.
@@ -124,24 +120,26 @@ impl Application {
         // they could not finish and give it back, rather than be aborted holding its leases.
         let abandon = CancellationToken::new();
 
-        let state = IngressState {
-            transport: transport.clone(),
+        let check_timeout = Duration::from_millis(settings.transport.publish_timeout_ms);
+        let mut app = ops::router(ops::OpsState {
             store: store.clone(),
-            secrets: Arc::new(
-                settings
-                    .stripe
-                    .secrets
-                    .iter()
-                    .map(|s| s.expose().to_owned())
-                    .collect(),
-            ),
-            tolerance_secs: settings.stripe.tolerance_secs,
-            publish_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
-            standard: standard_provider(&settings),
-            clock,
+            transport: transport.clone(),
+            check_timeout,
             metrics: crate::telemetry::metrics_handle(),
-        };
-        let app = router(state, roles.ingress, settings.http.body_limit_bytes);
+        });
+        if roles.ingress {
+            let state = IngressState {
+                transport: transport.clone(),
+                stripe: StripeProvider::from_settings(&settings.stripe),
+                standard: StandardProvider::from_settings(&settings.standard_webhooks),
+                publish_timeout: check_timeout,
+                clock,
+            };
+            app = app.merge(crate::webhook::router(
+                state,
+                settings.http.body_limit_bytes,
+            ));
+        }
         let http_shutdown = shutdown.clone();
         let limits = ServerLimits::from(&settings.http);
         tasks.spawn(async move {
@@ -201,7 +199,7 @@ impl Application {
         if roles.relay {
             let o = &settings.outbox;
             let options = RelayOptions {
-                default_sink: SinkSpec::parse(&o.sink).map_err(StartupError::Sink)?,
+                default_sink: o.sink.clone(),
                 batch_size: o.batch_size,
                 concurrency: o.concurrency,
                 poll_interval: Duration::from_millis(o.poll_interval_ms),
@@ -325,21 +323,6 @@ async fn drain(tasks: &mut JoinSet<Result<(), StartupError>>) {
             tracing::error!(%error, "task failed during shutdown");
         }
     }
-}
-
-/// The Standard Webhooks provider, if secrets are configured (validation decoded them once).
-fn standard_provider(settings: &Settings) -> Option<StandardProvider> {
-    let cfg = &settings.standard_webhooks;
-    let keys: Vec<Vec<u8>> = cfg
-        .secrets
-        .iter()
-        .filter_map(|s| crate::webhook::standard::decode_secret(s.expose()).ok())
-        .collect();
-    (!keys.is_empty()).then(|| StandardProvider {
-        keys: Arc::new(keys),
-        tolerance_secs: cfg.tolerance_secs,
-        source: cfg.source.clone(),
-    })
 }
 
 fn flatten(

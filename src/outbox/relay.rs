@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::sink::{build_sink, Sink, SinkError, SinkSpec};
+use super::sink::{build_sink, Sink, SinkError};
+use crate::config::SinkSpec;
 use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
 use crate::store::{bounded, OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
@@ -316,7 +317,7 @@ impl Relay {
         }
         let spec = match destination {
             None => self.options.default_sink.clone(),
-            Some(spec) => SinkSpec::parse(spec)?,
+            Some(spec) => SinkSpec::parse(spec).map_err(|e| e.to_string())?,
         };
         let sink: Arc<dyn Sink> =
             build_sink(&spec, self.options.http_timeout, self.options.concurrency)

@@ -12,84 +12,8 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+use crate::config::SinkSpec;
 use crate::store::OutboxRow;
-
-/// A parsed `outbox.sink` / `DEDUP_SINK` value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SinkSpec {
-    /// Log each event (tracing, level info).
-    Log,
-    /// Append each event as one JSON line.
-    File(PathBuf),
-    /// POST each event to the URL.
-    Http(String),
-    /// Publish each event to an exchange (`amqp://…?exchange=NAME`), routing key = event type.
-    Amqp {
-        /// The broker URL without the `exchange` parameter.
-        url: String,
-        exchange: String,
-    },
-    /// Send each event to an SQS queue (`https://sqs.<region>.amazonaws.com/…`, or `sqs:URL`
-    /// for an emulator's queue URL).
-    Sqs(String),
-}
-
-impl SinkSpec {
-    pub fn parse(spec: &str) -> Result<Self, String> {
-        if spec == "log" {
-            Ok(SinkSpec::Log)
-        } else if let Some(path) = spec.strip_prefix("file:") {
-            if path.is_empty() {
-                return Err("file: needs a path, e.g. file:/var/lib/dedup/events.jsonl".into());
-            }
-            Ok(SinkSpec::File(PathBuf::from(path)))
-        } else if let Some(url) = spec.strip_prefix("sqs:") {
-            reqwest::Url::parse(url).map_err(|e| format!("invalid SQS queue URL {url:?}: {e}"))?;
-            Ok(SinkSpec::Sqs(url.to_owned()))
-        } else if spec.starts_with("http://") || spec.starts_with("https://") {
-            let url =
-                reqwest::Url::parse(spec).map_err(|e| format!("invalid URL {spec:?}: {e}"))?;
-            let host = url.host_str().unwrap_or_default();
-            if host.starts_with("sqs.") && host.ends_with(".amazonaws.com") {
-                Ok(SinkSpec::Sqs(spec.to_owned()))
-            } else {
-                Ok(SinkSpec::Http(spec.to_owned()))
-            }
-        } else if spec.starts_with("amqp://") || spec.starts_with("amqps://") {
-            let mut url =
-                reqwest::Url::parse(spec).map_err(|e| format!("invalid URL {spec:?}: {e}"))?;
-            let mut exchange = None;
-            let rest: Vec<(String, String)> = url
-                .query_pairs()
-                .filter_map(|(k, v)| {
-                    if k == "exchange" {
-                        exchange = Some(v.into_owned());
-                        None
-                    } else {
-                        Some((k.into_owned(), v.into_owned()))
-                    }
-                })
-                .collect();
-            let exchange = exchange
-                .filter(|e| !e.is_empty())
-                .ok_or("an amqp sink names its exchange: amqp://host/vhost?exchange=NAME")?;
-            if rest.is_empty() {
-                url.set_query(None);
-            } else {
-                url.query_pairs_mut().clear().extend_pairs(rest);
-            }
-            Ok(SinkSpec::Amqp {
-                url: url.to_string(),
-                exchange,
-            })
-        } else {
-            Err(format!(
-                "unsupported sink {spec:?}: expected log, file:PATH, an http(s):// URL, \
-                 amqp://…?exchange=NAME or an SQS queue URL (sqs:URL for emulators)"
-            ))
-        }
-    }
-}
 
 /// A delivery failed; the relay retries the row with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -452,49 +376,5 @@ impl Sink for HttpSink {
             .buffered(self.concurrency)
             .collect()
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn specs_parse_and_bad_ones_say_why() {
-        assert_eq!(SinkSpec::parse("log"), Ok(SinkSpec::Log));
-        assert_eq!(
-            SinkSpec::parse("file:/tmp/x.jsonl"),
-            Ok(SinkSpec::File("/tmp/x.jsonl".into()))
-        );
-        assert_eq!(
-            SinkSpec::parse("http://127.0.0.1:9/hook"),
-            Ok(SinkSpec::Http("http://127.0.0.1:9/hook".into()))
-        );
-        assert!(SinkSpec::parse("file:").is_err());
-        assert_eq!(
-            SinkSpec::parse("amqp://guest:guest@127.0.0.1:5672/%2f?exchange=out&heartbeat=10"),
-            Ok(SinkSpec::Amqp {
-                url: "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10".into(),
-                exchange: "out".into()
-            })
-        );
-        assert!(SinkSpec::parse("amqp://127.0.0.1/%2f")
-            .unwrap_err()
-            .contains("exchange"));
-        assert_eq!(
-            SinkSpec::parse("https://sqs.eu-west-1.amazonaws.com/123456789012/out"),
-            Ok(SinkSpec::Sqs(
-                "https://sqs.eu-west-1.amazonaws.com/123456789012/out".into()
-            ))
-        );
-        assert_eq!(
-            SinkSpec::parse("sqs:http://127.0.0.1:4566/000000000000/out"),
-            Ok(SinkSpec::Sqs(
-                "http://127.0.0.1:4566/000000000000/out".into()
-            ))
-        );
-        assert!(SinkSpec::parse("ftp://x")
-            .unwrap_err()
-            .contains("unsupported sink"));
     }
 }

@@ -1,5 +1,5 @@
-//! `POST /webhooks/stripe` and `POST /webhooks/standard`, plus `/healthz`, `/readyz` and
-//! `/metrics`.
+//! `POST /webhooks/stripe` and `POST /webhooks/standard` (the operational routes are
+//! [`crate::http::ops`]'s).
 //!
 //! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
 //! only what is needed (Stripe: `id` and `type`, 400 if missing), then check them against the
@@ -15,66 +15,45 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::problem::Problem;
-use super::standard::{verify_standard_signature, StandardHeaders};
-use super::stripe::verify_stripe_signature;
+use super::standard::{verify_standard_signature, StandardHeaders, StandardProvider};
+use super::stripe::{verify_stripe_signature, StripeProvider};
 use crate::event::{check_event_field, EventField, InvalidEventField};
+use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
-use crate::store::Store;
 
 /// Current Unix time in seconds; injectable so tests can verify published vectors.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
-/// What the routes share.
+/// What the webhook routes share.
 #[derive(Clone)]
 pub struct IngressState {
     /// Where verified events are published.
     pub transport: Arc<dyn Transport>,
-    /// For `/readyz`.
-    pub store: Store,
-    /// Stripe signing secrets, each tried (rotation).
-    pub secrets: Arc<Vec<String>>,
-    pub tolerance_secs: u64,
-    /// The longest a publish or a readiness check may wait on the transport or the store.
-    pub publish_timeout: Duration,
-    /// The Standard Webhooks provider, when configured.
+    /// `/webhooks/stripe`: Stripe's signing secrets and tolerance.
+    pub stripe: StripeProvider,
+    /// `/webhooks/standard`, when Standard Webhooks secrets are configured.
     pub standard: Option<StandardProvider>,
+    /// The longest a publish may wait on the transport before the sender is told to retry.
+    pub publish_timeout: Duration,
     pub clock: Clock,
-    /// Renders `/metrics`; `None` when no recorder is installed.
-    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
-/// Standard Webhooks settings, secrets already decoded.
-#[derive(Clone)]
-pub struct StandardProvider {
-    pub keys: Arc<Vec<Vec<u8>>>,
-    pub tolerance_secs: u64,
-    /// Source half of the dedup key.
-    pub source: String,
-}
-
-/// Builds the router. `ingress = false` leaves only the health and metrics routes.
-pub fn router(state: IngressState, ingress: bool, body_limit: usize) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text));
-    if ingress {
+/// Builds the webhook routes: `/webhooks/stripe`, and `/webhooks/standard` when configured.
+pub fn router(state: IngressState, body_limit: usize) -> Router {
+    let mut router = Router::new().route(
+        "/webhooks/stripe",
+        post(stripe_webhook).layer(DefaultBodyLimit::max(body_limit)),
+    );
+    if state.standard.is_some() {
         router = router.route(
-            "/webhooks/stripe",
-            post(stripe_webhook).layer(DefaultBodyLimit::max(body_limit)),
+            "/webhooks/standard",
+            post(standard_webhook).layer(DefaultBodyLimit::max(body_limit)),
         );
-        if state.standard.is_some() {
-            router = router.route(
-                "/webhooks/standard",
-                post(standard_webhook).layer(DefaultBodyLimit::max(body_limit)),
-            );
-        }
     }
     router.with_state(state)
 }
@@ -213,11 +192,12 @@ async fn receive_stripe(
 ) -> Result<String, Problem> {
     let body = read_body(body)?;
     let header = header_text(headers, "stripe-signature")?;
+    let provider = &state.stripe;
     verify_stripe_signature(
         header,
         &body,
-        &state.secrets,
-        state.tolerance_secs,
+        &provider.secrets,
+        provider.tolerance_secs,
         (state.clock)(),
     )
     .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
@@ -248,7 +228,7 @@ async fn receive_stripe(
         checked(EventField::Type, event_type, "payload_type")?;
     }
     let message = OutgoingMessage {
-        source: Some("stripe".to_owned()),
+        source: Some(provider.source.to_owned()),
         message_id: Some(id.clone()),
         message_type: envelope.event_type.map(Cow::into_owned),
         payload: body,
@@ -327,52 +307,5 @@ where
         Err(_) => Err(TransportError::Unavailable(format!(
             "no answer within {timeout:?}"
         ))),
-    }
-}
-
-async fn readyz(State(state): State<IngressState>) -> Response {
-    let (store, transport) = tokio::join!(
-        bounded(state.publish_timeout, state.store.ping()),
-        bounded(state.publish_timeout, state.transport.ready()),
-    );
-    match (store, transport) {
-        (Ok(()), Ok(())) => (StatusCode::OK, "ready").into_response(),
-        (store, transport) => {
-            if let Err(error) = &store {
-                tracing::warn!(%error, "readiness: store unreachable");
-            }
-            if let Err(error) = &transport {
-                tracing::warn!(%error, "readiness: transport unreachable");
-            }
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "urn:dedup-worker:problem:not-ready",
-                "Not ready",
-                format!(
-                    "store: {}, transport: {}",
-                    if store.is_ok() { "ok" } else { "unreachable" },
-                    if transport.is_ok() {
-                        "ok"
-                    } else {
-                        "unreachable"
-                    }
-                ),
-            )
-            .into_response()
-        }
-    }
-}
-
-async fn metrics_text(State(state): State<IngressState>) -> Response {
-    match &state.metrics {
-        Some(handle) => (
-            [(
-                axum::http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4",
-            )],
-            handle.render(),
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
     }
 }

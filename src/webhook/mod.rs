@@ -5,8 +5,9 @@
 //! transport or store is down), so the provider retries.
 
 pub mod ingress;
-pub mod problem;
 pub mod standard;
 pub mod stripe;
 
 pub use ingress::{router, Clock, IngressState};
+pub use standard::StandardProvider;
+pub use stripe::StripeProvider;

@@ -15,7 +15,11 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
+use std::sync::Arc;
+
 use sha2::Sha256;
+
+use crate::config::{StandardSecret, StandardWebhookSettings};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -67,17 +71,34 @@ impl StandardSignatureError {
     }
 }
 
-/// A secret that is not `whsec_`-prefixed base64 (reported at start-up, naming the key).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a Standard Webhooks secret must be base64 (optionally prefixed whsec_): {0}")]
-pub struct InvalidSecret(String);
+/// `/webhooks/standard`'s configuration, secrets already decoded.
+#[derive(Clone)]
+pub struct StandardProvider {
+    /// HMAC keys, each tried (rotation).
+    pub keys: Arc<Vec<Vec<u8>>>,
+    /// Accepted clock difference in both directions.
+    pub tolerance_secs: u64,
+    /// Source half of the dedup key (the id is `webhook-id`).
+    pub source: String,
+}
 
-/// Decodes a `whsec_<base64>` secret into the HMAC key.
+impl StandardProvider {
+    /// The provider, or `None` when no secret is configured (the route is then not served).
+    pub fn from_settings(settings: &StandardWebhookSettings) -> Option<Self> {
+        (!settings.secrets.is_empty()).then(|| StandardProvider {
+            keys: Arc::new(settings.secrets.iter().map(|s| s.key().to_vec()).collect()),
+            tolerance_secs: settings.tolerance_secs,
+            source: settings.source.clone(),
+        })
+    }
+}
+
+/// A secret that is not `whsec_`-prefixed base64 (the configuration refuses it at start-up).
+pub use crate::config::InvalidStandardSecret as InvalidSecret;
+
+/// Decodes a `whsec_<base64>` secret into the HMAC key (as the configuration does while loading).
 pub fn decode_secret(secret: &str) -> Result<Vec<u8>, InvalidSecret> {
-    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    BASE64
-        .decode(encoded)
-        .map_err(|e| InvalidSecret(e.to_string()))
+    StandardSecret::parse(secret).map(|s| s.key().to_vec())
 }
 
 fn mac_for(key: &[u8], id: &str, timestamp: i64, payload: &[u8]) -> HmacSha256 {

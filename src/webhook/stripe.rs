@@ -11,8 +11,12 @@
 //! before any HMAC is computed, so one request costs at most one HMAC pass over the payload per
 //! secret and a bounded number of constant-time comparisons.
 
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+
+use crate::config::StripeSettings;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -160,6 +164,34 @@ pub fn verify_stripe_signature(
         }
     }
     Err(SignatureError::NoMatchingSignature)
+}
+
+/// `/webhooks/stripe`'s configuration, as [`StandardProvider`](super::standard::StandardProvider)
+/// is `/webhooks/standard`'s.
+#[derive(Clone)]
+pub struct StripeProvider {
+    /// Signing secrets (`whsec_…`), each tried (rotation).
+    pub secrets: Arc<Vec<String>>,
+    /// Accepted clock difference in both directions.
+    pub tolerance_secs: u64,
+    /// Source half of the dedup key for these events (the id is the event's `id`).
+    pub source: &'static str,
+}
+
+impl StripeProvider {
+    pub fn from_settings(settings: &StripeSettings) -> Self {
+        StripeProvider {
+            secrets: Arc::new(
+                settings
+                    .secrets
+                    .iter()
+                    .map(|s| s.expose().to_owned())
+                    .collect(),
+            ),
+            tolerance_secs: settings.tolerance_secs,
+            source: "stripe",
+        }
+    }
 }
 
 #[cfg(test)]

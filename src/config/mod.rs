@@ -12,12 +12,17 @@ use std::time::Duration;
 
 use figment::providers::{Env, Format, Toml};
 use figment::Figment;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use crate::event::{check_event_field, EventField};
+mod secrets;
+mod sink;
+mod validate;
+
+pub use secrets::{InvalidStandardSecret, Secret, StandardSecret};
+pub use sink::{InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
-pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 
 /// Shortest dedup window accepted without `consumer.allow_short_dedup_retention`: Stripe retries
 /// a webhook for up to 3 days, plus a day of margin (a retry scheduled just inside the window,
@@ -38,7 +43,6 @@ const FIXED_ENV: &[(&str, &str)] = &[
     ("DEDUP_QUEUE", "transport.queue"),
     ("STRIPE_WEBHOOK_SECRET", "stripe.secrets"),
     ("DEDUP_SINK", "outbox.sink"),
-    ("REDIS_URL", "redis.url"),
 ];
 
 /// Why the configuration was refused. The message always names the key.
@@ -104,7 +108,6 @@ pub struct Settings {
     pub consumer: ConsumerSettings,
     pub outbox: OutboxSettings,
     pub shutdown: ShutdownSettings,
-    pub redis: RedisSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -161,7 +164,7 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct StripeSettings {
     /// Signing secrets, each tried (rotation). Kept out of `Debug` output by [`Secret`].
-    #[serde(deserialize_with = "comma_separated")]
+    #[serde(deserialize_with = "secrets::comma_separated")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
@@ -170,50 +173,14 @@ pub struct StripeSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StandardWebhookSettings {
-    /// `whsec_<base64>` secrets, each tried; empty: `/webhooks/standard` is not served.
-    #[serde(deserialize_with = "comma_separated")]
-    pub secrets: Vec<Secret>,
+    /// `whsec_<base64>` secrets, decoded while loading, each tried; empty: `/webhooks/standard`
+    /// is not served.
+    #[serde(deserialize_with = "secrets::comma_separated_standard")]
+    pub secrets: Vec<StandardSecret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
     /// Source half of the dedup key for these events (the id is `webhook-id`).
     pub source: String,
-}
-
-/// A secret string whose `Debug` form does not reveal it.
-#[derive(Clone, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(pub String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Accepts a list or one comma-separated string (`STRIPE_WEBHOOK_SECRET=whsec_a,whsec_b`).
-fn comma_separated<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    let items = match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => s.split(',').map(str::to_owned).collect(),
-        OneOrMany::Many(v) => v,
-    };
-    Ok(items
-        .into_iter()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .map(Secret)
-        .collect())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -304,8 +271,9 @@ pub struct ConsumerSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxSettings {
-    /// `log`, `file:PATH` or an http(s) URL.
-    pub sink: String,
+    /// `log`, `file:PATH`, an http(s) URL, `amqp://…?exchange=NAME` or an SQS queue URL; parsed
+    /// while loading.
+    pub sink: SinkSpec,
     pub batch_size: usize,
     pub concurrency: usize,
     pub poll_interval_ms: u64,
@@ -324,13 +292,6 @@ pub struct OutboxSettings {
 pub struct ShutdownSettings {
     /// Time given to in-flight work after a stop signal.
     pub grace_secs: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisSettings {
-    /// Empty: no Redis.
-    pub url: String,
 }
 
 impl Settings {
@@ -369,170 +330,6 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Rejects values that parse but cannot work, naming the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.database_url.starts_with("postgres://")
-            || self.database_url.starts_with("postgresql://")
-            || self.database_url.starts_with("sqlite:"))
-        {
-            return Err(invalid(
-                "database_url",
-                "must start with postgres://, postgresql:// or sqlite: (env DATABASE_URL)",
-            ));
-        }
-        if self.roles.ingress && self.stripe.secrets.is_empty() {
-            return Err(invalid(
-                "stripe.secrets",
-                "no Stripe webhook secret configured: set STRIPE_WEBHOOK_SECRET (comma-separated \
-                 for rotation); ingress refuses to start without one",
-            ));
-        }
-        for secret in &self.standard_webhooks.secrets {
-            crate::webhook::standard::decode_secret(secret.expose())
-                .map_err(|e| invalid("standard_webhooks.secrets", e.to_string()))?;
-        }
-        for (key, source) in [
-            ("standard_webhooks.source", &self.standard_webhooks.source),
-            ("consumer.source", &self.consumer.source),
-        ] {
-            check_event_field(EventField::Source, source)
-                .map_err(|e| invalid(key, e.to_string()))?;
-        }
-        if self.transport.kind == TransportKind::Sqs
-            && !(self.transport.queue.starts_with("https://")
-                || self.transport.queue.starts_with("http://"))
-        {
-            return Err(invalid(
-                "transport.queue",
-                "with transport.kind = sqs this is the queue URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/events (env DEDUP_QUEUE)",
-            ));
-        }
-        if self.transport.kind == TransportKind::Rabbitmq {
-            positive(
-                "transport.delivery_limit",
-                self.transport.delivery_limit as usize,
-            )?;
-            if !(self.transport.amqp_url.starts_with("amqp://")
-                || self.transport.amqp_url.starts_with("amqps://"))
-            {
-                return Err(invalid(
-                    "transport.amqp_url",
-                    "must start with amqp:// or amqps:// (env AMQP_URL)",
-                ));
-            }
-        }
-        if !(1..=20).contains(&self.transport.sqs_wait_time_secs) {
-            return Err(invalid(
-                "transport.sqs_wait_time_secs",
-                "must be 1 to 20 (SQS's long-poll range; 0 would be short polling)",
-            ));
-        }
-        if self.transport.queue.is_empty() {
-            return Err(invalid("transport.queue", "must not be empty"));
-        }
-        positive("http.body_limit_bytes", self.http.body_limit_bytes)?;
-        for (key, value) in [
-            (
-                "http.header_read_timeout_ms",
-                self.http.header_read_timeout_ms,
-            ),
-            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
-            ("http.request_timeout_ms", self.http.request_timeout_ms),
-        ] {
-            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
-        }
-        positive(
-            "http.max_concurrent_requests",
-            self.http.max_concurrent_requests,
-        )?;
-        positive("http.max_connections", self.http.max_connections)?;
-        positive("http.max_header_bytes", self.http.max_header_bytes)?;
-        positive(
-            "consumer.max_message_bytes",
-            self.consumer.max_message_bytes,
-        )?;
-        positive(
-            "database.max_connections",
-            self.database.max_connections as usize,
-        )?;
-        positive(
-            "transport.publish_batch_max",
-            self.transport.publish_batch_max,
-        )?;
-        positive("transport.publish_writers", self.transport.publish_writers)?;
-        positive(
-            "transport.publish_timeout_ms",
-            self.transport.publish_timeout_ms as usize,
-        )?;
-        positive(
-            "transport.publish_channel_capacity",
-            self.transport.publish_channel_capacity,
-        )?;
-        for (key, value) in [
-            (
-                "database.statement_timeout_ms",
-                self.database.statement_timeout_ms,
-            ),
-            ("consumer.step_timeout_ms", self.consumer.step_timeout_ms),
-        ] {
-            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
-        }
-        positive("consumer.batch_size", self.consumer.batch_size)?;
-        positive("consumer.workers", self.consumer.workers)?;
-        positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
-        // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
-        // unbounded delete) and an error on PostgreSQL.
-        positive(
-            "consumer.retention_batch",
-            usize::try_from(self.consumer.retention_batch).unwrap_or(0),
-        )?;
-        positive("outbox.batch_size", self.outbox.batch_size)?;
-        positive("outbox.concurrency", self.outbox.concurrency)?;
-        positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
-        // Leases are extended every third of a lease while their work runs, so they need not
-        // cover the slowest batch; but a one-second lease would be lost to any pause of a third
-        // of a second (a slow heartbeat round trip, a stalled runtime), and its work done twice.
-        for (key, value) in [
-            ("consumer.lease_secs", self.consumer.lease_secs),
-            ("outbox.lease_secs", self.outbox.lease_secs),
-        ] {
-            if value < MIN_LEASE_SECS {
-                return Err(invalid(
-                    key,
-                    format!(
-                        "is {value}, below the minimum of {MIN_LEASE_SECS} s: the lease is \
-                         extended every third of it, and a shorter one is lost to a pause that \
-                         long (its work is then done twice)"
-                    ),
-                ));
-            }
-        }
-        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
-            && !self.consumer.allow_short_dedup_retention
-        {
-            return Err(invalid(
-                "consumer.dedup_retention_days",
-                format!(
-                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
-                     webhook for up to 3 days, and a retry arriving after its processed id was \
-                     purged is handled again (a double charge). Set \
-                     consumer.allow_short_dedup_retention = true only if no source redelivers \
-                     that late",
-                    self.consumer.dedup_retention_days
-                ),
-            ));
-        }
-        if !self.consumer.dedup_key_pointer.starts_with('/') {
-            return Err(invalid(
-                "consumer.dedup_key_pointer",
-                "must be a JSON pointer such as /id",
-            ));
-        }
-        crate::outbox::sink::SinkSpec::parse(&self.outbox.sink)
-            .map_err(|reason| invalid("outbox.sink", format!("{reason} (env DEDUP_SINK)")))?;
-        Ok(())
-    }
-
     pub fn is_sqlite(&self) -> bool {
         self.database_url.starts_with("sqlite:")
     }
@@ -547,14 +344,6 @@ impl Settings {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown.grace_secs)
-    }
-}
-
-fn positive(key: &'static str, value: usize) -> Result<(), ConfigError> {
-    if value == 0 {
-        Err(invalid(key, "must be greater than zero"))
-    } else {
-        Ok(())
     }
 }
 

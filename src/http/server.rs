@@ -40,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
+use super::problem::Problem;
 use crate::config::HttpSettings;
 use crate::retry::backoff_delay;
-use crate::webhook::problem::Problem;
 
 /// The limits [`serve`] enforces; `[http]` in config/default.toml documents the defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,124 @@
+//! Secrets as typed values, parsed once while the configuration loads: a refused secret names
+//! its key at start-up, and nothing downstream parses it again.
+//!
+//! None of them appears in `Debug` output (logs, panics, `dedup-worker config`-style dumps).
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use serde::{Deserialize, Deserializer};
+
+/// A secret string whose `Debug` form does not reveal it (Stripe's `whsec_…` signing secrets are
+/// used as given: Stripe signs with the string itself).
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A Standard Webhooks secret (`whsec_<base64>`), already decoded into the HMAC key it names.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StandardSecret {
+    /// The decoded key: what the HMAC is keyed with.
+    key: Vec<u8>,
+}
+
+impl StandardSecret {
+    /// Decodes `whsec_<base64>` (the prefix is optional, as in the official libraries).
+    pub fn parse(secret: &str) -> Result<Self, InvalidStandardSecret> {
+        let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+        BASE64
+            .decode(encoded)
+            .map(|key| StandardSecret { key })
+            .map_err(|e| InvalidStandardSecret(e.to_string()))
+    }
+
+    /// The HMAC key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+}
+
+impl std::fmt::Debug for StandardSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StandardSecret(***)")
+    }
+}
+
+/// A secret that is not `whsec_`-prefixed base64 (reported at start-up, naming the key).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a Standard Webhooks secret must be base64 (optionally prefixed whsec_): {0}")]
+pub struct InvalidStandardSecret(String);
+
+/// Accepts a list or one comma-separated string (`STRIPE_WEBHOOK_SECRET=whsec_a,whsec_b`);
+/// blanks around and between the commas are dropped.
+fn comma_separated_strings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s.split(',').map(str::to_owned).collect(),
+        OneOrMany::Many(v) => v,
+    };
+    Ok(items
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+/// `stripe.secrets`: a list, or one comma-separated string, of secrets tried in turn (rotation).
+pub(super) fn comma_separated<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
+    Ok(comma_separated_strings(d)?
+        .into_iter()
+        .map(Secret)
+        .collect())
+}
+
+/// `standard_webhooks.secrets`: as [`comma_separated`], each decoded; one that does not decode
+/// refuses the configuration, naming the key.
+pub(super) fn comma_separated_standard<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<StandardSecret>, D::Error> {
+    comma_separated_strings(d)?
+        .iter()
+        .map(|s| StandardSecret::parse(s).map_err(serde::de::Error::custom))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_secrets_decode_with_or_without_the_prefix_and_bad_ones_say_why() {
+        let key = StandardSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .expect("valid")
+            .key()
+            .to_vec();
+        assert_eq!(
+            StandardSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+                .expect("valid")
+                .key(),
+            key
+        );
+        let err = StandardSecret::parse("whsec_not base64!").expect_err("invalid");
+        assert!(err.to_string().contains("base64"), "{err}");
+        assert_eq!(
+            format!("{:?}", StandardSecret::parse("whsec_AAAA").expect("valid")),
+            "StandardSecret(***)"
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! The checks that need more than one value's type: values that parse but cannot work. Each
+//! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
+
+use super::{
+    invalid, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS, MIN_LEASE_SECS,
+};
+use crate::event::{check_event_field, EventField};
+
+impl Settings {
+    /// Rejects values that parse but cannot work, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://")
+            || self.database_url.starts_with("sqlite:"))
+        {
+            return Err(invalid(
+                "database_url",
+                "must start with postgres://, postgresql:// or sqlite: (env DATABASE_URL)",
+            ));
+        }
+        if self.roles.ingress && self.stripe.secrets.is_empty() {
+            return Err(invalid(
+                "stripe.secrets",
+                "no Stripe webhook secret configured: set STRIPE_WEBHOOK_SECRET (comma-separated \
+                 for rotation); ingress refuses to start without one",
+            ));
+        }
+        for (key, source) in [
+            ("standard_webhooks.source", &self.standard_webhooks.source),
+            ("consumer.source", &self.consumer.source),
+        ] {
+            check_event_field(EventField::Source, source)
+                .map_err(|e| invalid(key, e.to_string()))?;
+        }
+        if self.transport.kind == TransportKind::Sqs
+            && !(self.transport.queue.starts_with("https://")
+                || self.transport.queue.starts_with("http://"))
+        {
+            return Err(invalid(
+                "transport.queue",
+                "with transport.kind = sqs this is the queue URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/events (env DEDUP_QUEUE)",
+            ));
+        }
+        if self.transport.kind == TransportKind::Rabbitmq {
+            positive(
+                "transport.delivery_limit",
+                self.transport.delivery_limit as usize,
+            )?;
+            if !(self.transport.amqp_url.starts_with("amqp://")
+                || self.transport.amqp_url.starts_with("amqps://"))
+            {
+                return Err(invalid(
+                    "transport.amqp_url",
+                    "must start with amqp:// or amqps:// (env AMQP_URL)",
+                ));
+            }
+        }
+        if !(1..=20).contains(&self.transport.sqs_wait_time_secs) {
+            return Err(invalid(
+                "transport.sqs_wait_time_secs",
+                "must be 1 to 20 (SQS's long-poll range; 0 would be short polling)",
+            ));
+        }
+        if self.transport.queue.is_empty() {
+            return Err(invalid("transport.queue", "must not be empty"));
+        }
+        positive("http.body_limit_bytes", self.http.body_limit_bytes)?;
+        for (key, value) in [
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
+            ("http.request_timeout_ms", self.http.request_timeout_ms),
+        ] {
+            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
+        }
+        positive(
+            "http.max_concurrent_requests",
+            self.http.max_concurrent_requests,
+        )?;
+        positive("http.max_connections", self.http.max_connections)?;
+        positive("http.max_header_bytes", self.http.max_header_bytes)?;
+        positive(
+            "consumer.max_message_bytes",
+            self.consumer.max_message_bytes,
+        )?;
+        positive(
+            "database.max_connections",
+            self.database.max_connections as usize,
+        )?;
+        positive(
+            "transport.publish_batch_max",
+            self.transport.publish_batch_max,
+        )?;
+        positive("transport.publish_writers", self.transport.publish_writers)?;
+        positive(
+            "transport.publish_timeout_ms",
+            self.transport.publish_timeout_ms as usize,
+        )?;
+        positive(
+            "transport.publish_channel_capacity",
+            self.transport.publish_channel_capacity,
+        )?;
+        for (key, value) in [
+            (
+                "database.statement_timeout_ms",
+                self.database.statement_timeout_ms,
+            ),
+            ("consumer.step_timeout_ms", self.consumer.step_timeout_ms),
+        ] {
+            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
+        }
+        positive("consumer.batch_size", self.consumer.batch_size)?;
+        positive("consumer.workers", self.consumer.workers)?;
+        positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
+        // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
+        // unbounded delete) and an error on PostgreSQL.
+        positive(
+            "consumer.retention_batch",
+            usize::try_from(self.consumer.retention_batch).unwrap_or(0),
+        )?;
+        positive("outbox.batch_size", self.outbox.batch_size)?;
+        positive("outbox.concurrency", self.outbox.concurrency)?;
+        positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
+        // Leases are extended every third of a lease while their work runs, so they need not
+        // cover the slowest batch; but a one-second lease would be lost to any pause of a third
+        // of a second (a slow heartbeat round trip, a stalled runtime), and its work done twice.
+        for (key, value) in [
+            ("consumer.lease_secs", self.consumer.lease_secs),
+            ("outbox.lease_secs", self.outbox.lease_secs),
+        ] {
+            if value < MIN_LEASE_SECS {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "is {value}, below the minimum of {MIN_LEASE_SECS} s: the lease is \
+                         extended every third of it, and a shorter one is lost to a pause that \
+                         long (its work is then done twice)"
+                    ),
+                ));
+            }
+        }
+        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
+            && !self.consumer.allow_short_dedup_retention
+        {
+            return Err(invalid(
+                "consumer.dedup_retention_days",
+                format!(
+                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
+                     webhook for up to 3 days, and a retry arriving after its processed id was \
+                     purged is handled again (a double charge). Set \
+                     consumer.allow_short_dedup_retention = true only if no source redelivers \
+                     that late",
+                    self.consumer.dedup_retention_days
+                ),
+            ));
+        }
+        if !self.consumer.dedup_key_pointer.starts_with('/') {
+            return Err(invalid(
+                "consumer.dedup_key_pointer",
+                "must be a JSON pointer such as /id",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn positive(key: &'static str, value: usize) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(invalid(key, "must be greater than zero"))
+    } else {
+        Ok(())
+    }
+}
