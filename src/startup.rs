@@ -162,11 +162,7 @@ impl Application {
                 lease: Duration::from_secs(c.lease_secs),
                 step_timeout: Duration::from_millis(c.step_timeout_ms),
             };
-            let workers = if store.backend_name() == "sqlite" {
-                1
-            } else {
-                c.workers
-            };
+            let workers = if store.single_writer() { 1 } else { c.workers };
             for _ in 0..workers {
                 let consumer = Consumer::new(
                     store.clone(),
@@ -253,10 +249,7 @@ impl Application {
         if let Some(task) = listen_task {
             task.abort();
         }
-        match &store {
-            Store::Postgres(pool) => pool.close().await,
-            Store::Sqlite(pool) => pool.close().await,
-        }
+        store.close().await;
         result
     }
 }
@@ -295,7 +288,7 @@ pub async fn build_transport(
                 GroupCommit {
                     max_batch: settings.transport.publish_batch_max,
                     // SQLite has one writer; more writer tasks would only wait on its lock.
-                    writers: if store.backend_name() == "sqlite" {
+                    writers: if store.single_writer() {
                         1
                     } else {
                         settings.transport.publish_writers

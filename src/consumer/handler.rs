@@ -24,14 +24,14 @@
 //!         }
 //!         // Same transaction as the dedup row: a redelivered event never credits twice, and
 //!         // a crash before commit leaves neither the credit nor the "processed" mark.
-//!         let sql = "INSERT INTO credits (event_id) VALUES ($1)";
-//!         match tx {
-//!             DbTx::Postgres(conn) => sqlx::query(sql).bind(&event.id).execute(&mut **conn).await?,
-//!             DbTx::Sqlite(conn) => {
-//!                 sqlx::query(sql).bind(&event.id).execute(&mut **conn).await?;
-//!                 return Ok(vec![OutboxMessage::forward(event)]);
-//!             }
-//!         };
+//!         // Written once, run on whichever store this is (PostgreSQL or SQLite).
+//!         dedup_worker::with_connection!(tx, |conn| {
+//!             sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
+//!                 .bind(&event.id)
+//!                 .execute(&mut **conn)
+//!                 .await
+//!                 .map(|done| done.rows_affected()) // the same type on both stores
+//!         })?;
 //!         // And tell the rest of the world through the outbox, delivered after commit.
 //!         Ok(vec![OutboxMessage::forward(event)])
 //!     }
@@ -40,9 +40,9 @@
 //! [`LedgerHandler`] is the same pattern, shipped and tested (`consumer.handler = "ledger"`).
 
 use async_trait::async_trait;
-use bytes::Bytes;
 
 use crate::event::Event;
+use crate::outbox::OutboxMessage;
 use crate::store::{DbTx, StoreError};
 
 /// Why a handler failed. The consumer decides what happens next from the variant.
@@ -76,29 +76,6 @@ impl From<StoreError> for HandlerError {
             HandlerError::Fatal(e.to_string())
         } else {
             HandlerError::Retryable(e.to_string())
-        }
-    }
-}
-
-/// Something to deliver after commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxMessage {
-    /// A sink spec (`file:…`, `http://…`); `None` is the configured default sink.
-    pub destination: Option<String>,
-    /// Passed on as `Idempotency-Key`, so the receiver can deduplicate again.
-    pub idempotency_key: String,
-    pub event_type: String,
-    pub payload: Bytes,
-}
-
-impl OutboxMessage {
-    /// The event itself, to the default sink, keyed by the event id.
-    pub fn forward(event: &Event) -> Self {
-        OutboxMessage {
-            destination: None,
-            idempotency_key: event.id.clone(),
-            event_type: event.event_type.clone(),
-            payload: event.payload.clone(),
         }
     }
 }
@@ -143,24 +120,15 @@ impl Handler for LedgerHandler {
     ) -> Result<Vec<OutboxMessage>, HandlerError> {
         const SQL: &str =
             "INSERT INTO event_ledger (source, event_id, event_type) VALUES ($1, $2, $3)";
-        match tx {
-            DbTx::Postgres(conn) => {
-                sqlx::query(SQL)
-                    .bind(&event.source)
-                    .bind(&event.id)
-                    .bind(&event.event_type)
-                    .execute(&mut **conn)
-                    .await?;
-            }
-            DbTx::Sqlite(conn) => {
-                sqlx::query(SQL)
-                    .bind(&event.source)
-                    .bind(&event.id)
-                    .bind(&event.event_type)
-                    .execute(&mut **conn)
-                    .await?;
-            }
-        }
+        crate::with_connection!(tx, |conn| {
+            sqlx::query(SQL)
+                .bind(&event.source)
+                .bind(&event.id)
+                .bind(&event.event_type)
+                .execute(&mut **conn)
+                .await
+                .map(|done| done.rows_affected())
+        })?;
         Ok(vec![OutboxMessage::forward(event)])
     }
 }

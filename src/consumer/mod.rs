@@ -35,8 +35,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
+pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
-pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler, OutboxMessage};
+pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler};
 use settle::Settlement;
 
 use crate::event::Event;

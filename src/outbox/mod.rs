@@ -1,7 +1,7 @@
 //! The transactional outbox: rows written in the handler's transaction, delivered after commit.
 //!
-//! * Writing: the consumer writes the rows its handlers return
-//!   ([`crate::store::StoreTx::insert_outbox`]), in the batch transaction, never committing on
+//! * [`OutboxMessage`]: what a handler returns. The consumer writes one row per message
+//!   ([`crate::store::StoreTx::insert_outbox`]) in the batch transaction, never committing on
 //!   its own; so a message exists if and only if the event it came from was handled.
 //! * [`relay`]: claims due rows (`FOR UPDATE SKIP LOCKED` on PostgreSQL, never by id order,
 //!   since transactions commit out of order), delivers them through a [`sink::Sink`], marks them
@@ -13,5 +13,8 @@
 //!   lost; another relay owns the row" and counts `dedup_outbox_lease_lost_total`.
 //! * [`sink`]: where rows go (log, JSON-lines file, HTTP POST with `Idempotency-Key`).
 
+mod message;
 pub mod relay;
 pub mod sink;
+
+pub use message::OutboxMessage;

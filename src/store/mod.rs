@@ -12,8 +12,11 @@
 //! * writers that take a transaction never commit it themselves.
 
 mod postgres;
+mod queries;
 mod rows;
 mod sqlite;
+mod timeouts;
+mod transaction;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Notify;
 
 use crate::config::Settings;
+
+pub use timeouts::{bounded, ServerTimeouts};
+pub use transaction::{DbTx, StoreTx};
 
 pub use rows::{
     DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRow,
@@ -73,111 +79,11 @@ pub struct Wakeups {
 pub const QUEUE_CHANNEL: &str = "dedup_queue";
 pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
 
-/// Calls the backend module's function of the same name with the pool.
-macro_rules! on_pool {
-    ($store:expr, $func:ident($($arg:expr),*)) => {
-        match $store {
-            Store::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
-            Store::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
-        }
-    };
-}
-
-/// Calls the backend module's function of the same name with the open transaction.
-macro_rules! on_tx {
-    ($tx:expr, $func:ident($($arg:expr),*)) => {
-        match $tx {
-            StoreTx::Postgres(tx) => postgres::$func(tx, $($arg),*).await,
-            StoreTx::Sqlite(tx) => sqlite::$func(tx, $($arg),*).await,
-        }
-    };
-}
-
-/// Runs the same expression on whichever transaction this is (SQL both backends share).
-macro_rules! either_tx {
-    ($tx:expr, |$conn:ident| $body:expr) => {
-        match $tx {
-            StoreTx::Postgres($conn) => $body,
-            StoreTx::Sqlite($conn) => $body,
-        }
-    };
-}
-
 /// A connection pool to one of the two backends.
 #[derive(Debug, Clone)]
 pub enum Store {
     Postgres(PgPool),
     Sqlite(SqlitePool),
-}
-
-/// Awaits one store call for at most `limit`: a database that stops answering mid-statement (a
-/// partition, a hung host: the connection stays open and nothing comes back) is an error after
-/// `limit`, not a wait until TCP gives up. Whether a write that timed out took effect is
-/// unknown; callers treat it like a lost connection.
-pub async fn bounded<T>(
-    limit: Duration,
-    call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(limit, call)
-        .await
-        .unwrap_or(Err(StoreError::TimedOut(limit)))
-}
-
-/// PostgreSQL's own bounds on the service's sessions. They free the server when the client
-/// cannot: a statement stuck behind a lock is cancelled, and a transaction whose client
-/// vanished mid-way (a partition, a process paused or cut off by a black-holed network) is
-/// ended with its session, releasing its row locks, which would otherwise hold every other
-/// worker's insert of the same event ids until TCP gave up, hours later.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerTimeouts {
-    /// `statement_timeout`: `database.statement_timeout_ms`.
-    pub statement: Duration,
-    /// `idle_in_transaction_session_timeout`: the consumer's step timeout, by which the client
-    /// has given the transaction up itself.
-    pub idle_in_transaction: Duration,
-}
-
-impl ServerTimeouts {
-    pub fn from_settings(settings: &Settings) -> Self {
-        ServerTimeouts {
-            statement: Duration::from_millis(settings.database.statement_timeout_ms),
-            idle_in_transaction: Duration::from_millis(settings.consumer.step_timeout_ms),
-        }
-    }
-
-    fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
-        options.options([
-            ("statement_timeout", pg_millis(self.statement)),
-            (
-                "idle_in_transaction_session_timeout",
-                pg_millis(self.idle_in_transaction),
-            ),
-        ])
-    }
-
-    /// Lifts both on one session (0: no limit).
-    const LIFT: &'static str =
-        "SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0";
-}
-
-/// A duration as PostgreSQL reads a bare number for these settings: milliseconds, at least 1
-/// (0 would mean no limit).
-fn pg_millis(duration: Duration) -> String {
-    duration.as_millis().max(1).to_string()
-}
-
-/// An open transaction. Dropping it without [`StoreTx::commit`] rolls back.
-#[derive(Debug)]
-pub enum StoreTx {
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
-}
-
-/// The connection a handler writes through: the batch transaction (inside a savepoint).
-#[derive(Debug)]
-pub enum DbTx<'a> {
-    Postgres(&'a mut sqlx::PgConnection),
-    Sqlite(&'a mut sqlx::SqliteConnection),
 }
 
 impl Store {
@@ -297,292 +203,18 @@ impl Store {
         }
     }
 
-    // --- database queue -------------------------------------------------------------------
-
-    /// Writes all messages in one transaction (one commit for the whole group).
-    pub async fn enqueue(
-        &self,
-        queue: &str,
-        messages: &[NewQueueMessage],
-    ) -> Result<(), StoreError> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        on_pool!(self, enqueue(queue, messages))
+    /// Whether the store takes one writer at a time (SQLite): more writer tasks or consumer
+    /// workers would only wait on its lock.
+    pub fn single_writer(&self) -> bool {
+        matches!(self, Store::Sqlite(_))
     }
 
-    /// Leases up to `max` visible messages for `lease`, under a fresh claim token.
-    pub async fn claim_messages(
-        &self,
-        queue: &str,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<QueuedMessage>, StoreError> {
-        on_pool!(self, claim_messages(queue, max, lease, new_claim_token()))
-    }
-
-    /// Deletes acknowledged messages, whoever holds their lease now. Unlike a release this
-    /// needs no claim token: a consumer acks only after committing the event's outcome (its
-    /// processed id, or its dead letter), so the event is safe whatever becomes of the message.
-    /// A consumer that re-claimed it after this one's lease expired would find the processed id
-    /// (its dedup insert waits for, then yields to, this one's) and ack it as a duplicate, or
-    /// dead-letter it a second time; deleting it under that consumer loses nothing and spares
-    /// that work.
-    pub async fn ack_messages(&self, ids: &[i64]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        on_pool!(self, ack_messages(ids))
-    }
-
-    /// Makes a message visible again after `delay` (redelivery with backoff), if it is still
-    /// under the claim `claim_token`. Returns the rows released: 0 when another consumer has
-    /// claimed the message since (it holds the lease now; moving its visibility would let a
-    /// third consumer take it early, or delay it by a backoff it did not earn), or it was acked.
-    pub async fn release_message(
-        &self,
-        id: i64,
-        claim_token: i64,
-        delay: Duration,
-    ) -> Result<u64, StoreError> {
-        on_pool!(self, release_message(id, claim_token, delay))
-    }
-
-    /// Extends the lease of messages `ids` still under the claim `claim_token` to `lease` from
-    /// now (the consumer's heartbeat while it works on them). Returns the ids extended: one
-    /// missing was claimed by another consumer since (its lease had run out), or was acked.
-    pub async fn extend_message_leases(
-        &self,
-        claim_token: i64,
-        ids: &[i64],
-        lease: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        on_pool!(self, extend_message_leases(claim_token, ids, lease))
-    }
-
-    /// Messages on `queue`, leased or not.
-    pub async fn queue_depth(&self, queue: &str) -> Result<i64, StoreError> {
-        on_pool!(self, queue_depth(queue))
-    }
-
-    // --- outbox relay ---------------------------------------------------------------------
-
-    /// Leases up to `max` due pending rows for `lease` (FOR UPDATE SKIP LOCKED on PostgreSQL),
-    /// under a fresh claim token.
-    pub async fn claim_outbox(
-        &self,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<OutboxRow>, StoreError> {
-        on_pool!(self, claim_outbox(max, lease, new_claim_token()))
-    }
-
-    /// Marks rows dispatched, each only if it still carries the token of `claims`. Returns how
-    /// many are marked; the others were claimed by another relay since (see [`OutboxClaim`]).
-    /// Marking again under the same claim counts the row again and changes nothing, so a mark
-    /// retried after an outage that hid its commit is not mistaken for a lost lease.
-    pub async fn mark_dispatched(&self, claims: &[OutboxClaim]) -> Result<u64, StoreError> {
-        if claims.is_empty() {
-            return Ok(0);
-        }
-        on_pool!(self, mark_dispatched(claims))
-    }
-
-    /// Extends the lease of pending rows `ids` still under the claim `claim_token` to `lease`
-    /// from now (the relay's heartbeat while it delivers them). Returns the ids extended: one
-    /// missing was claimed by another relay since (its lease had run out), or is marked already.
-    pub async fn extend_outbox_leases(
-        &self,
-        claim_token: i64,
-        ids: &[i64],
-        lease: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        on_pool!(self, extend_outbox_leases(claim_token, ids, lease))
-    }
-
-    /// Makes pending rows `ids` still under the claim `claim_token` due now: a relay that stops
-    /// before delivering them gives them back, so the next relay need not wait out the lease.
-    /// Returns the rows released (rows marked meanwhile, or claimed by another relay, are not).
-    pub async fn release_outbox_leases(
-        &self,
-        claim_token: i64,
-        ids: &[i64],
-    ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        on_pool!(self, release_outbox_leases(claim_token, ids))
-    }
-
-    /// Records a failed delivery under `claim`: retried after `delay`, or marked failed once
-    /// `attempts` reached `max_attempts`. Returns 1, or 0 if another relay claimed the row since
-    /// (its own delivery decides the row's fate) or it is no longer pending.
-    pub async fn mark_delivery_failed(
-        &self,
-        claim: OutboxClaim,
-        error: &str,
-        delay: Duration,
-        max_attempts: u32,
-    ) -> Result<u64, StoreError> {
-        on_pool!(
-            self,
-            mark_delivery_failed(claim, error, delay, max_attempts)
-        )
-    }
-
-    pub async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-        on_pool!(self, outbox_counts())
-    }
-
-    /// Rows that exhausted their delivery attempts.
-    pub async fn failed_outbox(&self, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
-        on_pool!(self, failed_outbox(limit))
-    }
-
-    // --- retention ------------------------------------------------------------------------
-
-    /// Deletes at most `batch` processed ids older than `older_than`, and at most `batch`
-    /// dispatched outbox rows older than `outbox_older_than`. On PostgreSQL only one worker at a
-    /// time does this (an advisory lock); the others return 0 at once.
-    pub async fn purge_expired(
-        &self,
-        older_than: Duration,
-        outbox_older_than: Duration,
-        batch: i64,
-    ) -> Result<u64, StoreError> {
-        on_pool!(self, purge_expired(older_than, outbox_older_than, batch))
-    }
-
-    // --- dead letters ---------------------------------------------------------------------
-
-    pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {
-        on_pool!(self, dead_letters(limit))
-    }
-
-    /// Up to `limit` dead letters with an id above `after`, in id order: those in `ids`, or
-    /// all when `ids` is empty (a redrive pages through them).
-    pub async fn dead_letters_selected(
-        &self,
-        ids: &[i64],
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
-        on_pool!(self, dead_letters_selected(ids, after, limit))
-    }
-
-    /// Deletes one dead letter (after its redrive was published); returns the rows deleted.
-    pub async fn delete_dead_letter(&self, id: i64) -> Result<u64, StoreError> {
-        const SQL: &str = "DELETE FROM dead_letters WHERE id = $1";
-        Ok(match self {
-            Store::Postgres(pool) => sqlx::query(SQL)
-                .bind(id)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Store::Sqlite(pool) => sqlx::query(SQL)
-                .bind(id)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-        })
-    }
-}
-
-impl StoreTx {
-    /// Records `(source, id)` pairs; returns the ids that were new. Duplicates within `events`
-    /// count once.
-    pub async fn insert_processed(
-        &mut self,
-        source: &str,
-        events: &[(String, String)],
-    ) -> Result<Vec<String>, StoreError> {
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        on_tx!(self, insert_processed(source, events))
-    }
-
-    /// Undoes `insert_processed` for one event whose handler failed.
-    pub async fn delete_processed(
-        &mut self,
-        source: &str,
-        event_id: &str,
-    ) -> Result<(), StoreError> {
-        const SQL: &str = "DELETE FROM processed_events WHERE source = $1 AND event_id = $2";
-        either_tx!(self, |tx| sqlx::query(SQL)
-            .bind(source)
-            .bind(event_id)
-            .execute(&mut **tx)
-            .await
-            .map(drop)?);
-        Ok(())
-    }
-
-    pub async fn insert_outbox(&mut self, rows: &[NewOutboxRow]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        on_tx!(self, insert_outbox(rows))
-    }
-
-    pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
-        on_tx!(self, insert_dead_letter(row, false)).map(drop)
-    }
-
-    /// Like [`StoreTx::insert_dead_letter`], unless a dead letter of the same event (source and
-    /// a non-empty id) on the same queue is there already; returns whether it inserted. Dead
-    /// letters have no key of their own, so a move that is repeated (a crash between its
-    /// commit and its ack delivers the message again) would otherwise list the event twice.
-    pub async fn insert_dead_letter_once(
-        &mut self,
-        row: &NewDeadLetter,
-    ) -> Result<bool, StoreError> {
-        on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
-    }
-
-    /// The connection handlers write through.
-    pub fn conn(&mut self) -> DbTx<'_> {
+    /// Closes the pool, waiting for connections in use to come back.
+    pub async fn close(&self) {
         match self {
-            StoreTx::Postgres(tx) => DbTx::Postgres(tx),
-            StoreTx::Sqlite(tx) => DbTx::Sqlite(tx),
+            Store::Postgres(pool) => pool.close().await,
+            Store::Sqlite(pool) => pool.close().await,
         }
-    }
-
-    pub async fn savepoint(&mut self) -> Result<(), StoreError> {
-        self.execute("SAVEPOINT dedup_event").await
-    }
-
-    pub async fn release_savepoint(&mut self) -> Result<(), StoreError> {
-        self.execute("RELEASE SAVEPOINT dedup_event").await
-    }
-
-    pub async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
-        self.execute("ROLLBACK TO SAVEPOINT dedup_event").await
-    }
-
-    async fn execute(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        either_tx!(self, |tx| sqlx::query(sql)
-            .execute(&mut **tx)
-            .await
-            .map(drop)?);
-        Ok(())
-    }
-
-    /// Commits; on PostgreSQL a NOTIFY queued in this transaction is delivered now.
-    pub async fn commit(self) -> Result<(), StoreError> {
-        either_tx!(self, |tx| tx.commit().await?);
-        Ok(())
-    }
-
-    pub async fn rollback(self) -> Result<(), StoreError> {
-        either_tx!(self, |tx| tx.rollback().await?);
-        Ok(())
     }
 }
 

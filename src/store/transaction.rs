@@ -1,0 +1,155 @@
+//! Transactions: [`StoreTx`], the consumer's batch transaction, and [`DbTx`], the connection a
+//! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
+//! handler write each statement once for both stores.
+
+use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StoreError};
+
+/// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
+/// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
+/// `&mut &mut SqliteConnection`; pass it to sqlx as `&mut **conn`. Both arms must have one
+/// type: map an `execute` to its `rows_affected()`, fetch rows into your own `FromRow` type:
+///
+/// ```ignore
+/// dedup_worker::with_connection!(tx, |conn| {
+///     sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
+///         .bind(&event.id)
+///         .execute(&mut **conn)
+///         .await
+///         .map(|done| done.rows_affected())
+/// })?;
+/// ```
+#[macro_export]
+macro_rules! with_connection {
+    ($tx:expr, |$conn:ident| $body:expr) => {
+        match $tx {
+            $crate::store::DbTx::Postgres($conn) => $body,
+            $crate::store::DbTx::Sqlite($conn) => $body,
+        }
+    };
+}
+
+/// Calls the backend module's function of the same name with the open transaction.
+macro_rules! on_tx {
+    ($tx:expr, $func:ident($($arg:expr),*)) => {
+        match $tx {
+            StoreTx::Postgres(tx) => postgres::$func(tx, $($arg),*).await,
+            StoreTx::Sqlite(tx) => sqlite::$func(tx, $($arg),*).await,
+        }
+    };
+}
+
+/// Runs the same expression on whichever transaction this is (SQL both backends share).
+macro_rules! either_tx {
+    ($tx:expr, |$conn:ident| $body:expr) => {
+        match $tx {
+            StoreTx::Postgres($conn) => $body,
+            StoreTx::Sqlite($conn) => $body,
+        }
+    };
+}
+
+/// An open transaction. Dropping it without [`StoreTx::commit`] rolls back.
+#[derive(Debug)]
+pub enum StoreTx {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+}
+
+/// The connection a handler writes through: the batch transaction (inside a savepoint).
+#[derive(Debug)]
+pub enum DbTx<'a> {
+    Postgres(&'a mut sqlx::PgConnection),
+    Sqlite(&'a mut sqlx::SqliteConnection),
+}
+
+impl StoreTx {
+    /// Records `(source, id)` pairs; returns the ids that were new. Duplicates within `events`
+    /// count once.
+    pub async fn insert_processed(
+        &mut self,
+        source: &str,
+        events: &[(String, String)],
+    ) -> Result<Vec<String>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        on_tx!(self, insert_processed(source, events))
+    }
+
+    /// Undoes `insert_processed` for one event whose handler failed.
+    pub async fn delete_processed(
+        &mut self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<(), StoreError> {
+        const SQL: &str = "DELETE FROM processed_events WHERE source = $1 AND event_id = $2";
+        either_tx!(self, |tx| sqlx::query(SQL)
+            .bind(source)
+            .bind(event_id)
+            .execute(&mut **tx)
+            .await
+            .map(drop)?);
+        Ok(())
+    }
+
+    pub async fn insert_outbox(&mut self, rows: &[NewOutboxRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        on_tx!(self, insert_outbox(rows))
+    }
+
+    pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
+        on_tx!(self, insert_dead_letter(row, false)).map(drop)
+    }
+
+    /// Like [`StoreTx::insert_dead_letter`], unless a dead letter of the same event (source and
+    /// a non-empty id) on the same queue is there already; returns whether it inserted. Dead
+    /// letters have no key of their own, so a move that is repeated (a crash between its
+    /// commit and its ack delivers the message again) would otherwise list the event twice.
+    pub async fn insert_dead_letter_once(
+        &mut self,
+        row: &NewDeadLetter,
+    ) -> Result<bool, StoreError> {
+        on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
+    }
+
+    /// The connection handlers write through.
+    pub fn conn(&mut self) -> DbTx<'_> {
+        match self {
+            StoreTx::Postgres(tx) => DbTx::Postgres(tx),
+            StoreTx::Sqlite(tx) => DbTx::Sqlite(tx),
+        }
+    }
+
+    pub async fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("SAVEPOINT dedup_event").await
+    }
+
+    pub async fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("RELEASE SAVEPOINT dedup_event").await
+    }
+
+    pub async fn rollback_to_savepoint(&mut self) -> Result<(), StoreError> {
+        self.execute("ROLLBACK TO SAVEPOINT dedup_event").await
+    }
+
+    async fn execute(&mut self, sql: &'static str) -> Result<(), StoreError> {
+        either_tx!(self, |tx| sqlx::query(sql)
+            .execute(&mut **tx)
+            .await
+            .map(drop)?);
+        Ok(())
+    }
+
+    /// Commits; on PostgreSQL a NOTIFY queued in this transaction is delivered now.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        either_tx!(self, |tx| tx.commit().await?);
+        Ok(())
+    }
+
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        either_tx!(self, |tx| tx.rollback().await?);
+        Ok(())
+    }
+}
