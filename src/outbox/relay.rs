@@ -310,19 +310,22 @@ impl Relay {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn sink_for(&self, destination: &Option<String>) -> Result<Arc<dyn Sink>, String> {
+    async fn sink_for(
+        &self,
+        destination: &Option<String>,
+    ) -> Result<Arc<dyn Sink>, Arc<dyn std::error::Error + Send + Sync>> {
         let mut sinks = self.sinks.lock().await;
         if let Some(sink) = sinks.get(destination) {
             return Ok(sink.clone());
         }
         let spec = match destination {
             None => self.options.default_sink.clone(),
-            Some(spec) => SinkSpec::parse(spec).map_err(|e| e.to_string())?,
+            Some(spec) => SinkSpec::parse(spec).map_err(|e| Arc::new(e) as Arc<_>)?,
         };
         let sink: Arc<dyn Sink> =
             build_sink(&spec, self.options.http_timeout, self.options.concurrency)
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| Arc::new(e) as Arc<_>)?
                 .into();
         sinks.insert(destination.clone(), sink.clone());
         Ok(sink)

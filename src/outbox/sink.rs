@@ -6,6 +6,7 @@
 //! queues, the deduplication id (SQS).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +14,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 use crate::config::SinkSpec;
+use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
+use crate::queue::TransportError;
 use crate::store::OutboxRow;
 
 /// A delivery failed; the relay retries the row with backoff.
@@ -29,11 +32,12 @@ pub enum SinkError {
     #[error("receiver answered {status} redirecting to {location:?}; redirects are not followed, point the sink at the final URL")]
     Redirected { status: u16, location: String },
     #[error("AMQP delivery failed: {0}")]
-    Amqp(String),
+    Amqp(#[source] TransportError),
     #[error("SQS delivery failed: {0}")]
-    Sqs(String),
+    Sqs(#[source] TransportError),
+    /// The row names a destination that cannot be parsed or built; shared by all its rows.
     #[error("unusable destination: {0}")]
-    Destination(String),
+    Destination(#[source] Arc<dyn std::error::Error + Send + Sync>),
     #[error("file write failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -84,111 +88,49 @@ pub async fn build_sink(
     })
 }
 
-/// Publishes to an exchange with publisher confirms; routing key = event type, `message_id` =
-/// idempotency key. Mandatory publishing: a message no queue is bound for is a failed delivery
-/// (retried, then marked failed), not a silent drop.
+/// Publishes to an exchange through the RabbitMQ transport's [`ConfirmPublisher`] (mandatory,
+/// with publisher confirms, every wait bounded); routing key = event type, `message_id` =
+/// idempotency key. A message no queue is bound for is a failed delivery (retried, then marked
+/// failed), not a silent drop.
 pub struct AmqpSink {
-    url: String,
     exchange: String,
-    /// The confirm-mode channel (and its connection), made on first use and after errors.
-    channel: Mutex<Option<(lapin::Connection, lapin::Channel)>>,
+    /// Declares the exchange on each new connection; reconnects after errors.
+    publisher: ConfirmPublisher,
 }
 
 impl AmqpSink {
     pub fn new(url: String, exchange: String) -> Self {
         AmqpSink {
-            url,
+            publisher: ConfirmPublisher::new(url, Declare::TopicExchange(exchange.clone())),
             exchange,
-            channel: Mutex::new(None),
         }
     }
 
-    async fn channel(&self) -> Result<lapin::Channel, SinkError> {
-        use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
-        let mut slot = self.channel.lock().await;
-        if let Some((_, channel)) = slot.as_ref().filter(|(_, c)| c.status().connected()) {
-            return Ok(channel.clone());
-        }
-        let amqp = |e: lapin::Error| SinkError::Amqp(e.to_string());
-        let connection =
-            lapin::Connection::connect(&self.url, lapin::ConnectionProperties::default())
-                .await
-                .map_err(amqp)?;
-        let channel = connection.create_channel().await.map_err(amqp)?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(amqp)?;
-        // Declared so a fresh broker works; an existing exchange of another kind is an error
-        // that names the problem.
-        channel
-            .exchange_declare(
-                self.exchange.as_str().into(),
-                lapin::ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                lapin::types::FieldTable::default(),
-            )
-            .await
-            .map_err(amqp)?;
-        *slot = Some((connection, channel.clone()));
-        Ok(channel)
-    }
-
-    async fn publish(&self, channel: &lapin::Channel, row: &OutboxRow) -> Result<(), SinkError> {
+    async fn publish(&self, row: &OutboxRow) -> Result<(), SinkError> {
         let properties = lapin::BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
             .with_message_id(row.idempotency_key.as_str().into())
             .with_type(row.event_type.as_str().into());
-        let confirm = channel
-            .basic_publish(
-                self.exchange.as_str().into(),
-                row.event_type.as_str().into(),
-                lapin::options::BasicPublishOptions {
-                    mandatory: true,
-                    ..lapin::options::BasicPublishOptions::default()
-                },
-                &row.payload,
-                properties,
-            )
+        self.publisher
+            .publish(&self.exchange, &row.event_type, &row.payload, properties)
             .await
-            .map_err(|e| SinkError::Amqp(e.to_string()))?
-            .await
-            .map_err(|e| SinkError::Amqp(e.to_string()))?;
-        match confirm {
-            lapin::Confirmation::Ack(None) => Ok(()),
-            lapin::Confirmation::Ack(Some(_)) => Err(SinkError::Amqp(format!(
-                "no queue is bound to exchange {} for routing key {}",
-                self.exchange, row.event_type
-            ))),
-            other => Err(SinkError::Amqp(format!("not confirmed: {other:?}"))),
-        }
+            .map_err(SinkError::Amqp)
     }
 }
 
 #[async_trait]
 impl Sink for AmqpSink {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
-        let channel = match self.channel().await {
-            Ok(channel) => channel,
-            Err(e) => {
-                let message = e.to_string();
-                return rows
-                    .iter()
-                    .map(|_| Err(SinkError::Amqp(message.clone())))
-                    .collect();
-            }
-        };
-        // All publishes go out before any confirm is awaited: the confirms are pipelined.
-        let results =
-            futures::future::join_all(rows.iter().map(|row| self.publish(&channel, row))).await;
-        if results.iter().any(Result::is_err) && !channel.status().connected() {
-            *self.channel.lock().await = None;
+        if let Err(error) = self.publisher.ready().await {
+            let reason = error.to_string();
+            return rows
+                .iter()
+                .map(|_| Err(SinkError::Amqp(TransportError::Unavailable(reason.clone()))))
+                .collect();
         }
-        results
+        // All publishes go out before any confirm is awaited: the confirms are pipelined.
+        futures::future::join_all(rows.iter().map(|row| self.publish(row))).await
     }
 }
 
@@ -218,7 +160,7 @@ impl Sink for SqsSink {
             .collect();
         stream::iter(sends)
             .buffered(self.concurrency)
-            .map(|r| r.map_err(|e| SinkError::Sqs(e.to_string())))
+            .map(|r| r.map_err(SinkError::Sqs))
             .collect()
             .await
     }

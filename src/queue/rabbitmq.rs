@@ -31,26 +31,25 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use lapin::options::{
-    BasicAckOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::Confirmation;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
 use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 mod incoming;
+mod publisher;
 mod tags;
 mod topology;
+
+pub use publisher::{ConfirmPublisher, Declare};
+use publisher::{Side, BROKER_ANSWER_TIMEOUT};
 
 pub use incoming::BROKER_DEAD_LETTERED;
 use incoming::{Incoming, Origin};
 use tags::ChannelTags;
-
-/// The longest a connect (with its topology) or a publisher confirm may take.
-const BROKER_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Header carrying the event source (first half of the dedup key).
 const SOURCE_HEADER: &str = "x-dedup-source";
@@ -91,18 +90,12 @@ enum Settle {
     Requeue,
 }
 
-/// The publishing side: a channel in confirm mode, shared by concurrent publishers.
-struct PublisherSide {
-    /// Keeps the connection open while the side lives.
-    connection: Connection,
-    channel: Channel,
-}
-
 pub struct RabbitMqQueue {
     url: String,
     queue: String,
     options: RabbitOptions,
-    publisher: Mutex<Option<Arc<PublisherSide>>>,
+    /// Publishes (ingress, retries, redrives) with confirms; also declares the retry buckets.
+    publisher: ConfirmPublisher,
     consumer: Mutex<Option<Arc<ConsumerSide>>>,
     generation: AtomicU64,
     /// Retry buckets declared so far (by TTL in ms).
@@ -117,56 +110,28 @@ fn long(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
+/// What the transport's connections declare: its queues.
+fn declare_queues(queue: &str, options: &RabbitOptions) -> Declare {
+    Declare::Queues {
+        queue: queue.to_owned(),
+        delivery_limit: options.delivery_limit,
+    }
+}
+
 impl RabbitMqQueue {
     /// Creates the transport; connections are made on first use (and again after a failure),
     /// so a broker that is down at start-up makes `/readyz` and ingress answer 503 rather than
     /// stopping the process.
     pub fn new(url: String, queue: String, options: RabbitOptions) -> Self {
         RabbitMqQueue {
+            publisher: ConfirmPublisher::new(url.clone(), declare_queues(&queue, &options)),
             url,
             queue,
             options,
-            publisher: Mutex::new(None),
             consumer: Mutex::new(None),
             generation: AtomicU64::new(0),
             buckets: std::sync::Mutex::new(HashSet::new()),
         }
-    }
-
-    /// Connects, opens a channel and declares the topology, within [`BROKER_ANSWER_TIMEOUT`]:
-    /// a broker that accepts connections and never answers must not hold the consumer or the
-    /// publishers (who wait on the same slot) forever.
-    async fn connect(&self) -> Result<(Connection, Channel), TransportError> {
-        tokio::time::timeout(BROKER_ANSWER_TIMEOUT, self.connect_unbounded())
-            .await
-            .map_err(|_| unavailable(format!("no answer within {BROKER_ANSWER_TIMEOUT:?}")))?
-    }
-
-    async fn connect_unbounded(&self) -> Result<(Connection, Channel), TransportError> {
-        let connection = Connection::connect(&self.url, ConnectionProperties::default())
-            .await
-            .map_err(unavailable)?;
-        let channel =
-            topology::declare_queues(&connection, &self.queue, self.options.delivery_limit).await?;
-        Ok((connection, channel))
-    }
-
-    async fn publisher(&self) -> Result<Arc<PublisherSide>, TransportError> {
-        let mut slot = self.publisher.lock().await;
-        if let Some(side) = slot.as_ref().filter(|s| s.channel.status().connected()) {
-            return Ok(side.clone());
-        }
-        let (connection, channel) = self.connect().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(unavailable)?;
-        let side = Arc::new(PublisherSide {
-            connection,
-            channel,
-        });
-        *slot = Some(side.clone());
-        Ok(side)
     }
 
     async fn consumer(&self) -> Result<Arc<ConsumerSide>, TransportError> {
@@ -174,7 +139,10 @@ impl RabbitMqQueue {
         if let Some(side) = slot.as_ref().filter(|s| s.channel.status().connected()) {
             return Ok(side.clone());
         }
-        let (connection, channel) = self.connect().await?;
+        let Side {
+            connection,
+            channel,
+        } = publisher::connect(&self.url, &declare_queues(&self.queue, &self.options)).await?;
         channel
             .basic_qos(self.options.prefetch, BasicQosOptions::default())
             .await
@@ -201,10 +169,6 @@ impl RabbitMqQueue {
         *self.consumer.lock().await = None;
     }
 
-    async fn reset_publisher(&self) {
-        *self.publisher.lock().await = None;
-    }
-
     /// Publishes to the default exchange with routing key `routing_key` and waits for the
     /// broker's confirm.
     async fn publish_to(
@@ -213,7 +177,6 @@ impl RabbitMqQueue {
         message: &OutgoingMessage,
         attempts: u32,
     ) -> Result<(), TransportError> {
-        let side = self.publisher().await?;
         let mut headers = FieldTable::default();
         if let Some(source) = &message.source {
             headers.insert(SOURCE_HEADER.into(), long(source));
@@ -234,45 +197,9 @@ impl RabbitMqQueue {
         if let Some(kind) = &message.message_type {
             properties = properties.with_type(kind.as_str().into());
         }
-        let confirm = side
-            .channel
-            .basic_publish(
-                ShortString::from(""),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                &message.payload,
-                properties,
-            )
-            .await;
-        // A confirm that never comes (a broker that stopped answering) would hold this
-        // publish, and the consumer's retry that waits on it, forever.
-        let confirmation = match confirm {
-            Ok(pending) => match tokio::time::timeout(BROKER_ANSWER_TIMEOUT, pending).await {
-                Ok(confirmation) => confirmation,
-                Err(_) => {
-                    self.reset_publisher().await;
-                    return Err(unavailable(format!(
-                        "no publisher confirm within {BROKER_ANSWER_TIMEOUT:?}"
-                    )));
-                }
-            },
-            Err(e) => Err(e),
-        };
-        match confirmation {
-            Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(_))) => Err(unavailable(format!(
-                "message returned unroutable by {routing_key}"
-            ))),
-            Ok(Confirmation::Nack(_)) => Err(unavailable("broker nacked the message")),
-            Ok(Confirmation::NotRequested) => Err(unavailable("publisher confirms are off")),
-            Err(e) => {
-                self.reset_publisher().await;
-                Err(unavailable(e))
-            }
-        }
+        self.publisher
+            .publish("", routing_key, &message.payload, properties)
+            .await
     }
 
     /// The retry bucket for `delay`: a power of two milliseconds, at least 100 ms.
@@ -286,7 +213,7 @@ impl RabbitMqQueue {
             .map(|b| b.contains(&ttl))
             .unwrap_or(false);
         if !known {
-            let side = self.publisher().await?;
+            let side = self.publisher.side().await?;
             topology::declare_bucket(&side.connection, &self.queue, &name, ttl).await?;
             if let Ok(mut buckets) = self.buckets.lock() {
                 buckets.insert(ttl);
@@ -299,14 +226,7 @@ impl RabbitMqQueue {
     /// dies), and the next call reconnects.
     pub async fn close(&self) {
         self.close_consumer().await;
-        let publisher = self.publisher.lock().await.take();
-        if let Some(side) = publisher {
-            let _ = tokio::time::timeout(
-                BROKER_ANSWER_TIMEOUT,
-                side.connection.close(200, "closing".into()),
-            )
-            .await;
-        }
+        self.publisher.close().await;
     }
 
     /// Closes the consuming side: what it delivered and nobody acked, received or still
@@ -332,7 +252,7 @@ impl RabbitMqQueue {
 
     /// Messages ready or unacked in the queue (a passive declare), for tests and operators.
     pub async fn depth(&self) -> Result<u32, TransportError> {
-        let side = self.publisher().await?;
+        let side = self.publisher.side().await?;
         let queue = side
             .channel
             .queue_declare(
@@ -351,7 +271,7 @@ impl RabbitMqQueue {
     /// Deletes the queue, its dead-letter queue and the retry buckets this instance declared
     /// (tests clean up with it).
     pub async fn delete_queues(&self) -> Result<(), TransportError> {
-        let side = self.publisher().await?;
+        let side = self.publisher.side().await?;
         let buckets: Vec<u64> = self
             .buckets
             .lock()
@@ -535,7 +455,7 @@ impl Transport for RabbitMqQueue {
     }
 
     async fn ready(&self) -> Result<(), TransportError> {
-        self.publisher().await.map(|_| ())
+        self.publisher.side().await.map(|_| ())
     }
 
     fn queue_name(&self) -> &str {
