@@ -30,6 +30,7 @@
 pub mod config;
 pub mod consumer;
 pub mod dlq;
+pub mod error;
 pub mod event;
 pub mod http;
 pub mod idempotency;

@@ -41,6 +41,7 @@
 
 use async_trait::async_trait;
 
+use crate::error::Cause;
 use crate::event::Event;
 use crate::outbox::OutboxMessage;
 use crate::store::{DbTx, StoreError};
@@ -51,10 +52,10 @@ pub enum HandlerError {
     /// Worth trying again later (a lock timeout, a dependency down): redelivered with backoff
     /// until `consumer.max_attempts`, then dead-lettered.
     #[error("retryable: {0}")]
-    Retryable(String),
+    Retryable(#[source] Cause),
     /// Will never succeed (malformed payload, unknown account): dead-lettered at once.
     #[error("fatal: {0}")]
-    Fatal(String),
+    Fatal(#[source] Cause),
 }
 
 /// A statement the database refused for the values it carried fails again on every retry, so
@@ -62,20 +63,24 @@ pub enum HandlerError {
 /// timeout) is retryable.
 impl From<sqlx::Error> for HandlerError {
     fn from(e: sqlx::Error) -> Self {
-        if crate::retry::refused_for_its_data(&e) {
-            HandlerError::Fatal(e.to_string())
+        let fatal = crate::retry::refused_for_its_data(&e);
+        let cause = Cause::new(e.to_string(), e);
+        if fatal {
+            HandlerError::Fatal(cause)
         } else {
-            HandlerError::Retryable(e.to_string())
+            HandlerError::Retryable(cause)
         }
     }
 }
 
 impl From<StoreError> for HandlerError {
     fn from(e: StoreError) -> Self {
-        if e.refused_for_its_data() {
-            HandlerError::Fatal(e.to_string())
+        let fatal = e.refused_for_its_data();
+        let cause = Cause::new(e.to_string(), e);
+        if fatal {
+            HandlerError::Fatal(cause)
         } else {
-            HandlerError::Retryable(e.to_string())
+            HandlerError::Retryable(cause)
         }
     }
 }

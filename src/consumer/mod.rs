@@ -443,7 +443,9 @@ impl Consumer {
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".to_owned());
-                Err(HandlerError::Fatal(format!("handler panicked: {reason}")))
+                Err(HandlerError::Fatal(
+                    format!("handler panicked: {reason}").into(),
+                ))
             }
         }
     }

@@ -123,10 +123,9 @@ impl AmqpSink {
 impl Sink for AmqpSink {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
         if let Err(error) = self.publisher.ready().await {
-            let reason = error.to_string();
             return rows
                 .iter()
-                .map(|_| Err(SinkError::Amqp(TransportError::Unavailable(reason.clone()))))
+                .map(|_| Err(SinkError::Amqp(error.clone())))
                 .collect();
         }
         // All publishes go out before any confirm is awaited: the confirms are pipelined.

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 use crate::store::{bounded, NewQueueMessage, Store, Wakeups};
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
@@ -115,12 +115,12 @@ async fn write_groups(
             Err(error) => {
                 tracing::warn!(%error, count = messages.len(), "database queue commit failed");
                 let refused = error.refused_for_its_data();
-                let message = error.to_string();
+                let cause = Cause::new(error.to_string(), error);
                 for reply in replies {
                     let _ = reply.send(Err(if refused {
-                        TransportError::Rejected(message.clone())
+                        TransportError::Rejected(cause.clone())
                     } else {
-                        TransportError::Unavailable(message.clone())
+                        TransportError::Unavailable(cause.clone())
                     }));
                 }
             }

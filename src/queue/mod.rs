@@ -69,26 +69,30 @@ pub struct Delivery {
     pub give_up: Option<String>,
 }
 
+pub use crate::error::Cause;
+
 /// The transport could not do what was asked.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum TransportError {
     /// Not now: the caller retries later (ingress: 503).
     #[error("transport unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Cause),
     /// Never: the transport refused this one message for what it carries, and would refuse it
     /// again (ingress: 400). Messages published with it are unaffected.
     #[error("message refused by the transport: {0}")]
-    Rejected(String),
+    Rejected(#[source] Cause),
     #[error("transport is shutting down")]
     Closed,
 }
 
 impl From<crate::store::StoreError> for TransportError {
     fn from(e: crate::store::StoreError) -> Self {
-        if e.refused_for_its_data() {
-            TransportError::Rejected(e.to_string())
+        let refused = e.refused_for_its_data();
+        let cause = Cause::new(e.to_string(), e);
+        if refused {
+            TransportError::Rejected(cause)
         } else {
-            TransportError::Unavailable(e.to_string())
+            TransportError::Unavailable(cause)
         }
     }
 }
@@ -142,10 +146,9 @@ pub trait Transport: Send + Sync + 'static {
         if self.can_address(queue) && queue == self.queue_name() {
             self.publish(message).await
         } else {
-            Err(TransportError::Rejected(format!(
-                "this transport publishes only to {}",
-                self.queue_name()
-            )))
+            Err(TransportError::Rejected(
+                format!("this transport publishes only to {}", self.queue_name()).into(),
+            ))
         }
     }
 

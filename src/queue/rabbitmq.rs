@@ -37,7 +37,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
-use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 mod incoming;
 mod publisher;
@@ -102,8 +102,14 @@ pub struct RabbitMqQueue {
     buckets: std::sync::Mutex<HashSet<u64>>,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Unavailable(format!("rabbitmq: {e}"))
+/// The broker client failed: unavailable, with lapin's error as the cause.
+fn unavailable(e: lapin::Error) -> TransportError {
+    TransportError::Unavailable(Cause::new(format!("rabbitmq: {e}"), e))
+}
+
+/// The broker did not do what was asked (no answer in time, a nack, a stream that ended).
+fn broker_failed(what: impl std::fmt::Display) -> TransportError {
+    TransportError::Unavailable(Cause::from(format!("rabbitmq: {what}")))
 }
 
 fn long(s: &str) -> AMQPValue {
@@ -372,12 +378,12 @@ impl Transport for RabbitMqQueue {
             Ok(Some(Err(e))) => {
                 drop(stream);
                 self.reset_consumer().await;
-                return Err(unavailable(e));
+                return Err(e);
             }
             Ok(None) => {
                 drop(stream);
                 self.reset_consumer().await;
-                return Err(unavailable("consumer stream ended"));
+                return Err(broker_failed("consumer stream ended"));
             }
         };
         let mut out = vec![incoming::convert(&side, self.options.delivery_limit, first)];

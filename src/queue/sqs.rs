@@ -48,7 +48,7 @@ use aws_sdk_sqs::Client;
 use base64::Engine;
 use bytes::Bytes;
 
-use super::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 const ID_ATTRIBUTE: &str = "dedup-message-id";
 const TYPE_ATTRIBUTE: &str = "dedup-type";
@@ -68,12 +68,15 @@ pub const RECEIVE_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
 /// silently is cut and retried once on a fresh one, and no call outlasts two attempts.
 pub const ATTEMPTS_PER_CALL: u32 = 2;
 
-fn unavailable(e: impl std::error::Error) -> TransportError {
-    TransportError::Unavailable(format!("sqs: {}", DisplayErrorContext(e)))
+/// An SQS call failed: unavailable, with the SDK's error as the cause (its whole context in
+/// the text: the SDK's own `Display` names only the error's kind).
+fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> TransportError {
+    let context = format!("sqs: {}", DisplayErrorContext(&e));
+    TransportError::Unavailable(Cause::new(context, e))
 }
 
 fn invalid(what: impl std::fmt::Display) -> TransportError {
-    TransportError::Unavailable(format!("sqs: {what}"))
+    TransportError::Unavailable(Cause::from(format!("sqs: {what}")))
 }
 
 pub struct SqsQueue {

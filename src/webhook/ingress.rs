@@ -304,8 +304,8 @@ where
 {
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result.map_err(TransportError::from),
-        Err(_) => Err(TransportError::Unavailable(format!(
-            "no answer within {timeout:?}"
-        ))),
+        Err(_) => Err(TransportError::Unavailable(
+            format!("no answer within {timeout:?}").into(),
+        )),
     }
 }

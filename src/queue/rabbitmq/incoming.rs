@@ -18,7 +18,7 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::Channel;
 
-use super::{unavailable, ConsumerSide, ATTEMPTS_HEADER, SOURCE_HEADER};
+use super::{broker_failed, unavailable, ConsumerSide, ATTEMPTS_HEADER, SOURCE_HEADER};
 use crate::queue::{Delivery, DeliveryTag, TransportError};
 
 /// Which queue a delivery came from.
@@ -32,7 +32,7 @@ pub(super) enum Origin {
 }
 
 /// One item of the merged consumer stream; `Err` when a consumer failed or ended.
-pub(super) type Incoming = Result<(Origin, lapin::message::Delivery), String>;
+pub(super) type Incoming = Result<(Origin, lapin::message::Delivery), TransportError>;
 
 /// The dead letter reason of a message the broker moved to `<queue>.dead`.
 pub const BROKER_DEAD_LETTERED: &str = "delivery limit exceeded (the broker dead-lettered it)";
@@ -53,9 +53,9 @@ pub(super) async fn consume(
         )
         .await
         .map_err(unavailable)?;
-    let ended = format!("the consumer of {queue} ended");
+    let ended = broker_failed(format!("the consumer of {queue} ended"));
     Ok(consumer
-        .map(move |item| item.map(|d| (origin, d)).map_err(|e| e.to_string()))
+        .map(move |item| item.map(|d| (origin, d)).map_err(unavailable))
         .chain(futures::stream::once(async move { Err(ended) }))
         .boxed())
 }

@@ -22,7 +22,7 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
-use super::{topology, unavailable};
+use super::{broker_failed, topology, unavailable};
 use crate::queue::TransportError;
 
 /// The longest a connect (with its topology) or a publisher confirm may take.
@@ -49,7 +49,7 @@ pub(super) struct Side {
 pub(super) async fn connect(url: &str, declare: &Declare) -> Result<Side, TransportError> {
     tokio::time::timeout(BROKER_ANSWER_TIMEOUT, connect_unbounded(url, declare))
         .await
-        .map_err(|_| unavailable(format!("no answer within {BROKER_ANSWER_TIMEOUT:?}")))?
+        .map_err(|_| broker_failed(format!("no answer within {BROKER_ANSWER_TIMEOUT:?}")))?
 }
 
 async fn connect_unbounded(url: &str, declare: &Declare) -> Result<Side, TransportError> {
@@ -162,7 +162,7 @@ impl ConfirmPublisher {
                 Ok(confirmation) => confirmation,
                 Err(_) => {
                     self.reset().await;
-                    return Err(unavailable(format!(
+                    return Err(broker_failed(format!(
                         "no publisher confirm within {BROKER_ANSWER_TIMEOUT:?}"
                     )));
                 }
@@ -171,12 +171,12 @@ impl ConfirmPublisher {
         };
         match confirmation {
             Ok(Confirmation::Ack(None)) => Ok(()),
-            Ok(Confirmation::Ack(Some(_))) => Err(unavailable(format!(
+            Ok(Confirmation::Ack(Some(_))) => Err(broker_failed(format!(
                 "returned unroutable: no queue is bound to exchange {exchange:?} for routing key \
                  {routing_key:?}"
             ))),
-            Ok(Confirmation::Nack(_)) => Err(unavailable("broker nacked the message")),
-            Ok(Confirmation::NotRequested) => Err(unavailable("publisher confirms are off")),
+            Ok(Confirmation::Nack(_)) => Err(broker_failed("broker nacked the message")),
+            Ok(Confirmation::NotRequested) => Err(broker_failed("publisher confirms are off")),
             Err(e) => {
                 self.reset().await;
                 Err(unavailable(e))

@@ -25,7 +25,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ErrorKind};
 
 use super::{long, unavailable};
-use crate::queue::TransportError;
+use crate::queue::{Cause, TransportError};
 
 /// The queue where the broker parks what went over its `x-delivery-limit`.
 pub(super) fn dead_queue(queue: &str) -> String {
@@ -127,5 +127,8 @@ fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
 }
 
 fn declare_failed(name: &str, e: lapin::Error) -> TransportError {
-    unavailable(format!("declaring queue {name}: {e}"))
+    TransportError::Unavailable(Cause::new(
+        format!("rabbitmq: declaring queue {name}: {e}"),
+        e,
+    ))
 }
