@@ -1,0 +1,2 @@
+#[path = "it/architecture.rs"]
+mod architecture;

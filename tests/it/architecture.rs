@@ -1,0 +1,290 @@
+//! The shape of `src/`, checked on every run (README's "Layout" draws it):
+//!
+//! * every module imports only from modules on a lower floor of [`FLOORS`] (or from itself):
+//!   configuration and the shared vocabulary at the bottom, the binary's wiring at the top;
+//! * the import graph between modules and their direct submodules has no circle (two files of
+//!   one folder that import each other cannot be read, or changed, one at a time);
+//! * no file in `src/` is longer than [`MAX_LINES`].
+//!
+//! Imports are read from the source text: every `crate::…` path (in `use` or inline) and every
+//! `super::…` path, outside comments (a doc link is not a dependency).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Floors, lowest first. A module may import from a lower floor only; modules on one floor are
+/// independent of each other.
+const FLOORS: &[&[&str]] = &[
+    // Unit-test support (proptest configuration).
+    &["proptest_support"],
+    // The vocabulary everything shares: the event, error causes, retry policy, lease heartbeats,
+    // metrics.
+    &["error", "event", "lease", "retry", "telemetry"],
+    // Configuration: typed and validated; it reads only the event's field rules.
+    &["config"],
+    // Storage: every SQL statement of the pipeline.
+    &["store"],
+    // Transports: the database queue, RabbitMQ, SQS (and their publishers).
+    &["queue"],
+    // The outbox: messages, sinks (which publish through the transports' publishers), relay.
+    &["outbox"],
+    // The stages over them, and HTTP plumbing (server, problem+json, operational routes).
+    &["consumer", "retention", "dlq", "http"],
+    // The webhook routes (answering through http's problem+json); the idempotency layer, apart
+    // from the pipeline (it uses only the vocabulary and the HTTP server).
+    &["webhook", "idempotency"],
+    // Wiring.
+    &["startup"],
+];
+
+/// Files of the binary, not of the library (`dedup_worker::` paths, not `crate::`).
+const BINARY_FILES: &[&str] = &["main.rs", "cli.rs"];
+
+/// The longest a file in `src/` may be.
+const MAX_LINES: usize = 500;
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src/") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file: `src/queue/rabbitmq/tags.rs` is `["queue", "rabbitmq", "tags"]`,
+/// `src/queue/mod.rs` is `["queue"]`, `src/lib.rs` is `[]`.
+fn module_path(file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src_dir()).expect("under src/");
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_owned())
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The source without comment lines.
+fn code(text: &str) -> String {
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The paths after each `prefix` (`crate::` or `super::`): `crate::a::b::C` gives `a::b::C`,
+/// and `crate::{a::B, c}` gives `a::B` and `c`.
+fn paths_after(code: &str, prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(prefix) {
+        let preceded_by_ident = rest[..at].chars().next_back().is_some_and(is_ident_char);
+        let after = &rest[at + prefix.len()..];
+        rest = after;
+        if preceded_by_ident {
+            continue;
+        }
+        if let Some(group) = after.strip_prefix('{') {
+            // Items separated by commas at the group's own depth.
+            let (mut depth, mut item) = (1, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 || (depth == 1 && c == ',') {
+                    found.push(item.trim().to_owned());
+                    item.clear();
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    item.push(c);
+                }
+            }
+        } else {
+            let path: String = after
+                .chars()
+                .take_while(|c| is_ident_char(*c) || *c == ':')
+                .collect();
+            found.push(path);
+        }
+    }
+    found.retain(|p| !p.is_empty());
+    found
+}
+
+/// The graph node a module path belongs to: the top-level module and, if it is a folder, the
+/// direct submodule (`queue::rabbitmq::tags` is node `queue::rabbitmq`).
+fn node_of(path: &[String], nodes: &BTreeSet<String>) -> Option<String> {
+    let top = path.first()?.clone();
+    if let Some(sub) = path.get(1) {
+        let candidate = format!("{top}::{sub}");
+        if nodes.contains(&candidate) {
+            return Some(candidate);
+        }
+    }
+    Some(top)
+}
+
+struct Graph {
+    /// node -> nodes it imports from, with one file that does it (for the failure message).
+    edges: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+fn import_graph() -> Graph {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    files.retain(|f| {
+        f.parent() != Some(src_dir().as_path())
+            || !BINARY_FILES.contains(&f.file_name().and_then(|n| n.to_str()).unwrap_or(""))
+    });
+    let nodes: BTreeSet<String> = files
+        .iter()
+        .map(|f| module_path(f))
+        .filter(|p| !p.is_empty())
+        .map(|p| p.iter().take(2).cloned().collect::<Vec<_>>().join("::"))
+        .collect();
+    let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for file in &files {
+        let module = module_path(file);
+        let Some(from) = node_of(&module, &nodes) else {
+            continue; // lib.rs: the crate root declares every module
+        };
+        let text = code(&std::fs::read_to_string(file).expect("read source"));
+        let is_mod_file = file.file_name().is_some_and(|n| n == "mod.rs");
+        let mut targets: Vec<Vec<String>> = paths_after(&text, "crate::")
+            .into_iter()
+            .map(|p| p.split("::").map(str::to_owned).collect())
+            .collect();
+        // `super::x` in `a/b.rs` is `a::x`; in `a/mod.rs` (or `a.rs`), the crate root's `x`.
+        let parent: Vec<String> = if is_mod_file {
+            module[..module.len().saturating_sub(1)].to_vec()
+        } else {
+            module[..module.len() - 1].to_vec()
+        };
+        for path in paths_after(&text, "super::") {
+            let mut full = parent.clone();
+            full.extend(path.split("::").map(str::to_owned));
+            targets.push(full);
+        }
+        for target in targets {
+            let Some(to) = node_of(&target, &nodes) else {
+                continue;
+            };
+            // Paths that name no module (a macro at the crate root, `super::*`) are no edge.
+            if to != from && nodes.iter().any(|n| top(n) == top(&to)) {
+                edges
+                    .entry(from.clone())
+                    .or_default()
+                    .entry(to)
+                    .or_insert_with(|| file.display().to_string());
+            }
+        }
+    }
+    Graph { edges }
+}
+
+fn top(node: &str) -> &str {
+    node.split("::").next().unwrap_or(node)
+}
+
+fn floor_of(module: &str) -> usize {
+    FLOORS
+        .iter()
+        .position(|floor| floor.contains(&module))
+        .unwrap_or_else(|| panic!("module `{module}` is on no floor of FLOORS: add it"))
+}
+
+#[test]
+fn every_module_imports_only_from_lower_floors() {
+    let graph = import_graph();
+    let mut wrong = Vec::new();
+    for (from, targets) in &graph.edges {
+        for (to, file) in targets {
+            let (from_top, to_top) = (top(from), top(to));
+            if from_top != to_top && floor_of(to_top) >= floor_of(from_top) {
+                wrong.push(format!("{from} imports {to} ({file})"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports from the same or a higher floor:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_import_graph_has_no_circle() {
+    let graph = import_graph();
+    // Depth-first search for a back edge; the path to it is the circle.
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|n| n == node) {
+            let mut circle = path[start..].to_vec();
+            circle.push(node.to_owned());
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.edges.get(node).into_iter().flat_map(|t| t.keys()) {
+            if let Some(circle) = visit(next, graph, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in graph.edges.keys() {
+        if let Some(circle) = visit(node, &graph, &mut Vec::new(), &mut done) {
+            panic!("import circle: {}", circle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn no_file_in_src_is_over_the_limit() {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|file| {
+            let lines = std::fs::read_to_string(file).expect("read").lines().count();
+            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", file.display()))
+        })
+        .collect();
+    long.sort();
+    assert!(long.is_empty(), "over {MAX_LINES} lines:\n{}", long.join("\n"));
+}
+
+#[test]
+fn the_checks_see_imports_in_both_forms() {
+    let text = "use crate::{queue::Transport, store::{Store, StoreTx}};\nlet x = crate::config::Settings::load(None);\n// crate::startup in a comment\n";
+    let paths = paths_after(&code(text), "crate::");
+    assert_eq!(
+        paths,
+        vec!["queue::Transport", "store::{Store, StoreTx}", "config::Settings::load"]
+    );
+}
