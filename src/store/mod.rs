@@ -79,9 +79,14 @@ pub struct Wakeups {
 pub const QUEUE_CHANNEL: &str = "dedup_queue";
 pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
 
-/// A connection pool to one of the two backends.
+/// A connection pool to one of the two backends. Which one is the store's own business: the
+/// pipeline calls its methods, and asks [`Store::single_writer`] where the difference matters.
 #[derive(Debug, Clone)]
-pub enum Store {
+pub struct Store(Pool);
+
+/// The backend's pool.
+#[derive(Debug, Clone)]
+enum Pool {
     Postgres(PgPool),
     Sqlite(SqlitePool),
 }
@@ -135,7 +140,7 @@ impl Store {
                 .acquire_timeout(acquire_timeout)
                 .connect_with(options)
                 .await?;
-            Ok(Store::Sqlite(pool))
+            Ok(Store(Pool::Sqlite(pool)))
         } else {
             let mut options = PgConnectOptions::from_str(url)?;
             if let Some(timeouts) = server_timeouts {
@@ -146,7 +151,7 @@ impl Store {
                 .acquire_timeout(acquire_timeout)
                 .connect_with(options)
                 .await?;
-            Ok(Store::Postgres(pool))
+            Ok(Store(Pool::Postgres(pool)))
         }
     }
 
@@ -154,8 +159,8 @@ impl Store {
     /// the statement and transaction timeouts lifted: a migration that rewrites a large table
     /// may rightly take longer than any pipeline statement.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(pool) => {
+        match &self.0 {
+            Pool::Postgres(pool) => {
                 // Taken from the pool (so within its acquire timeout) and detached: a session
                 // with the limits lifted must not serve the pipeline afterwards. Dropping it
                 // closes the socket without waiting for the server.
@@ -167,53 +172,70 @@ impl Store {
                 drop(conn);
                 migrated?
             }
-            Store::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
+            Pool::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
         }
         Ok(())
     }
 
     pub fn backend_name(&self) -> &'static str {
-        match self {
-            Store::Postgres(_) => "postgres",
-            Store::Sqlite(_) => "sqlite",
+        match &self.0 {
+            Pool::Postgres(_) => "postgres",
+            Pool::Sqlite(_) => "sqlite",
         }
     }
 
     /// One round trip: is the store answering?
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
-            Store::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+        match &self.0 {
+            Pool::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
+            Pool::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop)?,
         }
         Ok(())
     }
 
     pub async fn begin(&self) -> Result<StoreTx, StoreError> {
-        Ok(match self {
-            Store::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
-            Store::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?),
+        Ok(match &self.0 {
+            Pool::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
+            Pool::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?),
         })
     }
 
     /// Forwards PostgreSQL notifications to `wakeups` until the pool closes. A no-op on SQLite.
     pub fn spawn_listener(&self, wakeups: Arc<Wakeups>) -> Option<tokio::task::JoinHandle<()>> {
-        match self {
-            Store::Postgres(pool) => Some(tokio::spawn(postgres::listen(pool.clone(), wakeups))),
-            Store::Sqlite(_) => None,
+        match &self.0 {
+            Pool::Postgres(pool) => Some(tokio::spawn(postgres::listen(pool.clone(), wakeups))),
+            Pool::Sqlite(_) => None,
         }
     }
 
     /// Whether the store takes one writer at a time (SQLite): more writer tasks or consumer
     /// workers would only wait on its lock.
     pub fn single_writer(&self) -> bool {
-        matches!(self, Store::Sqlite(_))
+        matches!(self.0, Pool::Sqlite(_))
+    }
+
+    /// The PostgreSQL pool, for tools and tests that query the store's tables directly; `None`
+    /// on SQLite.
+    pub fn postgres_pool(&self) -> Option<&PgPool> {
+        match &self.0 {
+            Pool::Postgres(pool) => Some(pool),
+            Pool::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite pool, as [`Store::postgres_pool`]; `None` on PostgreSQL.
+    pub fn sqlite_pool(&self) -> Option<&SqlitePool> {
+        match &self.0 {
+            Pool::Sqlite(pool) => Some(pool),
+            Pool::Postgres(_) => None,
+        }
     }
 
     /// Closes the pool, waiting for connections in use to come back.
     pub async fn close(&self) {
-        match self {
-            Store::Postgres(pool) => pool.close().await,
-            Store::Sqlite(pool) => pool.close().await,
+        match &self.0 {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(pool) => pool.close().await,
         }
     }
 }

@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use super::{
     new_claim_token, postgres, sqlite, DeadLetter, NewQueueMessage, OutboxClaim, OutboxCounts,
-    OutboxRow, QueuedMessage, Store, StoreError,
+    OutboxRow, Pool, QueuedMessage, Store, StoreError,
 };
 
 /// Calls the backend module's function of the same name with the pool.
 macro_rules! on_pool {
     ($store:expr, $func:ident($($arg:expr),*)) => {
-        match $store {
-            Store::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
-            Store::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
+        match &$store.0 {
+            Pool::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
+            Pool::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
         }
     };
 }
@@ -202,13 +202,13 @@ impl Store {
     /// Deletes one dead letter (after its redrive was published); returns the rows deleted.
     pub async fn delete_dead_letter(&self, id: i64) -> Result<u64, StoreError> {
         const SQL: &str = "DELETE FROM dead_letters WHERE id = $1";
-        Ok(match self {
-            Store::Postgres(pool) => sqlx::query(SQL)
+        Ok(match &self.0 {
+            Pool::Postgres(pool) => sqlx::query(SQL)
                 .bind(id)
                 .execute(pool)
                 .await?
                 .rows_affected(),
-            Store::Sqlite(pool) => sqlx::query(SQL)
+            Pool::Sqlite(pool) => sqlx::query(SQL)
                 .bind(id)
                 .execute(pool)
                 .await?

@@ -276,7 +276,11 @@ fn no_file_in_src_is_over_the_limit() {
         })
         .collect();
     long.sort();
-    assert!(long.is_empty(), "over {MAX_LINES} lines:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
 }
 
 #[test]
@@ -285,6 +289,10 @@ fn the_checks_see_imports_in_both_forms() {
     let paths = paths_after(&code(text), "crate::");
     assert_eq!(
         paths,
-        vec!["queue::Transport", "store::{Store, StoreTx}", "config::Settings::load"]
+        vec![
+            "queue::Transport",
+            "store::{Store, StoreTx}",
+            "config::Settings::load"
+        ]
     );
 }
