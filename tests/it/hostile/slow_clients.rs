@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{post_signed, stripe_event, Backend, RunningBinary, TestDb};
+use crate::helpers::{post_signed, stripe_event, Backend, RunningBinary, TestDb};
 
 const SECRET: &str = "whsec_slow";
 

@@ -4,22 +4,21 @@
 //! retries exhausted → dead letter; dead letters can be redriven. A step slower than its lease
 //! keeps its batch: the consumer's heartbeat extends the lease while the step runs.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{
-    file_sink_ids, ledger_counts, pipeline_drained, post_signed, stripe_event, test_settings,
-    wait_for, Backend, TestApp, TestDb,
-};
 use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
 use dedup_worker::event::Event;
 use dedup_worker::startup::Overrides;
 use dedup_worker::store::DbTx;
 use serde_json::json;
+
+use crate::helpers::{
+    file_sink_ids, ledger_counts, pipeline_drained, post_signed, stripe_event, test_settings,
+    wait_for, Backend, TestApp, TestDb, Transport,
+};
 
 const SECRET: &str = "whsec_test_secret";
 
@@ -280,7 +279,7 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
 /// unacked on a live channel. The queue drains, and each event's handler effect exists once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling() {
-    use common::{RunningBinary, TestQueue, Transport};
+    use crate::helpers::{RunningBinary, TestQueue};
     use dedup_worker::queue::{OutgoingMessage, Transport as _};
     use futures::StreamExt;
 
@@ -303,16 +302,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
     };
     // The first process declares the queue; the messages go in before anyone consumes.
     let first = RunningBinary::start(&env("true"), work.path());
-    let publisher = dedup_worker::queue::RabbitMqQueue::new(
-        std::env::var("AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
-        queue.name.clone(),
-        dedup_worker::queue::rabbitmq::RabbitOptions {
-            prefetch: 1,
-            delivery_limit: queue.delivery_limit(),
-            retry_max: Duration::from_secs(600),
-        },
-    );
+    let publisher = queue.rabbit();
     // A fixed shuffle (an LCG): copies of one id land in different batches of both processes.
     let mut order: Vec<usize> = (0..3_200).map(|i| i % 800).collect();
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
@@ -371,12 +361,13 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
 /// extends the batch's leases (the database queue row's, SQS visibility) while the step runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_slower_than_its_lease_keeps_its_batch_on_the_database_queue() {
-    a_step_slower_than_its_lease_keeps_its_batch(common::Transport::Database).await;
+    a_step_slower_than_its_lease_keeps_its_batch(Transport::Database).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_slower_than_its_lease_keeps_its_batch_on_sqs() {
-    a_step_slower_than_its_lease_keeps_its_batch(common::Transport::Sqs).await;
+    let _emulator = crate::helpers::sqs_turn(crate::helpers::SqsLoad::Light).await;
+    a_step_slower_than_its_lease_keeps_its_batch(Transport::Sqs).await;
 }
 
 /// The binary with two consumer workers and a 2 s lease. The test holds, in a transaction of its
@@ -386,8 +377,8 @@ async fn a_step_slower_than_its_lease_keeps_its_batch_on_sqs() {
 /// held one: had its lease lapsed, that worker would take it and wait on the same row, a second
 /// backend blocked by the test. Once released, the event is handled once and nothing was
 /// received twice.
-async fn a_step_slower_than_its_lease_keeps_its_batch(transport: common::Transport) {
-    use common::{counter_value, HeldDedupRow, RunningBinary, TestQueue};
+async fn a_step_slower_than_its_lease_keeps_its_batch(transport: Transport) {
+    use crate::helpers::{counter_value, HeldDedupRow, RunningBinary, TestQueue};
 
     const LEASE: Duration = Duration::from_secs(2);
     const HELD: &str = "evt_held_past_its_lease";

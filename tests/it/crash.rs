@@ -9,16 +9,14 @@
 //! the process gives back what it held, and every acknowledged event is at the sink within 5 s
 //! of the restart: sooner than any lease would let it.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{
-    ledger_counts, post_signed, stripe_event, wait_for, Backend, Receiver, RunningBinary, TestDb,
-    TestQueue, Transport,
+use crate::helpers::{
+    ledger_counts, post_signed, sqs_turn, stripe_event, wait_for, Backend, Receiver, RunningBinary,
+    SqsLoad, TestDb, TestQueue, Transport,
 };
 use futures::stream::{self, StreamExt};
 
@@ -28,9 +26,6 @@ const SECRET: &str = "whsec_crash";
 const AFTER_SIGKILL: Duration = Duration::from_secs(15);
 /// After SIGTERM, within this: nothing waits out a lease.
 const AFTER_SIGTERM: Duration = Duration::from_secs(5);
-/// The SQS tests of this file take turns: two backlogs at once in the emulator's one Python
-/// process slow both past the bounds under test (see [`events`]).
-static ONE_SQS_TEST_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Events sent per test.
 ///
 /// Fewer on SQS: the emulator (moto) scans the whole queue several times per `ReceiveMessage`,
@@ -50,7 +45,9 @@ async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_flight_loses_nothing_acknowledged_on_postgres_and_sqs() {
-    let _emulator = ONE_SQS_TEST_AT_A_TIME.lock().await;
+    // Heavy: two backlogs at once in the emulator's one Python process slow both past the
+    // bounds under test (see [`events`]).
+    let _emulator = sqs_turn(SqsLoad::Heavy).await;
     sigkill_mid_flight(Backend::Postgres, Transport::Sqs).await;
 }
 
@@ -120,7 +117,9 @@ async fn sigterm_under_load_gives_back_what_it_held_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_gives_back_what_it_held_on_postgres_and_sqs() {
-    let _emulator = ONE_SQS_TEST_AT_A_TIME.lock().await;
+    // Heavy: two backlogs at once in the emulator's one Python process slow both past the
+    // bounds under test (see [`events`]).
+    let _emulator = sqs_turn(SqsLoad::Heavy).await;
     sigterm_under_load(Backend::Postgres, Transport::Sqs).await;
 }
 

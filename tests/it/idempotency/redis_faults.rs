@@ -1,7 +1,6 @@
 //! Issue 9: Redis behind a fault proxy. Whatever Redis does (stops answering, refuses every
 //! connection, drops every connection at once), each request is answered by PostgreSQL within
 //! a bounded time, nothing runs twice, and once Redis answers again the fast path is used again.
-//! Part of the `idempotency` test binary (a binary of its own would cost CI another link).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,9 +8,10 @@ use std::time::Duration;
 use dedup_worker::idempotency::{PgIdempotencyStore, RedisCache};
 use http::StatusCode;
 
-use super::fault_proxy::{FaultProxy, Mode};
-use super::idempotency_support::{poll, redis_url, Counting, TestEnv};
 use super::{app, layer, post, Reply};
+use crate::helpers::fault_proxy::{FaultProxy, Mode};
+use crate::helpers::idempotency::{Counting, TestEnv};
+use crate::helpers::{redis_url, wait_for};
 
 /// Generous: a Redis call is bounded by the cache's timeout (half a second); an answer this
 /// late means a request waited on Redis instead of falling through to PostgreSQL.
@@ -80,10 +80,14 @@ async fn redis_fault(fault: Fault) {
         let c = c.clone();
         tokio::spawn(async move { post_within(&c, addr, "k-inflight", r#"{"a":2}"#).await })
     };
-    poll(Duration::from_secs(10), || {
-        let runs = h.runs();
-        async move { (runs == 2).then_some(()) }
-    })
+    wait_for(
+        "the in-flight request to run",
+        Duration::from_secs(10),
+        || {
+            let runs = h.runs();
+            async move { (runs == 2).then_some(()) }
+        },
+    )
     .await;
     match fault {
         Fault::BlackHole => proxy.set(Mode::BlackHole).await,
@@ -139,18 +143,22 @@ async fn redis_fault(fault: Fault) {
     // The request that completed while Redis failed could not drop its Redis lock; with Redis
     // in use again, its retries get its stored response, not a 409 until the lock's TTL.
     let stored = &inflight.body;
-    poll(Duration::from_secs(10), || {
-        let c = c.clone();
-        async move {
-            let r = post_within(&c, addr, "k-inflight", r#"{"a":2}"#).await;
-            if r.status == StatusCode::CONFLICT {
-                return None;
+    wait_for(
+        "the in-flight key's stored response to be replayed",
+        Duration::from_secs(10),
+        || {
+            let c = c.clone();
+            async move {
+                let r = post_within(&c, addr, "k-inflight", r#"{"a":2}"#).await;
+                if r.status == StatusCode::CONFLICT {
+                    return None;
+                }
+                assert!(r.replayed(), "{fault:?}: {:?}", r.status);
+                assert_eq!(&r.body, stored);
+                Some(())
             }
-            assert!(r.replayed(), "{fault:?}: {:?}", r.status);
-            assert_eq!(&r.body, stored);
-            Some(())
-        }
-    })
+        },
+    )
     .await;
     assert_eq!(h.runs(), 4, "nothing ran twice");
     env.cleanup().await;
@@ -166,12 +174,16 @@ async fn replayed_from_redis(
     body: &str,
     first: &Reply,
 ) {
-    poll(Duration::from_secs(10), || async move {
-        let queries = store.query_count();
-        let r = post_within(c, addr, key, body).await;
-        assert!(r.replayed(), "{key}: {:?}", r.status);
-        assert_eq!(r.body, first.body);
-        (store.query_count() == queries).then_some(())
-    })
+    wait_for(
+        "a replay served from Redis",
+        Duration::from_secs(10),
+        || async move {
+            let queries = store.query_count();
+            let r = post_within(c, addr, key, body).await;
+            assert!(r.replayed(), "{key}: {:?}", r.status);
+            assert_eq!(r.body, first.body);
+            (store.query_count() == queries).then_some(())
+        },
+    )
     .await;
 }

@@ -3,58 +3,42 @@
 //! after `outbox.max_attempts` and listed by `dedup-worker outbox failed`; the CLI's `migrate`
 //! and `dlq` commands work on the same database.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use common::{post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb};
 use dedup_worker::startup::Overrides;
 use serde_json::json;
 
+use crate::helpers::app::cli_json_lines;
+use crate::helpers::db::wait_for_outbox;
+use crate::helpers::{
+    post_signed, run_cli, serve, stripe_event, test_settings, wait_for, Backend, Receiver, TestApp,
+    TestDb,
+};
+
 const SECRET: &str = "whsec_test_secret";
 
-/// Idempotency keys of every request received, in order.
-type Seen = Arc<Mutex<Vec<String>>>;
-
 /// `evt_retry*` fails twice then succeeds; `evt_never*` always fails; others succeed.
-async fn flaky_receiver() -> (String, Seen) {
-    let seen: Seen = Arc::default();
-    let app = Router::new()
-        .route(
-            "/hook",
-            post(|State(seen): State<Seen>, headers: HeaderMap| async move {
-                let key = headers
-                    .get("idempotency-key")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                let mut seen = seen.lock().unwrap();
-                seen.push(key.clone());
-                let attempt = seen.iter().filter(|k| **k == key).count();
-                if key.starts_with("evt_never") || (key.starts_with("evt_retry") && attempt <= 2) {
-                    StatusCode::SERVICE_UNAVAILABLE
-                } else {
-                    StatusCode::OK
-                }
-            }),
-        )
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/hook"), seen)
+fn flaky(key: &str, attempt: usize) -> StatusCode {
+    if key.starts_with("evt_never") || (key.starts_with("evt_retry") && attempt <= 2) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
 }
 
 fn cli(db: &TestDb, args: &[&str]) -> String {
-    common::run_cli(&[("DATABASE_URL", db.url.clone())], args)
+    run_cli(&[("DATABASE_URL", db.url.clone())], args)
+}
+
+/// [`cli`] for a command that prints JSON lines.
+fn cli_rows(db: &TestDb, args: &[&str]) -> Vec<serde_json::Value> {
+    cli_json_lines(&[("DATABASE_URL", db.url.clone())], args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,7 +56,8 @@ async fn http_sink_retries(backend: Backend) {
     // `migrate` on a fresh database, twice (idempotent).
     assert!(cli(&db, &["migrate"]).contains("migrations applied"));
     assert!(cli(&db, &["migrate"]).contains("migrations applied"));
-    let (url, seen) = flaky_receiver().await;
+    let receiver = Receiver::answering(flaky).await;
+    let url = receiver.url();
     let app = TestApp::spawn(
         test_settings(
             &db.url,
@@ -96,18 +81,16 @@ async fn http_sink_retries(backend: Backend) {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let store = Arc::new(app.store.clone());
-    wait_for("deliveries to settle", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move {
-            let c = store.outbox_counts().await.unwrap();
-            (c.pending == 0 && c.dispatched == 2 && c.failed == 1).then_some(())
-        }
-    })
+    wait_for_outbox(
+        &app.store,
+        "deliveries to settle",
+        Duration::from_secs(30),
+        |c| c.pending == 0 && c.dispatched == 2 && c.failed == 1,
+    )
     .await;
     let mut attempts: HashMap<String, usize> = HashMap::new();
-    for key in seen.lock().unwrap().iter() {
-        *attempts.entry(key.clone()).or_default() += 1;
+    for key in receiver.keys() {
+        *attempts.entry(key).or_default() += 1;
     }
     assert_eq!(attempts["evt_ok_1"], 1);
     assert_eq!(attempts["evt_retry_1"], 3, "two failures, then success");
@@ -121,11 +104,7 @@ async fn http_sink_retries(backend: Backend) {
         "every request carried the event id as Idempotency-Key"
     );
 
-    let failed = cli(&db, &["outbox", "failed"]);
-    let rows: Vec<serde_json::Value> = failed
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = cli_rows(&db, &["outbox", "failed"]);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["event_id"], "evt_never_1");
     assert_eq!(rows[0]["attempts"], 3);
@@ -151,11 +130,7 @@ async fn dlq_cli_lists_and_redrives() {
         .unwrap();
     }
     tx.commit().await.unwrap();
-    let listed = cli(&db, &["dlq", "list"]);
-    let rows: Vec<serde_json::Value> = listed
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = cli_rows(&db, &["dlq", "list"]);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["error"], "fatal: bad");
     let first_id = rows[0]["id"].to_string();
@@ -173,28 +148,26 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let gets = Arc::new(AtomicUsize::new(0));
     let counted = gets.clone();
-    let app = Router::new()
-        .route(
-            "/hook",
-            post(|| async {
-                (
-                    StatusCode::FOUND,
-                    [(axum::http::header::LOCATION, "/elsewhere")],
-                )
-            }),
-        )
-        .route(
-            "/elsewhere",
-            axum::routing::any(move || {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async { StatusCode::OK }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = serve(
+        Router::new()
+            .route(
+                "/hook",
+                post(|| async {
+                    (
+                        StatusCode::FOUND,
+                        [(axum::http::header::LOCATION, "/elsewhere")],
+                    )
+                }),
+            )
+            .route(
+                "/elsewhere",
+                axum::routing::any(move || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { StatusCode::OK }
+                }),
+            ),
+    )
+    .await;
     let db = TestDb::new(Backend::Postgres).await;
     let settings = test_settings(
         &db.url,
@@ -214,14 +187,11 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let store = Arc::new(app.store.clone());
-    wait_for(
+    wait_for_outbox(
+        &app.store,
         "the row to be marked failed",
         Duration::from_secs(30),
-        || {
-            let store = store.clone();
-            async move { (store.outbox_counts().await.ok()?.failed == 1).then_some(()) }
-        },
+        |c| c.failed == 1,
     )
     .await;
     assert_eq!(gets.load(Ordering::SeqCst), 0, "the redirect was followed");
@@ -270,21 +240,19 @@ async fn lease_taken_over(backend: Backend) {
     let (answer_a, gate_a) = oneshot::channel();
     let (answer_b, gate_b) = oneshot::channel();
     let gates: Gates = Arc::new((arrived_tx, Mutex::new(vec![gate_b, gate_a])));
-    let receiver = Router::new()
-        .route(
-            "/hook",
-            post(|State(gates): State<Gates>| async move {
-                let gate = gates.1.lock().unwrap().pop().expect("two requests at most");
-                gates.0.send(()).unwrap();
-                gate.await.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-            }),
-        )
-        .with_state(gates);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, receiver).await;
-    });
+    let addr = serve(
+        Router::new()
+            .route(
+                "/hook",
+                post(|State(gates): State<Gates>| async move {
+                    let gate = gates.1.lock().unwrap().pop().expect("two requests at most");
+                    gates.0.send(()).unwrap();
+                    gate.await.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+                }),
+            )
+            .with_state(gates),
+    )
+    .await;
 
     let db = TestDb::new(backend).await;
     let store = db.store().await;
@@ -414,7 +382,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
     use dedup_worker::store::{NewOutboxRow, Wakeups};
 
     const LEASE: Duration = Duration::from_millis(600);
-    let receiver = common::Receiver::start().await;
+    let receiver = Receiver::start().await;
     receiver.delay_answers(LEASE * 4);
     let db = TestDb::new(backend).await;
     let store = db.store().await;
@@ -523,14 +491,11 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
     .await
     .unwrap();
     assert_eq!(r.status(), 200);
-    let store = Arc::new(app.store.clone());
-    wait_for(
+    wait_for_outbox(
+        &app.store,
         "the row to be marked failed",
         Duration::from_secs(30),
-        || {
-            let store = store.clone();
-            async move { (store.outbox_counts().await.unwrap().failed == 1).then_some(()) }
-        },
+        |c| c.failed == 1,
     )
     .await;
     let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
@@ -548,7 +513,7 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
 }
 
 /// The Idempotency-Key of each delivery the receiver saw, with the event id in its body.
-fn keys_and_ids(receiver: &common::Receiver) -> Vec<(Option<String>, String)> {
+fn keys_and_ids(receiver: &Receiver) -> Vec<(Option<String>, String)> {
     receiver
         .snapshot()
         .into_iter()
@@ -564,7 +529,7 @@ fn keys_and_ids(receiver: &common::Receiver) -> Vec<(Option<String>, String)> {
 /// one outbox row, marked dispatched. How many deliveries each event took, by id.
 async fn every_event_dispatched_once(
     pool: &sqlx::PgPool,
-    receiver: &common::Receiver,
+    receiver: &Receiver,
     ids: &[String],
 ) -> HashMap<String, usize> {
     let mut deliveries: HashMap<String, usize> = HashMap::new();
@@ -619,8 +584,8 @@ async fn accept_events(app: &TestApp, prefix: &str, n: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then_gets_every_event()
 {
-    use common::fault_proxy::{FaultProxy, Mode};
-    let receiver = common::Receiver::start().await;
+    use crate::helpers::fault_proxy::{FaultProxy, Mode};
+    let receiver = Receiver::start().await;
     let proxy = FaultProxy::start(&receiver.addr.to_string()).await;
     proxy.set(Mode::BlackHole).await;
     let db = TestDb::new(Backend::Postgres).await;
@@ -693,13 +658,12 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
     assert!(receiver.snapshot().is_empty(), "nothing passed the refusal");
 
     proxy.set(Mode::Pass).await;
-    wait_for("every row dispatched", Duration::from_secs(20), || {
-        let store = app.store.clone();
-        async move {
-            let c = store.outbox_counts().await.ok()?;
-            (c.dispatched == 10 && c.pending == 0 && c.failed == 0).then_some(())
-        }
-    })
+    wait_for_outbox(
+        &app.store,
+        "every row dispatched",
+        Duration::from_secs(20),
+        |c| c.dispatched == 10 && c.pending == 0 && c.failed == 0,
+    )
     .await;
     every_event_dispatched_once(pool, &receiver, &ids).await;
     app.stop().await;
@@ -710,8 +674,8 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
 /// again under the same Idempotency-Key, and no event is lost or left pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempotency_key() {
-    use common::fault_proxy::FaultProxy;
-    let receiver = common::Receiver::start().await;
+    use crate::helpers::fault_proxy::FaultProxy;
+    let receiver = Receiver::start().await;
     receiver.delay_answers(Duration::from_secs(1));
     let proxy = FaultProxy::start(&receiver.addr.to_string()).await;
     let db = TestDb::new(Backend::Postgres).await;
@@ -752,13 +716,12 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
         proxy.cut_all().await;
     }
     receiver.delay_answers(Duration::ZERO);
-    wait_for("every row dispatched", Duration::from_secs(20), || {
-        let store = app.store.clone();
-        async move {
-            let c = store.outbox_counts().await.ok()?;
-            (c.dispatched == 40 && c.pending == 0 && c.failed == 0).then_some(())
-        }
-    })
+    wait_for_outbox(
+        &app.store,
+        "every row dispatched",
+        Duration::from_secs(20),
+        |c| c.dispatched == 40 && c.pending == 0 && c.failed == 0,
+    )
     .await;
     let deliveries = every_event_dispatched_once(pool, &receiver, &ids).await;
     assert!(

@@ -2,12 +2,10 @@
 //! than the test's deadline still pick up work committed by *another* connection at once,
 //! because the commit's NOTIFY wakes them. (Without the notification the test times out.)
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{file_sink_ids, test_settings, wait_for, Backend, TestApp, TestDb};
+use crate::helpers::{file_sink_ids, test_settings, wait_for, Backend, TestApp, TestDb};
 use dedup_worker::startup::Overrides;
 use dedup_worker::store::{NewOutboxRow, NewQueueMessage};
 use serde_json::json;

@@ -13,20 +13,20 @@
 //!   error, and the current holder's ack removes the message;
 //! * (SQS) a receive long-polls for the transport's own wait, which the SDK's timeout allows.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{wait_for, Backend, TestDb, TestQueue};
 use dedup_worker::queue::database::GroupCommit;
 use dedup_worker::queue::rabbitmq::RabbitOptions;
 use dedup_worker::queue::{
     DatabaseQueue, Delivery, OutgoingMessage, RabbitMqQueue, SqsQueue, Transport,
 };
 use dedup_worker::store::Wakeups;
+
+use crate::helpers::queue::SqsTurn;
+use crate::helpers::{amqp_url, sqs_turn, wait_for, Backend, SqsLoad, TestDb, TestQueue};
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -48,10 +48,9 @@ struct Harness {
     /// How long a received message stays invisible (database and SQS): short, so that what a
     /// "crashed" consumer held comes back within the test.
     lease: Duration,
-}
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    /// SQS: the test's turn on the emulator, shared with other light tests (its leases of a
+    /// second must not wait on a heavy test's backlog).
+    _emulator: Option<SqsTurn>,
 }
 
 impl Harness {
@@ -62,9 +61,13 @@ impl Harness {
             Kind::Rabbitmq | Kind::Sqs => None,
         };
         let queue = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+        let emulator = match kind {
+            Kind::Sqs => Some(sqs_turn(SqsLoad::Light).await),
+            _ => None,
+        };
         let sqs = match kind {
             Kind::Sqs => {
-                let q = TestQueue::new(common::Transport::Sqs).await;
+                let q = TestQueue::new(crate::helpers::Transport::Sqs).await;
                 let client = q.sqs_client().expect("sqs client").clone();
                 Some((client, q.name.clone()))
             }
@@ -80,6 +83,7 @@ impl Harness {
                 Kind::Sqs => Duration::from_secs(1),
                 _ => Duration::from_millis(500),
             },
+            _emulator: emulator,
         }
     }
 

@@ -10,7 +10,8 @@ use dedup_worker::server::ServerLimits;
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::idempotency_support::{redis_url, TestEnv};
+use crate::helpers::idempotency::TestEnv;
+use crate::helpers::redis_url;
 
 /// A 4 KB bearer token: random, so PostgreSQL cannot compress it into an index entry.
 fn bearer_token_of_4kb() -> String {

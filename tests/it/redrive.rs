@@ -4,29 +4,35 @@
 //! letters in the store that `dlq list` shows and `dlq redrive` replays. A RabbitMQ queue
 //! declared earlier with another delivery limit keeps working after the setting changed.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{
-    file_sink_ids, ledger_counts, post_signed, stripe_event, Backend, RunningBinary, TestDb,
-    TestQueue, Transport,
-};
 use dedup_worker::queue::{OutgoingMessage, Transport as _};
 use dedup_worker::store::Store;
 
-const SECRET: &str = "whsec_test_secret";
+use crate::helpers::app::cli_json_lines;
+use crate::helpers::db::execute;
+use crate::helpers::{
+    file_sink_ids, ledger_counts, post_signed, run_cli, sqs_turn, stripe_event, Backend,
+    RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+};
 
-fn cli(env: &[(&str, String)], args: &[&str]) -> String {
-    common::run_cli(env, args)
-}
+const SECRET: &str = "whsec_test_secret";
 
 /// `dlq list`, parsed.
 fn dlq_list(env: &[(&str, String)]) -> Vec<serde_json::Value> {
-    cli(env, &["dlq", "list"])
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("dlq list prints JSON lines"))
-        .collect()
+    cli_json_lines(env, &["dlq", "list"])
+}
+
+/// Waits (up to 30 s) for a dead letter in `dlq list`; the last one listed.
+async fn dead_letter(
+    bin: &RunningBinary,
+    cli_env: &[(&str, String)],
+    what: &str,
+) -> serde_json::Value {
+    bin.wait_for(what, Duration::from_secs(30), || async {
+        dlq_list(cli_env).pop()
+    })
+    .await
 }
 
 /// What the binary and the CLI share: the store and the transport.
@@ -54,14 +60,6 @@ fn binary_env(
     ]);
     env.extend(extra.iter().cloned());
     env
-}
-
-async fn execute(store: &Store, sql: &str) {
-    match store {
-        Store::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
-        Store::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
-    }
-    .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// Waits until `id` reached the sink and the ledger, and the queue is drained; then checks
@@ -100,6 +98,7 @@ async fn a_rabbitmq_dead_letter_redriven_goes_back_through_the_broker_and_is_han
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqs_dead_letter_redriven_goes_back_through_sqs_and_is_handled_once() {
+    let _emulator = sqs_turn(SqsLoad::Light).await;
     dead_letter_redriven(Transport::Sqs).await;
 }
 
@@ -137,16 +136,7 @@ async fn dead_letter_redriven(transport: Transport) {
     .unwrap();
     assert_eq!(response.status(), 200);
     let cli_env = base_env(&db, &queue);
-    let dead = bin
-        .wait_for(
-            "the failing event to be dead-lettered",
-            Duration::from_secs(30),
-            || {
-                let env = cli_env.clone();
-                async move { dlq_list(&env).pop() }
-            },
-        )
-        .await;
+    let dead = dead_letter(&bin, &cli_env, "the failing event to be dead-lettered").await;
     assert_eq!(dead["event_id"], id);
     assert_eq!(
         dead["queue"],
@@ -163,7 +153,7 @@ async fn dead_letter_redriven(transport: Transport) {
         "ALTER TABLE event_ledger_away RENAME TO event_ledger",
     )
     .await;
-    let out = cli(&cli_env, &["dlq", "redrive", "--all"]);
+    let out = run_cli(&cli_env, &["dlq", "redrive", "--all"]);
     assert!(out.contains("redriven: 1"), "{out}");
     assert!(
         dlq_list(&cli_env).is_empty(),
@@ -239,16 +229,7 @@ async fn a_queue_with_another_delivery_limit_keeps_working_and_broker_dead_lette
     handled_once(&bin, &store, &queue, &sink, "evt_fresh").await;
 
     let cli_env = base_env(&db, &queue);
-    let dead = bin
-        .wait_for(
-            "the parked message in dlq list",
-            Duration::from_secs(30),
-            || {
-                let env = cli_env.clone();
-                async move { dlq_list(&env).pop() }
-            },
-        )
-        .await;
+    let dead = dead_letter(&bin, &cli_env, "the parked message in dlq list").await;
     assert_eq!(dead["event_id"], "evt_parked");
     assert_eq!(
         dead["error"],
@@ -257,7 +238,7 @@ async fn a_queue_with_another_delivery_limit_keeps_working_and_broker_dead_lette
     assert_eq!(dead["queue"], queue.name.as_str());
     assert_eq!(ledger_counts(&store).await.get("evt_parked"), None);
 
-    let out = cli(&cli_env, &["dlq", "redrive", &dead["id"].to_string()]);
+    let out = run_cli(&cli_env, &["dlq", "redrive", &dead["id"].to_string()]);
     assert!(out.contains("redriven: 1"), "{out}");
     handled_once(&bin, &store, &queue, &sink, "evt_parked").await;
     assert!(dlq_list(&cli_env).is_empty());
@@ -287,16 +268,7 @@ async fn the_consumer_enforces_the_configured_delivery_limit_on_an_older_queue()
     let bin = RunningBinary::start(&env, work.path());
     let store = db.store().await;
     let cli_env = base_env(&db, &queue);
-    let dead = bin
-        .wait_for(
-            "the looping message in dlq list",
-            Duration::from_secs(30),
-            || {
-                let env = cli_env.clone();
-                async move { dlq_list(&env).pop() }
-            },
-        )
-        .await;
+    let dead = dead_letter(&bin, &cli_env, "the looping message in dlq list").await;
     assert_eq!(dead["event_id"], "evt_looping");
     let error = dead["error"].as_str().unwrap();
     assert!(
@@ -310,7 +282,7 @@ async fn the_consumer_enforces_the_configured_delivery_limit_on_an_older_queue()
         "its handler never ran"
     );
 
-    let out = cli(&cli_env, &["dlq", "redrive", "--all"]);
+    let out = run_cli(&cli_env, &["dlq", "redrive", "--all"]);
     assert!(out.contains("redriven: 1"), "{out}");
     handled_once(&bin, &store, &queue, &sink, "evt_looping").await;
     drop(bin);

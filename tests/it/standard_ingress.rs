@@ -3,12 +3,10 @@
 //! its own source (an equal Stripe event id is a different event), and the route is absent
 //! when no secret is configured.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
+use crate::helpers::{
     now, pipeline_drained, post_signed, stripe_event, test_settings, wait_for, Backend, TestApp,
     TestDb,
 };

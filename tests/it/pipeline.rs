@@ -7,8 +7,6 @@
 //! ten seconds (counted by a proxy in front of the emulator), an event arriving during a poll
 //! is still handled at once, and SIGTERM stops it within seconds although its polls are pending.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,11 +18,12 @@ use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use bytes::Bytes;
-use common::{
-    file_sink_ids, ledger_counts, post_signed, stripe_event, wait_for, Backend, RunningBinary,
-    TestDb, TestQueue, Transport,
-};
 use futures::stream::{self, StreamExt};
+
+use crate::helpers::{
+    file_sink_ids, ledger_counts, post_signed, serve, sqs_turn, stripe_event, Backend,
+    RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+};
 
 const SECRET: &str = "whsec_pipeline";
 
@@ -40,6 +39,7 @@ async fn thousand_events_with_duplicates_once_each_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_events_with_duplicates_once_each_on_postgres_and_sqs() {
+    let _emulator = sqs_turn(SqsLoad::Heavy).await;
     events_with_duplicates_once_each(Backend::Postgres, Transport::Sqs, 300).await;
 }
 
@@ -143,6 +143,7 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_on_sigterm() {
+    let _emulator = sqs_turn(SqsLoad::Light).await;
     let db = TestDb::new(Backend::Postgres).await;
     let queue = TestQueue::new(Transport::Sqs).await;
     let work = tempfile::tempdir().unwrap();
@@ -206,15 +207,8 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
 
     // SIGTERM while the workers are back in a long poll: run() drops the pending receive.
     let stopping = Instant::now();
-    let pid = libc::pid_t::try_from(bin.child.id()).expect("pid");
-    // SAFETY: kill(2) on the child this test spawned and has not reaped; no memory is involved.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
-    let status = wait_for(
-        "the binary to exit after SIGTERM",
-        Duration::from_secs(5),
-        || std::future::ready(bin.child.try_wait().expect("try_wait")),
-    )
-    .await;
+    bin.terminate();
+    let status = bin.wait_exit(Duration::from_secs(5)).await;
     assert!(
         status.success(),
         "{status}; the binary logged:\n{}",
@@ -236,7 +230,6 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
 struct CountingProxy {
     addr: SocketAddr,
     state: Arc<ProxyState>,
-    _task: tokio::task::JoinHandle<()>,
 }
 
 struct ProxyState {
@@ -252,19 +245,8 @@ impl CountingProxy {
             upstream: upstream.trim_end_matches('/').to_owned(),
             receives: AtomicUsize::new(0),
         });
-        let app = Router::new().fallback(forward).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        CountingProxy {
-            addr,
-            state,
-            _task: task,
-        }
+        let addr = serve(Router::new().fallback(forward).with_state(state.clone())).await;
+        CountingProxy { addr, state }
     }
 
     fn url(&self) -> String {

@@ -2,11 +2,11 @@
 //! are accepted; every failed check is a 400 problem+json naming the check; nothing rejected
 //! is enqueued; the published vector verifies at its own timestamp (injected clock).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{now, stripe_event, stripe_python_sign, test_settings, Backend, TestApp, TestDb};
+use crate::helpers::{
+    now, stripe_event, stripe_python_sign, test_settings, Backend, TestApp, TestDb,
+};
 use dedup_worker::startup::Overrides;
 use serde_json::{json, Value};
 
@@ -175,7 +175,7 @@ async fn every_failed_check_is_a_400_problem_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_vector_verifies_at_its_own_timestamp() {
-    let vector = include_bytes!("vectors/stripe_invoiceitem_created.json");
+    let vector = include_bytes!("../vectors/stripe_invoiceitem_created.json");
     let header = "t=1533204620,v1=d7373bc68f4bd320b253cd7461f87af6e1cdf1b4d7db1614d8d1d746972d2d0a";
     let db = TestDb::new(Backend::Sqlite).await;
     let clock: dedup_worker::webhook::Clock = Arc::new(|| 1_533_204_620 + 42);

@@ -1,12 +1,10 @@
 //! One contract, two stores: every test here runs against PostgreSQL and SQLite, each on a
 //! database of its own.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{wait_for, Backend, TestDb};
+use crate::helpers::{wait_for, Backend, TestDb};
 use dedup_worker::store::{NewDeadLetter, NewOutboxRow, NewQueueMessage, Store};
 
 macro_rules! contract {

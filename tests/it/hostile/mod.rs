@@ -17,11 +17,6 @@
 //!   messages behind them are all handled; a batch the database refuses for one event's outbox
 //!   row dead-letters that event alone.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../idempotency_support/mod.rs"]
-mod idempotency_support;
-
 mod checkout;
 mod foreign_messages;
 mod ingress;

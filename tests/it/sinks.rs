@@ -3,15 +3,9 @@
 //! event id) and to an SQS queue (the `dedup-message-id` attribute = event id), once each, with
 //! the raw payload.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{
-    post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb, TestQueue,
-    Transport,
-};
 use dedup_worker::queue::{SqsQueue, Transport as _};
 use dedup_worker::startup::Overrides;
 use lapin::options::{
@@ -20,6 +14,11 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use serde_json::json;
+
+use crate::helpers::{
+    amqp_url, post_signed, sqs_turn, stripe_event, test_settings, wait_for, Backend, SqsLoad,
+    TestApp, TestDb, TestQueue, Transport,
+};
 
 const SECRET: &str = "whsec_test_secret";
 
@@ -40,8 +39,7 @@ async fn post_events(app: &TestApp, ids: &[&str]) -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
-    let amqp = std::env::var("AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let amqp = amqp_url();
     let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
     // The receiving side: a queue bound to the exchange for every routing key.
     let connection = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
@@ -146,6 +144,7 @@ async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_sink_sends_each_event_once_to_the_queue() {
+    let _emulator = sqs_turn(SqsLoad::Light).await;
     let queue = TestQueue::new(Transport::Sqs).await;
     let client = queue.sqs_client().expect("sqs").clone();
     let db = TestDb::new(Backend::Sqlite).await;

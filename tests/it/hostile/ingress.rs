@@ -11,7 +11,7 @@ use dedup_worker::store::Wakeups;
 use dedup_worker::webhook::standard::{decode_secret, standard_signature};
 use futures::stream::{self, StreamExt};
 
-use crate::common::{
+use crate::helpers::{
     file_sink_ids, now, post_signed, stripe_event, Backend, RunningBinary, TestDb,
 };
 
@@ -282,7 +282,7 @@ async fn an_id_beyond_ascii_is_forwarded_to_an_http_sink() {
     // the HTTP sink sends its bytes as the Idempotency-Key header's obs-text.
     let db = TestDb::new(Backend::Postgres).await;
     let work = tempfile::tempdir().unwrap();
-    let receiver = crate::common::Receiver::start().await;
+    let receiver = crate::helpers::Receiver::start().await;
     let bin = RunningBinary::start(
         &[
             ("DATABASE_URL", db.url.clone()),

@@ -9,15 +9,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
 use dedup_worker::event::Event;
-use dedup_worker::queue::rabbitmq::RabbitOptions;
-use dedup_worker::queue::{OutgoingMessage, RabbitMqQueue, SqsQueue, Transport as _};
+use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
 use dedup_worker::startup::Overrides;
 use dedup_worker::store::{DbTx, Store};
 use serde_json::json;
 
-use crate::common::{
-    file_sink_ids, post_signed, stripe_event, test_settings, wait_for, Backend, RunningBinary,
-    TestApp, TestDb, TestQueue, Transport,
+use crate::helpers::{
+    file_sink_ids, post_signed, sqs_turn, stripe_event, test_settings, wait_for, Backend,
+    RunningBinary, SqsLoad, TestApp, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_foreign";
@@ -125,16 +124,7 @@ async fn foreign_messages_on_rabbitmq_are_dead_lettered_and_100_good_ones_handle
     let db = TestDb::new(Backend::Postgres).await;
     let queue = TestQueue::new(Transport::Rabbitmq).await;
     let work = tempfile::tempdir().unwrap();
-    let producer = RabbitMqQueue::new(
-        std::env::var("AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
-        queue.name.clone(),
-        RabbitOptions {
-            prefetch: 1,
-            delivery_limit: 20,
-            retry_max: Duration::from_secs(600),
-        },
-    );
+    let producer = queue.rabbit();
     let foreign = foreign(true);
     for (m, _) in &foreign {
         producer.publish(m.clone()).await.expect("publish foreign");
@@ -152,6 +142,8 @@ async fn foreign_messages_on_rabbitmq_are_dead_lettered_and_100_good_ones_handle
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_messages_on_sqs_are_dead_lettered_and_100_good_ones_handled() {
+    // Heavy: a backlog of over a hundred messages.
+    let _emulator = sqs_turn(SqsLoad::Heavy).await;
     let db = TestDb::new(Backend::Postgres).await;
     let queue = TestQueue::new(Transport::Sqs).await;
     let work = tempfile::tempdir().unwrap();

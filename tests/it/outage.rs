@@ -3,17 +3,13 @@
 //! the outage reaches the sink, and the retried deliveries of the refused events do too. An
 //! outage between a delivery and its mark costs neither the mark nor a second delivery.
 
-mod common;
-
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::{extract::State, http::StatusCode, routing::post, Router};
-use tokio::sync::Semaphore;
-
-use common::{
-    file_sink_ids, pg_admin_url, pipeline_drained, post_signed, stripe_event, wait_for, Backend,
+use crate::helpers::db::{database_name, pg_admin_url};
+use crate::helpers::receiver::{assert_acknowledged_at_the_sink_once, Others};
+use crate::helpers::{
+    file_sink_ids, pipeline_drained, post_signed, stripe_event, wait_for, Backend, Receiver,
     RunningBinary, TestDb,
 };
 
@@ -54,7 +50,7 @@ async fn send(client: &reqwest::Client, url: &str, id: &str) -> reqwest::Respons
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
     let db = TestDb::new(Backend::Postgres).await;
-    let name = db.url.rsplit('/').next().unwrap().to_owned();
+    let name = database_name(&db.url).to_owned();
     let work = tempfile::tempdir().unwrap();
     let sink = work.path().join("events.jsonl");
     let bin = RunningBinary::start(
@@ -102,8 +98,7 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
         "the outage must be answered with 503, refused {}",
         refused.len()
     );
-    let ready = client.get(bin.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
+    assert_eq!(bin.readyz(&client).await, 503);
 
     // Back again: the provider's retries of the refused events succeed.
     reconnect(&name).await;
@@ -117,38 +112,18 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
         assert_eq!(send(&client, &url, id).await.status(), 200);
         acked.insert(id.clone());
     }
-    assert_eq!(
-        client
-            .get(bin.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(bin.readyz(&client).await, 200);
 
-    let store = Arc::new(db.store().await);
-    let expected = acked.len();
-    bin.wait_for(
-        "acknowledged events to reach the sink",
+    let store = db.store().await;
+    assert_acknowledged_at_the_sink_once(
+        &bin,
+        &sink,
+        &acked,
+        Others::None,
         Duration::from_secs(60),
-        || {
-            let (store, sink) = (store.clone(), sink.clone());
-            async move {
-                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-                (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await)
-                    .then_some(())
-            }
-        },
+        || pipeline_drained(&store, "dedup.events"),
     )
     .await;
-    let delivered: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-    for id in &acked {
-        assert!(
-            delivered.contains(id),
-            "{id} was acknowledged but never delivered"
-        );
-    }
     drop(bin);
 }
 
@@ -158,14 +133,15 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery() {
     let db = TestDb::new(Backend::Postgres).await;
-    let name = db.url.rsplit('/').next().unwrap().to_owned();
-    let sink = GatedSink::start().await;
+    let name = database_name(&db.url).to_owned();
+    // Records each delivery at once, and answers 200 only when the test releases it.
+    let sink = Receiver::gated().await;
     let work = tempfile::tempdir().unwrap();
     let bin = RunningBinary::start(
         &[
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
-            ("DEDUP_SINK", sink.url.clone()),
+            ("DEDUP_SINK", sink.url()),
             ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
             ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
         ],
@@ -180,13 +156,13 @@ async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery()
         "the delivery to reach the sink",
         Duration::from_secs(30),
         || {
-            let seen = sink.seen();
+            let seen = sink.keys();
             async move { (!seen.is_empty()).then_some(()) }
         },
     )
     .await;
     cut_off(&name).await;
-    sink.release.add_permits(1_000);
+    sink.release();
 
     // The relay learns of the outage when its mark fails, and only then is the store back.
     bin.wait_for("the relay's mark to fail", Duration::from_secs(30), || {
@@ -208,57 +184,7 @@ async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery()
         },
     )
     .await;
-    assert_eq!(sink.seen(), vec!["evt_unmarked".to_owned()]);
-}
-
-type Seen = Arc<Mutex<Vec<String>>>;
-
-/// An HTTP sink that records each delivery's `Idempotency-Key` at once and answers 200 only
-/// when the test adds permits to `release`.
-struct GatedSink {
-    url: String,
-    seen: Seen,
-    release: Arc<Semaphore>,
-}
-
-impl GatedSink {
-    async fn start() -> Self {
-        let seen: Seen = Arc::default();
-        let release = Arc::new(Semaphore::new(0));
-        let state = (seen.clone(), release.clone());
-        let app = Router::new()
-            .route(
-                "/hook",
-                post(
-                    |State((seen, release)): State<(Seen, Arc<Semaphore>)>,
-                     headers: axum::http::HeaderMap| async move {
-                        let key = headers
-                            .get("idempotency-key")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or_default()
-                            .to_owned();
-                        seen.lock().unwrap().push(key);
-                        let _permit = release.acquire().await.unwrap();
-                        StatusCode::OK
-                    },
-                ),
-            )
-            .with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        GatedSink {
-            url: format!("http://{addr}/hook"),
-            seen,
-            release,
-        }
-    }
-
-    fn seen(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
-    }
+    assert_eq!(sink.keys(), vec!["evt_unmarked".to_owned()]);
 }
 
 /// A broker that cannot be reached: ingress answers 503 problem+json (never a 2xx) and
@@ -297,8 +223,7 @@ async fn unreachable_brokers_answer_503() {
         let response = send(&client, &bin.url("/webhooks/stripe"), "evt_nowhere").await;
         assert_eq!(response.status(), 503, "{extra:?}");
         assert_eq!(content_type(&response), Some("application/problem+json"));
-        let ready = client.get(bin.url("/readyz")).send().await.unwrap();
-        assert_eq!(ready.status(), 503, "{extra:?}");
+        assert_eq!(bin.readyz(&client).await, 503, "{extra:?}");
     }
 }
 
@@ -310,8 +235,8 @@ async fn unreachable_brokers_answer_503() {
 /// reaches the sink, once, with no manual step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_after() {
-    use common::fault_proxy::{FaultProxy, Mode};
-    use common::{TestQueue, Transport};
+    use crate::helpers::fault_proxy::{FaultProxy, Mode};
+    use crate::helpers::{TestQueue, Transport};
     use futures::StreamExt;
 
     let db = TestDb::new(Backend::Postgres).await;
@@ -375,37 +300,17 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
     );
     proxy.set(Mode::Pass).await;
 
-    let store = Arc::new(db.store().await);
-    let expected = accepted.len();
-    bin.wait_for(
-        "every accepted event to reach the sink within 60 s of PostgreSQL's return",
+    // Within 60 s of PostgreSQL's return.
+    let store = db.store().await;
+    assert_acknowledged_at_the_sink_once(
+        &bin,
+        &sink,
+        &accepted,
+        Others::None,
         Duration::from_secs(60),
-        || {
-            let (store, sink, queue) = (store.clone(), sink.clone(), &queue);
-            async move {
-                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-                let drained = queue.drained(&store).await;
-                // Progress, for a failure message: stuck, slow, or dead-lettered by the broker.
-                eprintln!(
-                    "{} of {expected} at the sink; queue drained: {drained}",
-                    ids.len()
-                );
-                (ids.len() >= expected && drained).then_some(())
-            }
-        },
+        || queue.drained(&store),
     )
     .await;
-    let delivered = file_sink_ids(&sink);
-    let unique: HashSet<String> = delivered.iter().cloned().collect();
-    assert_eq!(
-        unique, accepted,
-        "the sink holds exactly the accepted events"
-    );
-    assert_eq!(
-        delivered.len(),
-        unique.len(),
-        "each event reached the sink once"
-    );
     drop(bin);
     queue.cleanup().await;
 }
@@ -416,7 +321,7 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
 /// (before the outage, or retried after it) reaches the sink once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_that_stops_answering_is_503_within_5_s_and_nothing_is_lost() {
-    use common::fault_proxy::{FaultProxy, Mode};
+    use crate::helpers::fault_proxy::{FaultProxy, Mode};
     use futures::StreamExt;
 
     let db = TestDb::new(Backend::Postgres).await;
@@ -462,8 +367,7 @@ async fn postgres_that_stops_answering_is_503_within_5_s_and_nothing_is_lost() {
         assert_eq!(content_type(response), Some("application/problem+json"));
         assert!(response.headers().contains_key("retry-after"), "{id}");
     }
-    let ready = client.get(bin.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
+    assert_eq!(bin.readyz(&client).await, 503);
 
     // Answering again: the senders' retries go through.
     proxy.set(Mode::Pass).await;
@@ -484,42 +388,18 @@ async fn postgres_that_stops_answering_is_503_within_5_s_and_nothing_is_lost() {
         assert_eq!(send(&client, &url, id).await.status(), 200, "{id}");
         acked.insert(id.clone());
     }
-    assert_eq!(
-        client
-            .get(bin.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(bin.readyz(&client).await, 200);
 
-    let store = Arc::new(db.store().await);
-    let expected = acked.len();
-    bin.wait_for(
-        "acknowledged events to reach the sink",
+    let store = db.store().await;
+    assert_acknowledged_at_the_sink_once(
+        &bin,
+        &sink,
+        &acked,
+        Others::None,
         Duration::from_secs(60),
-        || {
-            let (store, sink) = (store.clone(), sink.clone());
-            async move {
-                let ids: HashSet<String> = file_sink_ids(&sink).into_iter().collect();
-                (ids.len() >= expected && pipeline_drained(&store, "dedup.events").await)
-                    .then_some(())
-            }
-        },
+        || pipeline_drained(&store, "dedup.events"),
     )
     .await;
-    let delivered = file_sink_ids(&sink);
-    let unique: HashSet<String> = delivered.iter().cloned().collect();
-    assert_eq!(
-        unique, acked,
-        "the sink holds exactly the acknowledged events"
-    );
-    assert_eq!(
-        delivered.len(),
-        unique.len(),
-        "each event reached the sink once"
-    );
 }
 
 /// [`send`], but a transport error (a timeout) is `None` rather than a panic.
@@ -544,8 +424,8 @@ async fn client_send(client: &reqwest::Client, url: &str, id: &str) -> Option<re
 /// the proxy is black-holed while it waits, then the test lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_process() {
-    use common::fault_proxy::{FaultProxy, Mode};
-    use common::{TestQueue, Transport};
+    use crate::helpers::fault_proxy::{FaultProxy, Mode};
+    use crate::helpers::{HeldDedupRow, TestQueue, Transport};
 
     const EVENTS: usize = 20;
     let db = TestDb::new(Backend::Postgres).await;
@@ -573,7 +453,7 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
     );
 
     // The test's own transaction holds the dedup row of the first event.
-    let held = common::HeldDedupRow::hold(&db.url, "stripe", "evt_held_0").await;
+    let held = HeldDedupRow::hold(&db.url, "stripe", "evt_held_0").await;
 
     let client = reqwest::Client::new();
     let url = cut_off.url("/webhooks/stripe");

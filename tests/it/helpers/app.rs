@@ -1,0 +1,254 @@
+//! The application under test: in this process on port 0 ([`TestApp`]), or as the real binary
+//! on port 0 ([`RunningBinary`], killed on drop) and its CLI ([`run_cli`]); and reading what the
+//! binary logs and exposes.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dedup_worker::store::Store;
+
+use super::poll_until;
+
+/// Settings for an in-process app: the defaults plus `values`, never the process environment
+/// (CI's own DATABASE_URL must not leak into a test).
+pub fn test_settings(
+    db_url: &str,
+    values: &[(&str, serde_json::Value)],
+) -> dedup_worker::config::Settings {
+    use figment::providers::{Format, Serialized, Toml};
+    let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML))
+        .merge(Serialized::default("database_url", db_url))
+        .merge(Serialized::default("http.listen", "127.0.0.1:0"))
+        .merge(Serialized::default("stripe.secrets", "whsec_test_secret"));
+    for (key, value) in values {
+        figment = figment.merge(Serialized::default(key, value.clone()));
+    }
+    dedup_worker::config::Settings::from_figment(figment).expect("valid test settings")
+}
+
+/// An application running in this process on port 0.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub store: Store,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl TestApp {
+    pub async fn spawn(
+        settings: dedup_worker::config::Settings,
+        overrides: dedup_worker::startup::Overrides,
+    ) -> Self {
+        let app = dedup_worker::startup::Application::build(settings, overrides)
+            .await
+            .expect("build app");
+        let addr = app.local_addr().expect("addr");
+        let store = app.store().clone();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            app.run(token).await.expect("app run");
+        });
+        TestApp {
+            addr,
+            store,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The binary with a clean environment: `PATH`, the brokers' and the AWS SDK's own settings
+/// (scripts/test.sh sets them), then `env`. No developer configuration leaks in.
+pub fn dedup_command(env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for name in [
+        "AMQP_URL",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ] {
+        if let Ok(value) = std::env::var(name) {
+            cmd.env(name, value);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs a `dedup-worker` command (`dlq list`, `migrate`, …) with `env` and returns its stdout;
+/// the command must succeed.
+pub fn run_cli(env: &[(&str, String)], args: &[&str]) -> String {
+    let out = dedup_command(env).args(args).output().expect("run cli");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// [`run_cli`] for a command that prints JSON lines (`dlq list`, `outbox failed`), parsed.
+pub fn cli_json_lines(env: &[(&str, String)], args: &[&str]) -> Vec<serde_json::Value> {
+    run_cli(env, args)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("the command prints JSON lines"))
+        .collect()
+}
+
+/// The real binary, started with `env`, killed on drop.
+pub struct RunningBinary {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// Lines the binary wrote to stderr, for failure messages.
+    pub stderr_path: PathBuf,
+}
+
+impl RunningBinary {
+    pub fn start(env: &[(&str, String)], log_dir: &Path) -> Self {
+        let stderr_path = log_dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
+        let stderr = std::fs::File::create(&stderr_path).expect("log file");
+        let mut cmd = dedup_command(&[
+            ("DEDUP_LISTEN", "127.0.0.1:0".into()),
+            ("RUST_LOG", "warn".into()),
+        ]);
+        cmd.arg("serve").stdout(Stdio::piped()).stderr(stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start dedup-worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| {
+            panic!(
+                "binary exited early: {}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            )
+        });
+        let addr = line
+            .strip_prefix("dedup-worker listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        RunningBinary {
+            child,
+            addr,
+            stderr_path,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// The status of `/readyz`.
+    pub async fn readyz(&self, client: &reqwest::Client) -> u16 {
+        let response = client.get(self.url("/readyz")).send().await;
+        response.expect("/readyz answers").status().as_u16()
+    }
+
+    /// SIGTERM: the process drains and exits on its own; see [`RunningBinary::wait_exit`].
+    pub fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) with a pid we spawned and still hold (not yet reaped).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+    }
+
+    /// Waits up to `timeout` for the process to exit; its exit status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the binary did not exit within {timeout:?}; it logged:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// [`wait_for`], but a timeout also shows what the binary logged, so a failure in CI says
+    /// why the pipeline stalled rather than only that it did.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        poll_until(timeout, check).await.unwrap_or_else(|| {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; the binary logged:\n{}",
+                self.stderr()
+            )
+        })
+    }
+}
+
+impl Drop for RunningBinary {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `logged` without the terminal colours the log puts around field names, so a test can match
+/// `field=value`.
+pub fn without_colours(logged: &str) -> String {
+    let mut plain = String::with_capacity(logged.len());
+    let mut chars = logged.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The value of an unlabelled counter in a Prometheus text exposition (`/metrics`); 0 when the
+/// counter has not been registered yet (nothing incremented it).
+pub fn counter_value(exposition: &str, name: &str) -> u64 {
+    exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map(|value| value.trim().parse::<f64>().expect("a counter's value") as u64)
+        .next()
+        .unwrap_or(0)
+}

@@ -1,0 +1,210 @@
+//! A database that exists for one test (PostgreSQL database or SQLite file), a dedup row the test
+//! holds open, and what the stores hold.
+
+use std::time::Duration;
+
+use dedup_worker::store::Store;
+use sqlx::{Connection, PgConnection};
+
+/// PostgreSQL server for tests (trust auth); a database per test is created on it.
+pub fn pg_admin_url() -> String {
+    std::env::var("DEDUP_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A database that exists for one test and is removed after it.
+pub struct TestDb {
+    pub url: String,
+    /// PostgreSQL database name to drop.
+    pg_name: Option<String>,
+    /// Keeps the SQLite directory alive.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Postgres => {
+                let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
+                let mut admin = PgConnection::connect(&pg_admin_url())
+                    .await
+                    .expect("connect to PostgreSQL");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut admin)
+                    .await
+                    .expect("create test database");
+                admin.close().await.ok();
+                let base = pg_admin_url();
+                let url = match base.rsplit_once('/') {
+                    Some((prefix, _)) => format!("{prefix}/{name}"),
+                    None => panic!("bad admin url"),
+                };
+                TestDb {
+                    url,
+                    pg_name: Some(name),
+                    _dir: None,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let url = format!("sqlite://{}", dir.path().join("dedup.db").display());
+                TestDb {
+                    url,
+                    pg_name: None,
+                    _dir: Some(dir),
+                }
+            }
+        }
+    }
+
+    /// A migrated store on this database.
+    pub async fn store(&self) -> Store {
+        let store = Store::connect_url(&self.url, 8, Duration::from_secs(5))
+            .await
+            .expect("connect store");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    /// Removes the database now, on the test's runtime (dropping does it from a thread).
+    pub async fn remove(mut self) {
+        if let Some(name) = self.pg_name.take() {
+            drop_database(&name).await;
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            // Drop runs outside any runtime guarantee (the test's may be unwinding): use a
+            // thread with its own runtime.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(drop_database(&name));
+                Some(())
+            })
+            .join();
+        }
+    }
+}
+
+async fn drop_database(name: &str) {
+    if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await;
+        admin.close().await.ok();
+    }
+}
+
+/// An event's dedup row, inserted by the test in a transaction it keeps open: a consumer step
+/// that receives the event waits server-side on its `INSERT … ON CONFLICT DO NOTHING` until the
+/// row is released. A step made as slow as the test likes, with no hook in the product.
+pub struct HeldDedupRow {
+    lock: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// The backend holding the row.
+    holder_pid: i32,
+    observer: sqlx::PgPool,
+}
+
+impl HeldDedupRow {
+    /// Holds `(source, event_id)`'s row on the PostgreSQL database at `db_url`.
+    pub async fn hold(db_url: &str, source: &str, event_id: &str) -> Self {
+        let holder = sqlx::PgPool::connect(db_url).await.expect("connect");
+        let mut lock = holder.begin().await.expect("begin");
+        let holder_pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *lock)
+            .await
+            .expect("backend pid");
+        sqlx::query(
+            "INSERT INTO processed_events (source, event_id, event_type) VALUES ($1, $2, 'held')",
+        )
+        .bind(source)
+        .bind(event_id)
+        .execute(&mut *lock)
+        .await
+        .expect("insert the dedup row");
+        let observer = sqlx::PgPool::connect(db_url).await.expect("connect");
+        HeldDedupRow {
+            lock,
+            holder_pid,
+            observer,
+        }
+    }
+
+    /// Database sessions waiting for the row now (consumer steps that received its event).
+    pub async fn waiting(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(self.holder_pid)
+        .fetch_one(&self.observer)
+        .await
+        .expect("blocked sessions")
+    }
+
+    /// Rolls the row back: the waiting steps go on, and the first to insert it handles the event.
+    pub async fn release(self) {
+        self.lock.rollback().await.expect("rollback");
+        self.observer.close().await;
+    }
+}
+
+/// Rows in the example handler's table, per event id.
+pub async fn ledger_counts(store: &Store) -> std::collections::HashMap<String, i64> {
+    let sql = "SELECT event_id, count(*) FROM event_ledger GROUP BY event_id";
+    let rows: Vec<(String, i64)> = match store {
+        Store::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
+        Store::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
+    };
+    rows.into_iter().collect()
+}
+
+/// Runs `sql` on the store (either backend), failing the test if it fails.
+pub async fn execute(store: &Store, sql: &str) {
+    match store {
+        Store::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+        Store::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+    }
+    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// True when nothing is left to do: queue empty and no pending outbox rows.
+pub async fn pipeline_drained(store: &Store, queue: &str) -> bool {
+    let depth = store.queue_depth(queue).await.unwrap_or(i64::MAX);
+    let counts = store
+        .outbox_counts()
+        .await
+        .map(|c| c.pending)
+        .unwrap_or(i64::MAX);
+    depth == 0 && counts == 0
+}
+
+/// Polls the store's outbox counts until `done` holds for them, or panics with `what` after
+/// `timeout`.
+pub async fn wait_for_outbox<F>(store: &Store, what: &str, timeout: Duration, done: F)
+where
+    F: Fn(&dedup_worker::store::OutboxCounts) -> bool,
+{
+    super::wait_for(what, timeout, || async {
+        let counts = store.outbox_counts().await.ok()?;
+        done(&counts).then_some(())
+    })
+    .await;
+}
+
+/// The PostgreSQL database's name in `url` (its last path segment).
+pub fn database_name(url: &str) -> &str {
+    url.rsplit('/').next().expect("a database url")
+}

@@ -1,0 +1,86 @@
+//! Shared test support, one harness for every module of the suite:
+//!
+//! * [`db`]: a fresh database per test (a PostgreSQL database `dw_test_<uuid>` on the server
+//!   named by `DEDUP_TEST_POSTGRES`, or an SQLite file), a dedup row held open by the test, and
+//!   what the stores hold;
+//! * [`app`]: the application in this process on port 0, the real binary started on port 0
+//!   (killed on drop), and its CLI;
+//! * [`signing`]: Stripe events, signed with our code or with the official `stripe` library;
+//! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
+//! * [`queue`]: a queue of the test's own on every transport, and the turns the tests take on
+//!   the SQS emulator;
+//! * [`fault_proxy`]: a TCP proxy that black-holes, refuses or cuts a dependency;
+//! * [`idempotency`]: a database and Redis prefix for the Idempotency-Key layer, and the
+//!   counting handler behind it;
+//!
+//! and, here, polling with a deadline, serving a router on port 0, and the brokers' URLs.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+pub mod app;
+pub mod db;
+pub mod fault_proxy;
+pub mod idempotency;
+pub mod queue;
+pub mod receiver;
+pub mod signing;
+
+pub use app::{counter_value, run_cli, test_settings, without_colours, RunningBinary, TestApp};
+pub use db::{ledger_counts, pipeline_drained, Backend, HeldDedupRow, TestDb};
+pub use queue::{sqs_turn, SqsLoad, TestQueue, Transport};
+pub use receiver::{file_sink_ids, Receiver};
+pub use signing::{now, post_signed, stripe_event, stripe_python_sign};
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll_until(timeout, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or gives `None` after `timeout`.
+async fn poll_until<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Serves `router` on 127.0.0.1:0 for the rest of the test; its address.
+pub async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    addr
+}
+
+/// The RabbitMQ broker: `AMQP_URL` (the binary reads the same variable), else the local one.
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The Redis server for tests: `DEDUP_TEST_REDIS`, else the local one. Each test keeps to a key
+/// prefix of its own.
+pub fn redis_url() -> String {
+    std::env::var("DEDUP_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}

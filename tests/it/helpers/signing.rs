@@ -1,0 +1,79 @@
+//! Stripe events for the tests, signed with our code or with the official `stripe` library.
+
+use std::process::{Command, Stdio};
+
+/// The current Unix time, as signatures carry it.
+pub fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// A Stripe-like event (pretty-printed, as Stripe sends it).
+pub fn stripe_event(id: &str, event_type: &str) -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "id": id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": 1_700_000_000,
+        "type": event_type,
+        "livemode": false,
+        "data": { "object": { "id": format!("pi_{id}"), "object": "payment_intent", "amount": 1999, "currency": "usd" } }
+    }))
+    .expect("serialize")
+}
+
+/// Signs `body` with `secret` at the current time (our signer) and POSTs it to `url` as a
+/// Stripe webhook.
+pub async fn post_signed(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &str,
+    body: Vec<u8>,
+) -> reqwest::Result<reqwest::Response> {
+    let header = dedup_worker::webhook::stripe::signature_header(secret, now(), &body);
+    client
+        .post(url)
+        .header("Stripe-Signature", header)
+        .body(body)
+        .send()
+        .await
+}
+
+/// Signs with the official stripe-python library, one process for many payloads.
+/// Returns one header per payload, in order.
+pub fn stripe_python_sign(secret: &str, items: &[(Vec<u8>, i64)]) -> Vec<String> {
+    let script = r#"
+import json, sys, stripe
+req = json.load(sys.stdin)
+out = []
+for item in req["items"]:
+    payload = bytes(item["payload"]).decode("utf-8")
+    out.append(stripe.WebhookSignature.generate_signature_header(payload, req["secret"], timestamp=item["t"]))
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({
+        "secret": secret,
+        "items": items.iter().map(|(p, t)| serde_json::json!({"payload": p, "t": t})).collect::<Vec<_>>(),
+    });
+    let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed (the test command installs the stripe package)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(request.to_string().as_bytes())
+            .expect("write");
+    }
+    let output = child.wait_with_output().expect("python");
+    assert!(
+        output.status.success(),
+        "stripe-python signing failed (pip install stripe): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("headers")
+}
