@@ -2,7 +2,7 @@
 //!
 //! Owns every SQL statement of the pipeline (dedup record, outbox, dead letters, database queue)
 //! and the migrations. Both backends give the same guarantees, checked by one contract test
-//! suite (`tests/store_contract.rs`):
+//! suite (`tests/it/store_contract.rs`):
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
 //!   transaction, so "seen" and "handled" commit together;
 //! * queue and outbox claims lease rows; an expired lease makes them claimable again;

@@ -51,10 +51,9 @@ impl Handler for Picky {
             return Err(HandlerError::Fatal("poison".into()));
         }
         if event.id.starts_with("evt_flaky") && event.delivery_attempt <= self.flaky_until {
-            return Err(HandlerError::Retryable(format!(
-                "delivery {} failed",
-                event.delivery_attempt
-            )));
+            return Err(HandlerError::Retryable(
+                format!("delivery {} failed", event.delivery_attempt).into(),
+            ));
         }
         if event.id.starts_with("evt_panic") {
             panic!("handler bug");

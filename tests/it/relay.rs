@@ -195,9 +195,7 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
     )
     .await;
     assert_eq!(gets.load(Ordering::SeqCst), 0, "the redirect was followed");
-    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
-        panic!("a PostgreSQL test");
-    };
+    let pool = app.store.postgres_pool().expect("a PostgreSQL test");
     let last_error: String = sqlx::query_scalar("SELECT last_error FROM outbox")
         .fetch_one(pool)
         .await
@@ -226,9 +224,9 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_sqlite(
 /// dispatched. Now A's mark changes nothing, A's step reports the lost lease without failing,
 /// and B's delivery decides the row.
 async fn lease_taken_over(backend: Backend) {
+    use dedup_worker::config::SinkSpec;
     use dedup_worker::outbox::relay::{Relay, RelayOptions};
-    use dedup_worker::outbox::sink::SinkSpec;
-    use dedup_worker::store::{NewOutboxRow, Store, Wakeups};
+    use dedup_worker::store::{NewOutboxRow, Wakeups};
     use tokio::sync::{mpsc, oneshot};
 
     /// Each request takes the next answer, announces itself, and waits for the test to answer.
@@ -295,20 +293,21 @@ async fn lease_taken_over(backend: Backend) {
         move || {
             let store = store.clone();
             async move {
-                match &store {
-                    Store::Postgres(pool) => sqlx::query(
+                match (store.postgres_pool(), store.sqlite_pool()) {
+                    (Some(pool), _) => sqlx::query(
                         "UPDATE outbox SET next_attempt_at = now() WHERE status = 'pending'",
                     )
                     .execute(pool)
                     .await
                     .map(drop),
                     // Unix milliseconds: 0 is long past.
-                    Store::Sqlite(pool) => sqlx::query(
+                    (_, Some(pool)) => sqlx::query(
                         "UPDATE outbox SET next_attempt_at = 0 WHERE status = 'pending'",
                     )
                     .execute(pool)
                     .await
                     .map(drop),
+                    (None, None) => unreachable!("a store is one of the two"),
                 }
                 .expect("expire the lease");
             }
@@ -377,8 +376,8 @@ async fn a_delivery_slower_than_the_lease_keeps_its_lease_on_sqlite() {
 /// by A, no lease lost. (Without the heartbeat B takes the row over after one lease and
 /// delivers it a second time.)
 async fn slow_delivery_keeps_its_lease(backend: Backend) {
+    use dedup_worker::config::SinkSpec;
     use dedup_worker::outbox::relay::{Relay, RelayOptions};
-    use dedup_worker::outbox::sink::SinkSpec;
     use dedup_worker::store::{NewOutboxRow, Wakeups};
 
     const LEASE: Duration = Duration::from_millis(600);
@@ -609,9 +608,7 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
         Overrides::default(),
     )
     .await;
-    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
-        panic!("a PostgreSQL test");
-    };
+    let pool = app.store.postgres_pool().expect("a PostgreSQL test");
     let ids = accept_events(&app, "evt_unreachable", 10).await;
     // Rows retried (at least twice), still pending, whose last attempt failed with `cause`.
     let failing_with = |cause: &'static [&'static str]| {
@@ -697,9 +694,7 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
         Overrides::default(),
     )
     .await;
-    let dedup_worker::store::Store::Postgres(pool) = &app.store else {
-        panic!("a PostgreSQL test");
-    };
+    let pool = app.store.postgres_pool().expect("a PostgreSQL test");
     let ids = accept_events(&app, "evt_cut", 40).await;
     let mut seen = 0;
     for cut in 1..=3 {

@@ -161,15 +161,12 @@ async fn webhook_id_dedups_under_its_own_source() {
         2,
         "three standard deliveries and one stripe: two events\n{lines}"
     );
-    let rows: Vec<(String, i64)> = match &*store {
-        dedup_worker::store::Store::Postgres(pool) => sqlx::query_as(
-            "SELECT source, count(*) FROM event_ledger GROUP BY source ORDER BY source",
-        )
-        .fetch_all(pool)
-        .await
-        .unwrap(),
-        dedup_worker::store::Store::Sqlite(_) => unreachable!(),
-    };
+    let pool = store.postgres_pool().expect("a PostgreSQL test");
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT source, count(*) FROM event_ledger GROUP BY source ORDER BY source")
+            .fetch_all(pool)
+            .await
+            .unwrap();
     assert_eq!(
         rows,
         vec![("standard".to_owned(), 1), ("stripe".to_owned(), 1)]

@@ -164,18 +164,21 @@ impl HeldDedupRow {
 /// Rows in the example handler's table, per event id.
 pub async fn ledger_counts(store: &Store) -> std::collections::HashMap<String, i64> {
     let sql = "SELECT event_id, count(*) FROM event_ledger GROUP BY event_id";
-    let rows: Vec<(String, i64)> = match store {
-        Store::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
-        Store::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await.expect("ledger"),
-    };
+    let rows: Vec<(String, i64)> = match (store.postgres_pool(), store.sqlite_pool()) {
+        (Some(pool), _) => sqlx::query_as(sql).fetch_all(pool).await,
+        (_, Some(pool)) => sqlx::query_as(sql).fetch_all(pool).await,
+        (None, None) => unreachable!("a store is one of the two"),
+    }
+    .expect("ledger");
     rows.into_iter().collect()
 }
 
 /// Runs `sql` on the store (either backend), failing the test if it fails.
 pub async fn execute(store: &Store, sql: &str) {
-    match store {
-        Store::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
-        Store::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+    match (store.postgres_pool(), store.sqlite_pool()) {
+        (Some(pool), _) => sqlx::query(sql).execute(pool).await.map(drop),
+        (_, Some(pool)) => sqlx::query(sql).execute(pool).await.map(drop),
+        (None, None) => unreachable!("a store is one of the two"),
     }
     .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

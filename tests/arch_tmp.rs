@@ -1,2 +1,0 @@
-#[path = "it/architecture.rs"]
-mod architecture;
