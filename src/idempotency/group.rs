@@ -65,7 +65,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
-use super::store::{decode_existing, Claim, ClaimToken, StoreError, StoredResponse};
+use super::records::{decode_existing, Claim, ClaimToken, StoreError, StoredResponse};
 use crate::retry::backoff_delay;
 
 /// How statements are grouped.

@@ -33,9 +33,10 @@ use tower::{Layer, Service};
 
 use super::fingerprint::Fingerprint;
 use super::key::{IdempotencyKey, KeyError};
+use super::records::{Claim, ClaimToken, Ownership, StoredResponse};
 use super::redis::{CacheError, CachedResponse, LockOutcome, RedisCache};
 pub use super::rejection::{ErrorStyle, Rejection};
-use super::store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoredResponse};
+use super::store::PgIdempotencyStore;
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
