@@ -25,7 +25,6 @@ pub mod key;
 pub mod layer;
 pub mod records;
 pub mod redis;
-pub mod rejection;
 pub mod store;
 
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
