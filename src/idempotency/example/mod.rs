@@ -100,7 +100,7 @@ impl CheckoutApp {
             .acquire_timeout(Duration::from_secs(5))
             .connect(&config.database_url)
             .await?;
-        super::migrate(&pool).await?;
+        PgIdempotencyStore::migrate(&pool).await?;
         setup(&pool).await?;
         let store = PgIdempotencyStore::new(pool.clone());
         let expiry = store.spawn_expiry_task(Duration::from_secs(60), 1000);

@@ -139,6 +139,11 @@ pub(crate) enum Completed {
 
 type CompletionReply = oneshot::Sender<Result<Completed, StoreError>>;
 
+/// A claim of a group and where its answer goes.
+type ClaimEntry = (NewClaim, ClaimReply);
+/// A completion of a group and where its answer goes.
+type CompletionEntry = (NewCompletion, CompletionReply);
+
 /// One request to a partition's writer and where its answer goes.
 enum Write {
     Claim(NewClaim, ClaimReply),

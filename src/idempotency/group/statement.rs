@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::types::Json;
 
-use super::writer::{ClaimEntry, CompletionEntry};
+use super::{ClaimEntry, CompletionEntry};
 
 // `$1..$6`: the claims, inserted in `(account, key)` order: whatever this statement waits on
 // (another statement's uncommitted row for one of its keys), it waits for in a fixed order.

@@ -18,13 +18,8 @@ use uuid::Uuid;
 
 use super::breaker::Breaker;
 use super::statement::group_query;
-use super::{ClaimReply, Completed, CompletionReply, NewClaim, NewCompletion, Write};
+use super::{ClaimEntry, Completed, CompletionEntry, Write};
 use crate::idempotency::records::{decode_existing, Claim, ClaimToken, StoreError};
-
-/// A claim of the group and where its answer goes.
-pub(super) type ClaimEntry = (NewClaim, ClaimReply);
-/// A completion of the group and where its answer goes.
-pub(super) type CompletionEntry = (NewCompletion, CompletionReply);
 
 /// One partition's writer.
 pub(super) struct Writer {
