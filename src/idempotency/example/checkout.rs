@@ -14,7 +14,9 @@ use axum::{Json, Router};
 use serde_json::json;
 use sqlx::{PgPool, Row};
 
-use super::{bearer, error, idem_key, require_bearer, PaymentRequest};
+use super::{
+    bearer, error, idem_key, listing, missing_bearer_or_key, require_bearer, PaymentRequest,
+};
 use crate::idempotency::client::IdempotentClient;
 use crate::idempotency::layer::IdempotencyLayer;
 
@@ -50,12 +52,7 @@ async fn create_payment(
     Json(req): Json<PaymentRequest>,
 ) -> Response {
     let (Some(account), Some(key)) = (bearer(&headers), idem_key(&headers)) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "missing",
-            "bearer and key required",
-        );
+        return missing_bearer_or_key();
     };
     if req.amount <= 0 || req.currency.len() != 3 {
         return error(
@@ -153,25 +150,11 @@ async fn list_payments(State(st): State<CheckoutState>, headers: HeaderMap) -> R
     .bind(&account)
     .fetch_all(&st.pool)
     .await;
-    match rows {
-        Ok(rows) => {
-            let data: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    json!({"id": format!("pay_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
-                           "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
-                           "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
-                           "currency": r.try_get::<String, _>(3).unwrap_or_default(),
-                           "charge": r.try_get::<String, _>(4).unwrap_or_default()})
-                })
-                .collect();
-            Json(json!({"data": data})).into_response()
-        }
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "api_error",
-            "unavailable",
-            "try again",
-        ),
-    }
+    listing(rows, |r| {
+        json!({"id": format!("pay_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
+               "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
+               "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
+               "currency": r.try_get::<String, _>(3).unwrap_or_default(),
+               "charge": r.try_get::<String, _>(4).unwrap_or_default()})
+    })
 }

@@ -25,8 +25,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
+use serde_json::{json, Value};
+use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -243,4 +243,30 @@ fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response 
 
 fn idem_key(headers: &HeaderMap) -> Option<IdempotencyKey> {
     IdempotencyKey::from_header(headers.get(IDEMPOTENCY_KEY)?).ok()
+}
+
+/// The 400 for a create request without a bearer account or a key: both services pass the
+/// key on, so neither can do without it.
+fn missing_bearer_or_key() -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "missing",
+        "bearer and key required",
+    )
+}
+
+/// A `GET` listing, `{"data": [...]}` with one object per row, or a 503 to retry.
+fn listing(rows: Result<Vec<PgRow>, sqlx::Error>, item: impl Fn(&PgRow) -> Value) -> Response {
+    match rows {
+        Ok(rows) => {
+            Json(json!({"data": rows.iter().map(item).collect::<Vec<_>>()})).into_response()
+        }
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            "unavailable",
+            "try again",
+        ),
+    }
 }
