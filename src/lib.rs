@@ -31,6 +31,7 @@ pub mod config;
 pub mod consumer;
 pub mod dlq;
 pub mod event;
+pub mod group_commit;
 pub mod idempotency;
 pub mod lease;
 pub mod outbox;

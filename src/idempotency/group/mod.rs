@@ -11,8 +11,9 @@
 //! completions alike, up to `max_batch`) goes into the next one.
 //!
 //! This file holds the requests' side (options, what is asked, the partitions); the writer's
-//! loop is in `writer.rs`, its breaker in `breaker.rs`, the statement and its session settings
-//! in `statement.rs`.
+//! loop is in `writer.rs`, the statement and its session settings in `statement.rs`; the
+//! statement timeout and the breaker are the crate's group-commit helper's
+//! ([`crate::group_commit`]), shared with the database queue.
 //!
 //! Guarantees:
 //! - a grouped claim is `INSERT … ON CONFLICT DO NOTHING`: it only ever creates a key that did
@@ -55,7 +56,6 @@
 //!   statement, so only a request at fault fails. A statement that could not reach the server
 //!   fails every request of its group; none is ever told it succeeded.
 
-mod breaker;
 mod statement;
 mod writer;
 
@@ -70,9 +70,9 @@ use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::records::{Claim, StoreError, StoredResponse};
-use breaker::Breaker;
+use crate::group_commit::{Committer, Names};
 use statement::{group_sql, writer_settings};
-use writer::Writer;
+use writer::{Link, Writer};
 
 /// How statements are grouped.
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +104,13 @@ impl Default for GroupOptions {
         }
     }
 }
+
+/// The group writers' log subject and metrics.
+const COMMIT_NAMES: Names = Names {
+    subject: "idempotency store",
+    group_size: "idempotency_group_size",
+    refused: "idempotency_group_refused_total",
+};
 
 /// A first claim for a key, to be written with others.
 pub(crate) struct NewClaim {
@@ -174,13 +181,18 @@ impl Groups {
             .map(|_| {
                 let (tx, rx) = mpsc::channel(max_batch);
                 let writer = Writer {
-                    connect: connect.clone(),
-                    connection: None,
-                    settings: settings.clone(),
-                    sql: sql.clone(),
-                    on_statement: on_statement.clone(),
-                    statement_timeout: options.statement_timeout,
-                    breaker: Breaker::default(),
+                    link: Link {
+                        connect: connect.clone(),
+                        connection: None,
+                        settings: settings.clone(),
+                        sql: sql.clone(),
+                        on_statement: on_statement.clone(),
+                    },
+                    committer: Committer::new(
+                        COMMIT_NAMES,
+                        options.statement_timeout,
+                        StoreError::GroupTimedOut,
+                    ),
                 };
                 tokio::spawn(writer.run(rx, max_batch));
                 tx

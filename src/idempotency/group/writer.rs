@@ -4,50 +4,46 @@
 //! Every request gets an answer, and never a false success: a group whose statement went
 //! through is answered row by row; one the server refused is split so that each request is
 //! decided by its own single-row statement (no shared fate); one that could not reach the server
-//! fails as a whole and opens the breaker. A writer that goes away mid-group drops the replies,
-//! which callers see as an error.
+//! fails as a whole and opens the breaker ([`crate::group_commit`], which also bounds each
+//! statement). A writer that goes away mid-group drops the replies, which callers see as an
+//! error.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Row};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::breaker::Breaker;
 use super::statement::group_query;
 use super::{ClaimEntry, Completed, CompletionEntry, Write};
+use crate::group_commit::{server_answered, Committed, Committer, WriteFailure};
 use crate::idempotency::records::{decode_existing, Claim, ClaimToken, StoreError};
 
 /// One partition's writer.
 pub(super) struct Writer {
+    /// Its connection, and the statement it sends.
+    pub(super) link: Link,
+    /// Bounds each statement and fails groups at once while PostgreSQL could not be reached
+    /// lately (one per writer: each has a connection of its own).
+    pub(super) committer: Committer<StoreError>,
+}
+
+/// A writer's own connection and what it sends on it.
+pub(super) struct Link {
     /// How to connect (the store's pool's options).
     pub(super) connect: Arc<PgConnectOptions>,
     /// A connection of its own, kept across statements: a pooled connection would add a ping
     /// on every release and acquire, two round trips in front of each statement. Dropped on
     /// any error and opened again for the next group.
     pub(super) connection: Option<PgConnection>,
-    /// [`writer_settings`], run on each new connection.
+    /// [`writer_settings`](super::statement::writer_settings), run on each new connection.
     pub(super) settings: Arc<str>,
     /// The grouped statement.
     pub(super) sql: Arc<str>,
     /// Counts statements (the store's `query_count`).
     pub(super) on_statement: Arc<dyn Fn() + Send + Sync>,
-    /// [`GroupOptions::statement_timeout`].
-    pub(super) statement_timeout: Duration,
-    /// Fails groups at once while PostgreSQL could not be reached lately.
-    pub(super) breaker: Breaker,
-}
-
-/// Why a group's statement did not go through.
-enum WriteFailure {
-    /// PostgreSQL could not be reached: connecting failed, the connection broke, or the
-    /// statement outlived its timeout. Opens the breaker.
-    Unreachable(StoreError),
-    /// The statement failed on a live connection (the server answered).
-    Statement(StoreError),
 }
 
 impl Writer {
@@ -69,65 +65,51 @@ impl Writer {
                     Write::Complete(completion, reply) => completions.push((completion, reply)),
                 }
             }
-            if let Some(error) = self.breaker.refusal() {
-                metrics::counter!("idempotency_group_refused_total").increment(1);
-                fail(claims, completions, error);
-                continue;
-            }
-            metrics::histogram!("idempotency_group_size")
-                .record((claims.len() + completions.len()) as f64);
-            let written =
-                tokio::time::timeout(self.statement_timeout, self.write(&claims, &completions))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(WriteFailure::Unreachable(StoreError::GroupTimedOut(
-                            self.statement_timeout,
-                        )))
-                    });
-            match written {
-                Ok(rows) => {
-                    self.breaker.reached();
+            let size = claims.len() + completions.len();
+            let written = self.link.write(&claims, &completions);
+            let error = match self.committer.commit(size, written).await {
+                Committed::Written(rows) => {
                     answer(claims, completions, rows);
+                    continue;
                 }
-                Err(failure) => {
-                    self.connection = None;
-                    let error = match failure {
-                        WriteFailure::Unreachable(error) => {
-                            let error = Arc::new(error);
-                            self.breaker.unreachable(error.clone());
-                            error
-                        }
-                        // The server refused the statement (one request's values it cannot
-                        // hold, a deadlock): no request of a group shares another's fate, so
-                        // each is decided by its own single-row statement, and only the one at
-                        // fault fails.
-                        WriteFailure::Statement(error) if claims.len() + completions.len() > 1 => {
-                            self.breaker.reached();
-                            tracing::warn!(%error, size = claims.len() + completions.len(), "grouped idempotency statement refused; writing its requests one at a time");
-                            metrics::counter!("idempotency_group_split_total").increment(1);
-                            split(claims, completions);
-                            continue;
-                        }
-                        WriteFailure::Statement(error) => {
-                            self.breaker.reached();
-                            Arc::new(error)
-                        }
-                    };
-                    fail(claims, completions, error);
+                Committed::Refused(error) => error,
+                Committed::Unreachable(error) => {
+                    self.link.connection = None;
+                    error
                 }
-            }
+                // The server refused the statement (one request's values it cannot hold, a
+                // deadlock): no request of a group shares another's fate, so each is decided by
+                // its own single-row statement, and only the one at fault fails.
+                Committed::Failed(error) if size > 1 => {
+                    self.link.connection = None;
+                    tracing::warn!(%error, size, "grouped idempotency statement refused; writing its requests one at a time");
+                    metrics::counter!("idempotency_group_split_total").increment(1);
+                    split(claims, completions);
+                    continue;
+                }
+                Committed::Failed(error) => {
+                    self.link.connection = None;
+                    Arc::new(error)
+                }
+            };
+            fail(claims, completions, error);
         }
     }
+}
 
+impl Link {
     /// Runs one grouped statement, connecting first if needed.
     async fn write(
         &mut self,
         claims: &[ClaimEntry],
         completions: &[CompletionEntry],
-    ) -> Result<Vec<PgRow>, WriteFailure> {
+    ) -> Result<Vec<PgRow>, WriteFailure<StoreError>> {
         let connection = match &mut self.connection {
             Some(connection) => connection,
             None => {
+                // Whatever the error, the connection is not there: even an error the server
+                // sent while connecting (authentication, too many clients) says nothing about a
+                // statement.
                 let unreachable = |e: sqlx::Error| WriteFailure::Unreachable(e.into());
                 let mut connection = PgConnection::connect_with(&self.connect)
                     .await
@@ -143,10 +125,10 @@ impl Writer {
         connection
             .fetch_all(group_query(&self.sql, claims, completions))
             .await
-            .map_err(|e| match e {
-                sqlx::Error::Database(_) => WriteFailure::Statement(e.into()),
+            .map_err(|e| match server_answered(&e) {
+                true => WriteFailure::Statement(e.into()),
                 // I/O, TLS, protocol: the connection broke under the statement.
-                _ => WriteFailure::Unreachable(e.into()),
+                false => WriteFailure::Unreachable(e.into()),
             })
     }
 }
