@@ -37,6 +37,7 @@ pub mod consumer;
 pub mod dlq;
 pub mod error;
 pub mod event;
+pub mod group_commit;
 pub mod http;
 pub mod idempotency;
 pub mod lease;
@@ -50,6 +51,3 @@ pub mod startup;
 pub mod store;
 pub mod telemetry;
 pub mod webhook;
-
-// TEMPORARY (removed when the idempotency re-homing branch is merged).
-pub use http::server;

@@ -53,3 +53,10 @@ mod tests {
         assert!(backoff_delay(base, max, 40) <= max * 2);
     }
 }
+
+/// A duration as the `bigint` milliseconds SQL statements bind; one too long for that saturates
+/// (a TTL or lease of centuries means "never", not an error). Shared by the pipeline's store and
+/// the idempotency store.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

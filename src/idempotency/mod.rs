@@ -3,7 +3,7 @@
 //!
 //! Owns: key parsing ([`key`]), request fingerprints ([`fingerprint`]), the tower/axum layer
 //! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth, with concurrent
-//! writes grouped by [`group`]), the optional Redis
+//! writes grouped by [`group`]; both speak in the [`records`] below them), the optional Redis
 //! fast path ([`redis`]), a retrying client helper ([`client`]) and the checkout example's
 //! routers ([`example`]).
 //!
@@ -23,8 +23,8 @@ pub mod fingerprint;
 pub mod group;
 pub mod key;
 pub mod layer;
+pub mod records;
 pub mod redis;
-pub mod rejection;
 pub mod store;
 
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
@@ -35,8 +35,9 @@ pub use layer::{
     ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, NotExecuted,
     Rejection, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
+pub use records::{Claim, ClaimToken, Ownership, StoreError, StoredResponse};
 pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};
-pub use store::{Claim, ClaimToken, Ownership, PgIdempotencyStore, StoreError, StoredResponse};
+pub use store::PgIdempotencyStore;
 
 /// Applies the crate's PostgreSQL migrations, this module's table included.
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), StoreError> {

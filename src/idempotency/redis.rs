@@ -21,7 +21,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use super::fingerprint::Fingerprint;
-use super::store::StoredResponse;
+use super::records::StoredResponse;
 
 /// Errors from Redis (logged by the layer, never returned to clients).
 #[derive(Debug, thiserror::Error)]

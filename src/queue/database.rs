@@ -4,6 +4,11 @@
 //! to a bounded channel and waits; writer tasks take everything waiting (up to
 //! `publish_batch_max`), insert it in one statement, commit once, and answer every caller. Under
 //! load this turns N fsyncs into one, which is what bounds ingress throughput.
+//!
+//! Each commit is bounded by `commit_timeout`, and while the database cannot be reached the
+//! writers' shared breaker answers "unavailable" at once instead of letting every queued
+//! publish wait out a timeout of its own ([`crate::group_commit`], as for the idempotency
+//! store's writers).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +18,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use crate::store::{bounded, NewQueueMessage, Store, Wakeups};
+use crate::group_commit::{server_answered, Committed, Committer, Names, WriteFailure};
+use crate::store::{bounded, NewQueueMessage, Store, StoreError, Wakeups};
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
 
@@ -27,7 +33,9 @@ pub struct GroupCommit {
     /// Publishers that may wait for a writer.
     pub channel_capacity: usize,
     /// The longest one group commit may take before its callers are told "unavailable" and the
-    /// writer moves on: a database that stops answering must not hold the writers forever.
+    /// writer moves on: a database that stops answering must not hold the writers forever. Such
+    /// a commit also opens the writers' breaker, so the publishes queued behind it are told at
+    /// once rather than each after as long.
     pub commit_timeout: Duration,
     /// How long a receive holds a message before it is redelivered.
     pub lease: Duration,
@@ -55,6 +63,9 @@ impl DatabaseQueue {
     pub fn start(store: Store, queue: String, wakeups: Arc<Wakeups>, options: GroupCommit) -> Self {
         let (publish_tx, publish_rx) = mpsc::channel(options.channel_capacity);
         let publish_rx = Arc::new(Mutex::new(publish_rx));
+        // One breaker for all writers: they take from one channel over one pool, so the first
+        // commit through after an outage reopens ingress for every one of them.
+        let committer = Committer::new(COMMIT_NAMES, options.commit_timeout, StoreError::TimedOut);
         for _ in 0..options.writers {
             tokio::spawn(write_groups(
                 store.clone(),
@@ -62,7 +73,7 @@ impl DatabaseQueue {
                 publish_rx.clone(),
                 wakeups.clone(),
                 options.max_batch,
-                options.commit_timeout,
+                committer.clone(),
             ));
         }
         DatabaseQueue {
@@ -76,6 +87,13 @@ impl DatabaseQueue {
     }
 }
 
+/// The writers' log subject and metrics.
+const COMMIT_NAMES: Names = Names {
+    subject: "database queue",
+    group_size: "dedup_queue_group_commit_size",
+    refused: "dedup_queue_group_refused_total",
+};
+
 /// One writer: take whatever is waiting, commit it as one group, answer everyone.
 async fn write_groups(
     store: Store,
@@ -83,7 +101,7 @@ async fn write_groups(
     rx: Arc<Mutex<mpsc::Receiver<(NewQueueMessage, Reply)>>>,
     wakeups: Arc<Wakeups>,
     max_batch: usize,
-    commit_timeout: Duration,
+    committer: Committer<StoreError>,
 ) {
     let mut group = Vec::with_capacity(max_batch);
     loop {
@@ -96,35 +114,62 @@ async fn write_groups(
         let (messages, replies): (Vec<_>, Vec<_>) = group.drain(..).unzip();
         // On timeout the commit may still land: its callers were told 503 and their senders
         // retry, which the consumer recognises as a duplicate. Never the other way round.
-        let result = bounded(commit_timeout, store.enqueue(&queue, &messages)).await;
-        metrics::histogram!("dedup_queue_group_commit_size").record(messages.len() as f64);
-        match result {
-            Ok(()) => {
+        let enqueued = async {
+            store
+                .enqueue(&queue, &messages)
+                .await
+                .map_err(write_failure)
+        };
+        let error = match committer.commit(messages.len(), enqueued).await {
+            Committed::Written(()) => {
                 wakeups.queue.notify_waiters();
                 for reply in replies {
                     let _ = reply.send(Ok(()));
                 }
+                continue;
             }
             // One message the database cannot hold must not fail the others committed with
             // it: each is written on its own, and only the offender is refused.
-            Err(error) if messages.len() > 1 && error.refused_for_its_data() => {
+            Committed::Failed(error) if messages.len() > 1 && error.refused_for_its_data() => {
                 tracing::warn!(%error, count = messages.len(), "database queue group refused for a row's data; writing its messages one at a time");
                 write_one_by_one(&store, &queue, messages, replies).await;
                 wakeups.queue.notify_waiters();
+                continue;
             }
-            Err(error) => {
+            Committed::Failed(error) => {
                 tracing::warn!(%error, count = messages.len(), "database queue commit failed");
-                let refused = error.refused_for_its_data();
-                let cause = Cause::new(error.to_string(), error);
-                for reply in replies {
-                    let _ = reply.send(Err(if refused {
-                        TransportError::Rejected(cause.clone())
-                    } else {
-                        TransportError::Unavailable(cause.clone())
-                    }));
+                if error.refused_for_its_data() {
+                    let cause = Cause::new(error.to_string(), error);
+                    for reply in replies {
+                        let _ = reply.send(Err(TransportError::Rejected(cause.clone())));
+                    }
+                    continue;
                 }
+                Arc::new(error)
             }
+            Committed::Unreachable(error) => {
+                tracing::warn!(%error, count = messages.len(), "database queue commit failed");
+                error
+            }
+            // The breaker is open: told at once, with the error that opened it.
+            Committed::Refused(error) => error,
+        };
+        let cause = Cause::new(error.to_string(), error);
+        for reply in replies {
+            let _ = reply.send(Err(TransportError::Unavailable(cause.clone())));
         }
+    }
+}
+
+/// How the breaker reads an enqueue's failure: the database not reached (no connection in
+/// time, a broken one, no answer in time) opens it; an error the server answered with does not.
+/// That includes one it sent while the pool connected (the database not accepting connections,
+/// authentication): such an answer comes at once, and the breaker only saves waiting.
+fn write_failure(error: StoreError) -> WriteFailure<StoreError> {
+    match &error {
+        StoreError::Database(e) if !server_answered(e) => WriteFailure::Unreachable(error),
+        StoreError::TimedOut(_) => WriteFailure::Unreachable(error),
+        _ => WriteFailure::Statement(error),
     }
 }
 

@@ -17,11 +17,12 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[&[&str]] = &[
     // Unit-test support (proptest configuration).
     &["proptest_support"],
-    // The vocabulary everything shares: the event, error causes, retry policy, lease heartbeats,
-    // metrics.
+    // The vocabulary everything shares: the event, error causes, retry policy and durations,
+    // lease heartbeats, metrics.
     &["error", "event", "lease", "retry", "telemetry"],
-    // Configuration: typed and validated; it reads only the event's field rules.
-    &["config"],
+    // Configuration (typed and validated; it reads only the event's field rules), and the group
+    // commit with its breaker that the database queue and the idempotency writers share.
+    &["config", "group_commit"],
     // Storage: every SQL statement of the pipeline.
     &["store"],
     // Transports: the database queue, RabbitMQ, SQS (and their publishers).

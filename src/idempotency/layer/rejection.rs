@@ -1,5 +1,11 @@
 //! The answers the layer gives itself (missing or invalid key, reuse, a request in progress,
 //! an unavailable store, …), in the IETF draft's problem+json style or Stripe's.
+//!
+//! Each status tells the client what to do next, because nothing else does: a 4xx other than
+//! 409 means nothing ran and retrying the same request cannot help; 409 and 503 mean "retry
+//! with the same key" and carry `Retry-After` (at least one second: `Retry-After: 0` invites a
+//! tight loop); 500 means the handler failed and the key was released, so the same key runs it
+//! again.
 
 use std::time::Duration;
 
@@ -7,7 +13,7 @@ use axum::body::Body;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::key::KeyError;
+use crate::idempotency::key::KeyError;
 
 /// How error responses produced by the layer look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -7,20 +7,27 @@
 //! 3. the checkout handler charges a payment-provider stub with the same key (and the caller's
 //!    account as the provider-side merchant), through the same retrying client; the stub is
 //!    itself behind the layer and records one charge per key.
+//!
+//! This file wires both services and owns what they share (configuration, the bearer account,
+//! the tables, error bodies); the checkout service is in `checkout.rs`, the provider stub in
+//! `provider.rs`. Both answer in Stripe's error shape so that the client and the tests read them
+//! the same way.
+
+mod checkout;
+mod provider;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{PgPool, Row};
+use serde_json::{json, Value};
+use sqlx::postgres::{PgPoolOptions, PgRow};
+use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +36,9 @@ use super::key::IdempotencyKey;
 use super::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
 use super::redis::RedisCache;
 use super::store::PgIdempotencyStore;
-use crate::server::{serve, ServerLimits};
+use crate::http::{serve, ServerLimits};
+pub use checkout::{checkout_account, checkout_router, CheckoutState};
+pub use provider::{provider_account, provider_router};
 
 /// What the checkout example runs with (its environment, see `examples/checkout.rs`).
 #[derive(Debug, Clone)]
@@ -91,7 +100,7 @@ impl CheckoutApp {
             .acquire_timeout(Duration::from_secs(5))
             .connect(&config.database_url)
             .await?;
-        super::migrate(&pool).await?;
+        PgIdempotencyStore::migrate(&pool).await?;
         setup(&pool).await?;
         let store = PgIdempotencyStore::new(pool.clone());
         let expiry = store.spawn_expiry_task(Duration::from_secs(60), 1000);
@@ -236,261 +245,22 @@ fn idem_key(headers: &HeaderMap) -> Option<IdempotencyKey> {
     IdempotencyKey::from_header(headers.get(IDEMPOTENCY_KEY)?).ok()
 }
 
-// ---------------------------------------------------------------- provider stub
-
-/// The payment-provider stub: `POST /v1/charges`, `GET /v1/charges`, behind `layer` (whose
-/// account extractor should scope by merchant, e.g. [`provider_account`]).
-pub fn provider_router(pool: PgPool, layer: IdempotencyLayer) -> Router {
-    Router::new()
-        .route("/v1/charges", post(create_charge).get(list_charges))
-        .layer(layer)
-        .layer(middleware::from_fn(require_bearer))
-        .with_state(pool)
-}
-
-/// The stub's key scope: its merchant, namespaced apart from checkout accounts sharing the table.
-pub fn provider_account(parts: &http::request::Parts) -> Option<String> {
-    bearer(&parts.headers).map(|m| format!("provider/{m}"))
-}
-
-async fn create_charge(
-    State(pool): State<PgPool>,
-    headers: HeaderMap,
-    Json(req): Json<PaymentRequest>,
-) -> Response {
-    let (Some(merchant), Some(key)) = (bearer(&headers), idem_key(&headers)) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "missing",
-            "bearer and key required",
-        );
-    };
-    if req.source == "tok_chargeDeclined" {
-        return error(
-            StatusCode::PAYMENT_REQUIRED,
-            "card_error",
-            "card_declined",
-            "Your card was declined.",
-        );
-    }
-    let res = sqlx::query(
-        r#"WITH ins AS (
-               INSERT INTO provider_charges (merchant, idempotency_key, amount, currency)
-               VALUES ($1, $2, $3, $4)
-               ON CONFLICT (merchant, idempotency_key)
-                   DO UPDATE SET executions = provider_charges.executions + 1
-               RETURNING id)
-           SELECT id FROM ins"#,
+/// The 400 for a create request without a bearer account or a key: both services pass the
+/// key on, so neither can do without it.
+fn missing_bearer_or_key() -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "missing",
+        "bearer and key required",
     )
-    .bind(&merchant)
-    .bind(key.as_str())
-    .bind(req.amount)
-    .bind(&req.currency)
-    .fetch_one(&pool)
-    .await;
-    match res {
-        Ok(row) => {
-            let id: i64 = row.try_get(0).unwrap_or_default();
-            (
-                StatusCode::OK,
-                Json(json!({"id": format!("ch_{id}"), "amount": req.amount, "currency": req.currency})),
-            )
-                .into_response()
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "provider stub: insert failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "api_error",
-                "unavailable",
-                "try again",
-            )
-        }
-    }
 }
 
-async fn list_charges(State(pool): State<PgPool>, headers: HeaderMap) -> Response {
-    let merchant = bearer(&headers).unwrap_or_default();
-    let rows = sqlx::query(
-        "SELECT id, idempotency_key, amount, currency, executions FROM provider_charges WHERE merchant = $1 ORDER BY id",
-    )
-    .bind(&merchant)
-    .fetch_all(&pool)
-    .await;
+/// A `GET` listing, `{"data": [...]}` with one object per row, or a 503 to retry.
+fn listing(rows: Result<Vec<PgRow>, sqlx::Error>, item: impl Fn(&PgRow) -> Value) -> Response {
     match rows {
         Ok(rows) => {
-            let data: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    json!({"id": format!("ch_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
-                           "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
-                           "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
-                           "currency": r.try_get::<String, _>(3).unwrap_or_default(),
-                           "executions": r.try_get::<i32, _>(4).unwrap_or_default()})
-                })
-                .collect();
-            Json(json!({"data": data})).into_response()
-        }
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "api_error",
-            "unavailable",
-            "try again",
-        ),
-    }
-}
-
-// ---------------------------------------------------------------- checkout service
-
-/// State of the checkout service.
-#[derive(Debug, Clone)]
-pub struct CheckoutState {
-    /// Payments table.
-    pub pool: PgPool,
-    /// Base URL of the provider, e.g. `http://127.0.0.1:9000`.
-    pub provider_url: String,
-    /// Client used for the provider (retries with the same key).
-    pub client: IdempotentClient,
-}
-
-/// The checkout service: `POST /v1/payments` (behind `layer`, which should scope keys by
-/// [`checkout_account`]) and `GET /v1/payments`.
-pub fn checkout_router(state: CheckoutState, layer: IdempotencyLayer) -> Router {
-    Router::new()
-        .route("/v1/payments", post(create_payment).get(list_payments))
-        .layer(layer)
-        .layer(middleware::from_fn(require_bearer))
-        .with_state(state)
-}
-
-/// The checkout's key scope: the bearer account.
-pub fn checkout_account(parts: &http::request::Parts) -> Option<String> {
-    bearer(&parts.headers)
-}
-
-async fn create_payment(
-    State(st): State<CheckoutState>,
-    headers: HeaderMap,
-    Json(req): Json<PaymentRequest>,
-) -> Response {
-    let (Some(account), Some(key)) = (bearer(&headers), idem_key(&headers)) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "missing",
-            "bearer and key required",
-        );
-    };
-    if req.amount <= 0 || req.currency.len() != 3 {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "parameter_invalid",
-            "amount must be positive and currency a 3-letter code",
-        );
-    }
-    // Layer 3: the same key goes downstream, so a re-execution here (after a 5xx released our
-    // key) still charges once at the provider.
-    let url = format!("{}/v1/charges", st.provider_url);
-    let charge = match st
-        .client
-        .post_json_with_key(&url, Some(&account), &req, &key)
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "provider unreachable");
-            return error(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                "provider_unreachable",
-                "payment provider unreachable; retry with the same key",
-            );
-        }
-    };
-    match charge.status {
-        StatusCode::OK => {}
-        StatusCode::PAYMENT_REQUIRED => {
-            return error(
-                StatusCode::PAYMENT_REQUIRED,
-                "card_error",
-                "card_declined",
-                "Your card was declined.",
-            );
-        }
-        other => {
-            tracing::warn!(status = %other, "provider refused");
-            return error(
-                StatusCode::BAD_GATEWAY,
-                "api_error",
-                "provider_error",
-                "payment provider failed; retry with the same key",
-            );
-        }
-    }
-    let charge_id = charge
-        .json::<serde_json::Value>()
-        .ok()
-        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
-        .unwrap_or_default();
-    let row = sqlx::query(
-        r#"INSERT INTO checkout_payments (account, idempotency_key, amount, currency, charge_id)
-           VALUES ($1, $2, $3, $4, $5) RETURNING id"#,
-    )
-    .bind(&account)
-    .bind(key.as_str())
-    .bind(req.amount)
-    .bind(&req.currency)
-    .bind(&charge_id)
-    .fetch_one(&st.pool)
-    .await;
-    match row {
-        Ok(row) => {
-            let id = format!("pay_{}", row.try_get::<i64, _>(0).unwrap_or_default());
-            (
-                StatusCode::CREATED,
-                [(header::LOCATION, format!("/v1/payments/{id}"))],
-                Json(
-                    json!({"id": id, "amount": req.amount, "currency": req.currency,
-                            "charge": charge_id, "status": "succeeded"}),
-                ),
-            )
-                .into_response()
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "recording payment failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "api_error",
-                "unavailable",
-                "retry with the same key",
-            )
-        }
-    }
-}
-
-async fn list_payments(State(st): State<CheckoutState>, headers: HeaderMap) -> Response {
-    let account = bearer(&headers).unwrap_or_default();
-    let rows = sqlx::query(
-        "SELECT id, idempotency_key, amount, currency, charge_id FROM checkout_payments WHERE account = $1 ORDER BY id",
-    )
-    .bind(&account)
-    .fetch_all(&st.pool)
-    .await;
-    match rows {
-        Ok(rows) => {
-            let data: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    json!({"id": format!("pay_{}", r.try_get::<i64, _>(0).unwrap_or_default()),
-                           "idempotency_key": r.try_get::<String, _>(1).unwrap_or_default(),
-                           "amount": r.try_get::<i64, _>(2).unwrap_or_default(),
-                           "currency": r.try_get::<String, _>(3).unwrap_or_default(),
-                           "charge": r.try_get::<String, _>(4).unwrap_or_default()})
-                })
-                .collect();
-            Json(json!({"data": data})).into_response()
+            Json(json!({"data": rows.iter().map(item).collect::<Vec<_>>()})).into_response()
         }
         Err(_) => error(
             StatusCode::SERVICE_UNAVAILABLE,
