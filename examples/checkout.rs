@@ -14,7 +14,7 @@
 //!
 //! Environment: `CHECKOUT_LISTEN` (default `127.0.0.1:8081`), `DATABASE_URL` (PostgreSQL,
 //! required), `REDIS_URL` (optional fast path), `PROVIDER_LISTEN` (default `127.0.0.1:0`).
-//! Both servers run under `dedup_worker::server::ServerLimits::default()` (header and body
+//! Both servers run under `dedup_worker::http::ServerLimits::default()` (header and body
 //! read timeouts, a request timeout, caps on requests and connections).
 //!
 //! The whole service is `dedup_worker::idempotency::example::CheckoutApp`, so the tests start

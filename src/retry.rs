@@ -38,6 +38,13 @@ pub fn refused_for_its_data(error: &sqlx::Error) -> bool {
     code.starts_with("22") || code.starts_with("54") || code == "18"
 }
 
+/// A duration as the `bigint` milliseconds SQL statements bind; one too long for that saturates
+/// (a TTL or lease of centuries means "never", not an error). Shared by the pipeline's store and
+/// the idempotency store.
+pub fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,11 +59,4 @@ mod tests {
         assert!(fourth >= base * 8, "{fourth:?}");
         assert!(backoff_delay(base, max, 40) <= max * 2);
     }
-}
-
-/// A duration as the `bigint` milliseconds SQL statements bind; one too long for that saturates
-/// (a TTL or lease of centuries means "never", not an error). Shared by the pipeline's store and
-/// the idempotency store.
-pub fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
