@@ -9,14 +9,18 @@ use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StoreError};
 /// `&mut &mut SqliteConnection`; pass it to sqlx as `&mut **conn`. Both arms must have one
 /// type: map an `execute` to its `rows_affected()`, fetch rows into your own `FromRow` type:
 ///
-/// ```ignore
-/// dedup_worker::with_connection!(tx, |conn| {
-///     sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
-///         .bind(&event.id)
-///         .execute(&mut **conn)
-///         .await
-///         .map(|done| done.rows_affected())
-/// })?;
+/// ```
+/// use dedup_worker::store::DbTx;
+///
+/// async fn credit(tx: &mut DbTx<'_>, event_id: &str) -> Result<u64, sqlx::Error> {
+///     dedup_worker::with_connection!(tx, |conn| {
+///         sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
+///             .bind(event_id)
+///             .execute(&mut **conn)
+///             .await
+///             .map(|done| done.rows_affected())
+///     })
+/// }
 /// ```
 #[macro_export]
 macro_rules! with_connection {
