@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use dedup_worker::http::ServerLimits;
 use dedup_worker::idempotency::example::{CheckoutApp, CheckoutConfig};
 use dedup_worker::idempotency::{Claim, Fingerprint};
-use dedup_worker::http::ServerLimits;
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
