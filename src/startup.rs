@@ -204,6 +204,7 @@ impl Application {
                 retry_base: Duration::from_millis(o.retry_base_ms),
                 retry_max: Duration::from_millis(o.retry_max_ms),
                 http_timeout: Duration::from_millis(o.http_timeout_ms),
+                signing_secrets: o.signing_secret.clone().into(),
                 statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
             };
             let relay = Relay::new(store.clone(), wakeups.clone(), options);

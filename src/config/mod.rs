@@ -18,7 +18,7 @@ mod secrets;
 mod sink;
 mod validate;
 
-pub use secrets::{InvalidStandardSecret, Secret, StandardSecret};
+pub use secrets::{standard_mac, InvalidStandardSecret, Secret, StandardSecret};
 pub use sink::{InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
@@ -43,6 +43,7 @@ const FIXED_ENV: &[(&str, &str)] = &[
     ("DEDUP_QUEUE", "transport.queue"),
     ("STRIPE_WEBHOOK_SECRET", "stripe.secrets"),
     ("DEDUP_SINK", "outbox.sink"),
+    ("DEDUP_SINK_SIGNING_SECRET", "outbox.signing_secret"),
 ];
 
 /// Why the configuration was refused. The message always names the key.
@@ -274,6 +275,10 @@ pub struct OutboxSettings {
     /// `log`, `file:PATH`, an http(s) URL, `amqp://…?exchange=NAME` or an SQS queue URL; parsed
     /// while loading.
     pub sink: SinkSpec,
+    /// Standard Webhooks secrets, decoded while loading, each signing every HTTP sink delivery;
+    /// empty: deliveries are not signed.
+    #[serde(deserialize_with = "secrets::comma_separated_standard")]
+    pub signing_secret: Vec<StandardSecret>,
     pub batch_size: usize,
     pub concurrency: usize,
     pub poll_interval_ms: u64,

@@ -9,7 +9,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::sink::{build_sink, Sink, SinkError};
-use crate::config::SinkSpec;
+use crate::config::{SinkSpec, StandardSecret};
 use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
 use crate::store::{bounded, OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
@@ -32,6 +32,9 @@ pub struct RelayOptions {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub http_timeout: Duration,
+    /// Standard Webhooks secrets signing every HTTP delivery (`outbox.signing_secret`); empty:
+    /// unsigned.
+    pub signing_secrets: Arc<[StandardSecret]>,
     /// The longest a claim or a mark waits for the store (`database.statement_timeout_ms`): a
     /// database that stops answering fails the step, which backs off and tries again.
     pub statement_timeout: Duration,
@@ -322,11 +325,15 @@ impl Relay {
             None => self.options.default_sink.clone(),
             Some(spec) => SinkSpec::parse(spec).map_err(|e| Arc::new(e) as Arc<_>)?,
         };
-        let sink: Arc<dyn Sink> =
-            build_sink(&spec, self.options.http_timeout, self.options.concurrency)
-                .await
-                .map_err(|e| Arc::new(e) as Arc<_>)?
-                .into();
+        let sink: Arc<dyn Sink> = build_sink(
+            &spec,
+            self.options.http_timeout,
+            self.options.concurrency,
+            &self.options.signing_secrets,
+        )
+        .await
+        .map_err(|e| Arc::new(e) as Arc<_>)?
+        .into();
         sinks.insert(destination.clone(), sink.clone());
         Ok(sink)
     }

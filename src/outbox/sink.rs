@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::config::SinkSpec;
+use crate::config::{SinkSpec, StandardSecret};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
 use crate::store::OutboxRow;
@@ -64,16 +64,22 @@ pub trait Sink: Send + Sync + 'static {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>>;
 }
 
-/// Builds the sink for a spec.
+/// Builds the sink for a spec. `signing_secrets` sign every HTTP delivery (none: unsigned).
 pub async fn build_sink(
     spec: &SinkSpec,
     http_timeout: Duration,
     concurrency: usize,
+    signing_secrets: &Arc<[StandardSecret]>,
 ) -> Result<Box<dyn Sink>, SinkError> {
     Ok(match spec {
         SinkSpec::Log => Box::new(LogSink),
         SinkSpec::File(path) => Box::new(FileSink::new(path.clone())),
-        SinkSpec::Http(url) => Box::new(HttpSink::new(url.clone(), http_timeout, concurrency)?),
+        SinkSpec::Http(url) => Box::new(HttpSink::new(
+            url.clone(),
+            http_timeout,
+            concurrency,
+            signing_secrets.clone(),
+        )?),
         SinkSpec::Amqp { url, exchange } => Box::new(AmqpSink::new(url.clone(), exchange.clone())),
         SinkSpec::Sqs(url) => Box::new(SqsSink {
             // Each SendMessage attempt gets the sink's request timeout, as an HTTP POST does.
@@ -254,10 +260,18 @@ pub struct HttpSink {
     client: reqwest::Client,
     /// Most requests in flight from one batch.
     concurrency: usize,
+    /// Standard Webhooks secrets, each adding a `v1,` signature to every request, so the
+    /// receiving app can check that a delivery came from this relay; empty: unsigned.
+    signing_secrets: Arc<[StandardSecret]>,
 }
 
 impl HttpSink {
-    pub fn new(url: String, timeout: Duration, concurrency: usize) -> Result<Self, SinkError> {
+    pub fn new(
+        url: String,
+        timeout: Duration,
+        concurrency: usize,
+        signing_secrets: Arc<[StandardSecret]>,
+    ) -> Result<Self, SinkError> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             // See `SinkError::Redirected`.
@@ -268,19 +282,34 @@ impl HttpSink {
             url,
             client,
             concurrency,
+            signing_secrets,
         })
     }
 
     async fn deliver(&self, row: &OutboxRow) -> Result<(), SinkError> {
-        let response = self
+        let mut request = self
             .client
             .post(&self.url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", &row.idempotency_key)
-            .header("Dedup-Event-Type", &row.event_type)
-            .body(row.payload.clone())
-            .send()
-            .await?;
+            .header("Dedup-Event-Type", &row.event_type);
+        if !self.signing_secrets.is_empty() {
+            // Standard Webhooks: `webhook-id` is the idempotency key, so every retry of a row
+            // carries the same one (the receiver deduplicates on it); the timestamp and the
+            // signatures are made anew for each attempt, so a retry days later is not refused
+            // as a replay outside the receiver's tolerance.
+            let timestamp = chrono::Utc::now().timestamp();
+            let signatures: Vec<String> = self
+                .signing_secrets
+                .iter()
+                .map(|secret| secret.sign(&row.idempotency_key, timestamp, &row.payload))
+                .collect();
+            request = request
+                .header("webhook-id", &row.idempotency_key)
+                .header("webhook-timestamp", timestamp.to_string())
+                .header("webhook-signature", signatures.join(" "));
+        }
+        let response = request.body(row.payload.clone()).send().await?;
         let status = response.status();
         if status.is_success() {
             Ok(())

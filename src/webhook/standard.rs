@@ -12,16 +12,13 @@
 //! `webhook-timestamp` longer than [`MAX_TIMESTAMP_HEADER_BYTES`], are refused before any HMAC
 //! is computed.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
-use hmac::{Hmac, Mac};
 use std::sync::Arc;
 
-use sha2::Sha256;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use hmac::Mac;
 
-use crate::config::{StandardSecret, StandardWebhookSettings};
-
-type HmacSha256 = Hmac<Sha256>;
+use crate::config::{standard_mac, StandardSecret, StandardWebhookSettings};
 
 /// Longest `webhook-signature` header accepted: a `v1,` candidate is 47 bytes, so this covers
 /// any real rotation with room to spare.
@@ -101,24 +98,15 @@ pub fn decode_secret(secret: &str) -> Result<Vec<u8>, InvalidSecret> {
     StandardSecret::parse(secret).map(|s| s.key().to_vec())
 }
 
-fn mac_for(key: &[u8], id: &str, timestamp: i64, payload: &[u8]) -> HmacSha256 {
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC accepts keys of any length"),
-    };
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(payload);
-    mac
-}
-
 /// The `webhook-signature` value (`v1,<base64>`) for a delivery.
 pub fn standard_signature(key: &[u8], id: &str, timestamp: i64, payload: &[u8]) -> String {
     format!(
         "v1,{}",
-        BASE64.encode(mac_for(key, id, timestamp, payload).finalize().into_bytes())
+        BASE64.encode(
+            standard_mac(key, id, timestamp, payload)
+                .finalize()
+                .into_bytes()
+        )
     )
 }
 
@@ -179,7 +167,7 @@ pub fn verify_standard_signature(
         });
     }
     for key in keys {
-        let mac = mac_for(key, id, timestamp, payload);
+        let mac = standard_mac(key, id, timestamp, payload);
         if candidates
             .iter()
             .flatten()

@@ -280,6 +280,7 @@ async fn lease_taken_over(backend: Backend) {
                 retry_base: Duration::from_millis(10),
                 retry_max: Duration::from_millis(10),
                 http_timeout: Duration::from_secs(30),
+                signing_secrets: Arc::from([]),
                 statement_timeout: Duration::from_secs(10),
             },
         ))
@@ -411,6 +412,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
                 retry_base: Duration::from_millis(10),
                 retry_max: Duration::from_millis(10),
                 http_timeout: Duration::from_secs(30),
+                signing_secrets: Arc::from([]),
                 statement_timeout: Duration::from_secs(10),
             },
         )

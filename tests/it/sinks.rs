@@ -1,7 +1,8 @@
-//! The broker sinks, end to end in the running app: events deduplicated by the consumer are
+//! The sinks, end to end in the running app: events deduplicated by the consumer are
 //! published by the relay to a RabbitMQ exchange (routing key = event type, `message_id` =
 //! event id) and to an SQS queue (the `dedup-message-id` attribute = event id), once each, with
-//! the raw payload.
+//! the raw payload; and POSTed by the real binary to an HTTP sink signed with Standard Webhooks
+//! signatures that the official `standardwebhooks` library verifies.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,8 +17,8 @@ use lapin::types::FieldTable;
 use serde_json::json;
 
 use crate::helpers::{
-    amqp_url, post_signed, sqs_turn, stripe_event, test_settings, wait_for, Backend, SqsLoad,
-    TestApp, TestDb, TestQueue, Transport,
+    amqp_url, post_signed, sqs_turn, standard_python_verified, stripe_event, test_settings,
+    wait_for, Backend, Receiver, RunningBinary, SqsLoad, TestApp, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_test_secret";
@@ -194,4 +195,103 @@ async fn sqs_sink_sends_each_event_once_to_the_queue() {
 
     app.stop().await;
     queue.cleanup().await;
+}
+
+/// Two signing secrets, as during a rotation.
+const SIGNING_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const SIGNING_B: &str = "whsec_ZGVkdXAtd29ya2VyLXNlY29uZC1rZXkh";
+/// A secret the relay does not sign with: nothing may verify under it.
+const NOT_SIGNING: &str = "whsec_bm90LWEtc2lnbmluZy1rZXktYXQtYWxs";
+
+/// With `outbox.signing_secret` set to two secrets, every POST of the HTTP sink verifies with the
+/// official Standard Webhooks library under either secret alone (and under no other); its
+/// `webhook-id` is the event's idempotency key, the same on the redelivery after a 500, which is
+/// signed anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_http_deliveries_verify_with_the_official_library_under_either_secret() {
+    // The first delivery of each event is answered 500, so each is delivered twice.
+    let receiver = Receiver::answering(|_, attempt| {
+        if attempt == 1 {
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            axum::http::StatusCode::OK
+        }
+    })
+    .await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let work = tempfile::tempdir().unwrap();
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", receiver.url()),
+            (
+                "DEDUP_SINK_SIGNING_SECRET",
+                format!("{SIGNING_A}, {SIGNING_B}"),
+            ),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_OUTBOX__RETRY_BASE_MS", "100".into()),
+            ("DEDUP_OUTBOX__RETRY_MAX_MS", "200".into()),
+        ],
+        work.path(),
+    );
+    let client = reqwest::Client::new();
+    let ids: Vec<String> = (0..5).map(|i| format!("evt_signed_{i}")).collect();
+    for id in &ids {
+        let r = post_signed(
+            &client,
+            &bin.url("/webhooks/stripe"),
+            SECRET,
+            stripe_event(id, "invoice.paid"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    bin.wait_for(
+        "every event delivered twice (a 500, then a 200)",
+        Duration::from_secs(60),
+        || {
+            let keys = receiver.keys();
+            let ids = &ids;
+            async move {
+                ids.iter()
+                    .all(|id| keys.iter().filter(|k| *k == id).count() >= 2)
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let deliveries = receiver.snapshot();
+    let header = |d: &crate::helpers::receiver::Received, name: &str| {
+        d.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} header in {:?}", d.headers))
+    };
+    for delivery in &deliveries {
+        // The same id on every attempt: the receiver deduplicates on it.
+        assert_eq!(
+            Some(header(delivery, "webhook-id")),
+            delivery.idempotency_key,
+            "webhook-id is the idempotency key"
+        );
+        assert_eq!(
+            header(delivery, "webhook-signature").split(' ').count(),
+            2,
+            "one v1 signature per secret"
+        );
+    }
+    assert_eq!(
+        standard_python_verified(SIGNING_A, &deliveries),
+        deliveries.len()
+    );
+    assert_eq!(
+        standard_python_verified(SIGNING_B, &deliveries),
+        deliveries.len()
+    );
+    assert_eq!(standard_python_verified(NOT_SIGNING, &deliveries), 0);
+    drop(bin);
 }

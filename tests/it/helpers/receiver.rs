@@ -22,6 +22,8 @@ use super::{serve, RunningBinary};
 #[derive(Debug, Clone)]
 pub struct Received {
     pub idempotency_key: Option<String>,
+    /// Every header, names lower-case (signatures are checked from them).
+    pub headers: Vec<(String, String)>,
     pub body: Bytes,
 }
 
@@ -127,6 +129,13 @@ async fn record(
         let mut seen = state.received.lock().expect("lock");
         seen.push(Received {
             idempotency_key: key.clone(),
+            headers: headers
+                .iter()
+                .map(|(name, value)| {
+                    let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                    (name.as_str().to_owned(), value)
+                })
+                .collect(),
             body,
         });
         seen.iter().filter(|r| r.idempotency_key == key).count()

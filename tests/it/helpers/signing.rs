@@ -54,6 +54,12 @@ json.dump(out, sys.stdout)
         "secret": secret,
         "items": items.iter().map(|(p, t)| serde_json::json!({"payload": p, "t": t})).collect::<Vec<_>>(),
     });
+    serde_json::from_slice(&run_python(script, &request, "stripe-python signing")).expect("headers")
+}
+
+/// Runs `script` with `request` as JSON on its stdin; its stdout. The test command installs the
+/// packages the scripts import (`stripe`, `standardwebhooks`).
+fn run_python(script: &str, request: &serde_json::Value, what: &str) -> Vec<u8> {
     let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
         .arg("-c")
         .arg(script)
@@ -61,7 +67,7 @@ json.dump(out, sys.stdout)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 must be installed (the test command installs the stripe package)");
+        .expect("python3 must be installed");
     {
         use std::io::Write;
         let mut stdin = child.stdin.take().expect("stdin");
@@ -72,8 +78,40 @@ json.dump(out, sys.stdout)
     let output = child.wait_with_output().expect("python");
     assert!(
         output.status.success(),
-        "stripe-python signing failed (pip install stripe): {}",
+        "{what} failed (are the test command's Python packages installed?): {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_slice(&output.stdout).expect("headers")
+    output.stdout
+}
+
+/// How many of `deliveries` the official Standard Webhooks library (`standardwebhooks` on PyPI)
+/// verifies under `secret` alone: one Python process, each delivery checked from its recorded
+/// headers and raw body.
+pub fn standard_python_verified(
+    secret: &str,
+    deliveries: &[crate::helpers::receiver::Received],
+) -> usize {
+    let script = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook
+req = json.load(sys.stdin)
+hook = Webhook(req["secret"])
+verified = 0
+for d in req["deliveries"]:
+    try:
+        hook.verify(bytes(d["body"]), dict(d["headers"]))
+        verified += 1
+    except Exception as e:
+        print(f"refused {d['headers']}: {e!r}", file=sys.stderr)
+json.dump(verified, sys.stdout)
+"#;
+    let request = serde_json::json!({
+        "secret": secret,
+        "deliveries": deliveries
+            .iter()
+            .map(|d| serde_json::json!({"body": d.body.to_vec(), "headers": d.headers}))
+            .collect::<Vec<_>>(),
+    });
+    let verified = run_python(script, &request, "standardwebhooks verification");
+    serde_json::from_slice(&verified).expect("a count")
 }
