@@ -122,3 +122,21 @@ fn zero_store_timeouts_are_refused_naming_the_key() {
         assert!(err.to_string().contains(key), "{err}");
     }
 }
+
+#[test]
+fn signing_secrets_are_decoded_while_loading_and_a_bad_one_names_its_key() {
+    let s = Settings::from_figment(with(
+        "outbox.signing_secret",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, whsec_ZGVkdXAtd29ya2VyLXNlY29uZC1rZXkh",
+    ))
+    .expect("valid");
+    assert_eq!(s.outbox.signing_secret.len(), 2);
+    assert!(Settings::from_figment(with("http.listen", "127.0.0.1:0"))
+        .expect("valid")
+        .outbox
+        .signing_secret
+        .is_empty());
+    let err = Settings::from_figment(with("outbox.signing_secret", "whsec_not base64!"))
+        .expect_err("not base64");
+    assert!(err.to_string().contains("outbox.signing_secret"), "{err}");
+}
