@@ -279,7 +279,8 @@ pub async fn build_transport(
                 Duration::from_millis(settings.transport.publish_timeout_ms),
             )
             .await
-            .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs)),
+            .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs))
+            .with_message_group_pointer(settings.transport.sqs_message_group_pointer.clone()),
         ),
         TransportKind::Database => {
             Arc::new(DatabaseQueue::start(

@@ -224,6 +224,11 @@ pub struct TransportSettings {
     /// answers at once, so an idle consumer would send a stream of them; SQS still answers a
     /// long poll as soon as a message arrives.
     pub sqs_wait_time_secs: u64,
+    /// SQS FIFO queues: the JSON pointer to the value that is a message's group (SQS keeps a
+    /// group in order and holds its later messages while earlier ones are in flight). The
+    /// event's object by default, so one object's events stay in order and other objects'
+    /// events do not wait behind them.
+    pub sqs_message_group_pointer: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -156,6 +156,12 @@ impl Settings {
                 ),
             ));
         }
+        if !self.transport.sqs_message_group_pointer.starts_with('/') {
+            return Err(invalid(
+                "transport.sqs_message_group_pointer",
+                "must be a JSON pointer such as /data/object/id",
+            ));
+        }
         if !self.consumer.dedup_key_pointer.starts_with('/') {
             return Err(invalid(
                 "consumer.dedup_key_pointer",

@@ -2,8 +2,9 @@
 //! own environment (`AWS_REGION`, `AWS_ENDPOINT_URL`, …), so emulators work unchanged.
 //!
 //! * `publish` returns once `SendMessage` succeeded (SQS stores it redundantly before
-//!   answering). The event id, type and source travel as message attributes; a FIFO queue
-//!   (`….fifo`) also gets the event id as its deduplication id.
+//!   answering). The event id, type and source travel as message attributes; on a FIFO queue
+//!   (`….fifo`) the event's object is the message group and `source:id` the deduplication id
+//!   (`sqs/fifo.rs`).
 //! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
 //!   invisible for the lease (`consumer.lease_secs`, extended by the consumer's heartbeat) and
 //!   comes back if not deleted.
@@ -88,7 +89,13 @@ pub struct SqsQueue {
     /// The least a receive waits for a first message (`WaitTimeSeconds`), whatever its caller
     /// asked: see the module docs.
     long_poll: Duration,
+    /// On a FIFO queue, the JSON pointer to the value that names a message's group (its
+    /// object): see `sqs/fifo.rs`.
+    message_group_pointer: String,
 }
+
+/// The default of [`SqsQueue::with_message_group_pointer`]: a Stripe event's object.
+pub const DEFAULT_MESSAGE_GROUP_POINTER: &str = "/data/object/id";
 
 fn string_attribute(value: &str) -> Result<MessageAttributeValue, TransportError> {
     MessageAttributeValue::builder()
@@ -116,7 +123,14 @@ impl SqsQueue {
             url,
             lease,
             long_poll: Duration::ZERO,
+            message_group_pointer: DEFAULT_MESSAGE_GROUP_POINTER.to_owned(),
         }
+    }
+
+    /// On a FIFO queue, the message group is the value at `pointer` in the payload.
+    pub fn with_message_group_pointer(mut self, pointer: String) -> Self {
+        self.message_group_pointer = pointer;
+        self
     }
 
     /// The least each receive waits for a first message, in whole seconds up to [`MAX_WAIT`].
@@ -296,8 +310,14 @@ impl SqsQueue {
             request = request.message_attributes(ID_ATTRIBUTE, string_attribute(id)?);
             if url.ends_with(".fifo") {
                 request = request
-                    .message_deduplication_id(id)
-                    .message_group_id(message.source.as_deref().unwrap_or("events"));
+                    .message_deduplication_id(fifo::message_deduplication_id(
+                        message.source.as_deref(),
+                        id,
+                    ))
+                    .message_group_id(fifo::message_group_id(
+                        &message,
+                        &self.message_group_pointer,
+                    ));
             }
         }
         if let Some(kind) = &message.message_type {
@@ -468,5 +488,6 @@ impl Transport for SqsQueue {
     }
 }
 
+mod fifo;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,9 @@
 //!   overlapping batches of two processes;
 //! * [`crash`]: SIGKILL and SIGTERM under load: nothing acknowledged lost, no effect twice,
 //!   every redelivery under the same `Idempotency-Key`;
+//! * [`fifo`]: SQS FIFO queues: the event's object is the message group and `source:id` the
+//!   deduplication id; interleaved objects handled in order, duplicates inside and outside the
+//!   5-minute window once;
 //! * [`hostile`]: hostile input (deep JSON, ids the store cannot hold, huge signature headers,
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
@@ -47,6 +50,7 @@ mod architecture;
 mod broker_outage;
 mod consumer;
 mod crash;
+mod fifo;
 mod hostile;
 mod idempotency;
 mod outage;
