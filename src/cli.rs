@@ -1,12 +1,14 @@
 //! The binary's commands. The only place that uses `anyhow`: library errors are typed, and here
 //! they become messages for a person at a terminal.
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use dedup_worker::backfill::{self, BackfillRange, StripeEventsApi};
 use dedup_worker::config::Settings;
 use dedup_worker::dlq;
 use dedup_worker::startup::{build_transport, Application, Overrides};
@@ -61,6 +63,38 @@ enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// List Stripe's events for a time range (GET /v1/events, STRIPE_API_KEY) and publish those
+    /// not processed yet through the configured transport, as ingress would. Prints a JSON
+    /// summary.
+    Backfill {
+        /// Events created at or after this: RFC 3339 (2026-11-01T00:00:00Z), a date
+        /// (2026-11-01, UTC) or Unix seconds.
+        #[arg(long, value_parser = parse_time)]
+        since: i64,
+        /// Events created at or before this (same forms; default: now).
+        #[arg(long, value_parser = parse_time)]
+        until: Option<i64>,
+        /// Only events whose type matches (`*` for any run: `invoice.*`); repeatable.
+        #[arg(long = "type", value_name = "PATTERN")]
+        types: Vec<String>,
+    },
+}
+
+/// A `--since`/`--until` value as Unix seconds.
+fn parse_time(value: &str) -> Result<i64, String> {
+    if let Ok(secs) = value.parse::<i64>() {
+        return Ok(secs);
+    }
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(value) {
+        return Ok(at.timestamp());
+    }
+    chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d")
+        .ok()
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|d| d.and_utc().timestamp())
+        .ok_or_else(|| {
+            format!("{value:?} is not RFC 3339 (2026-11-01T00:00:00Z), a date or Unix seconds")
+        })
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,6 +180,53 @@ pub async fn run() -> anyhow::Result<()> {
                     result?;
                 }
             }
+            Ok(())
+        }
+        Command::Backfill {
+            since,
+            until,
+            types,
+        } => {
+            let settings = store_settings(cli.config)?;
+            anyhow::ensure!(
+                !settings.stripe.api_key.expose().is_empty(),
+                "backfill lists events with Stripe's API: set STRIPE_API_KEY (stripe.api_key)"
+            );
+            let store = Store::connect(&settings).await?;
+            let transport = build_transport(&settings, &store, Arc::new(Wakeups::default())).await;
+            let api =
+                StripeEventsApi::new(&settings.stripe.api_base, settings.stripe.api_key.clone())?;
+            let range = BackfillRange {
+                since,
+                until,
+                types,
+            };
+            let on_terminal = std::io::stderr().is_terminal();
+            let summary = backfill::backfill(
+                &api,
+                &range,
+                &store,
+                transport.as_ref(),
+                Duration::from_millis(settings.transport.publish_timeout_ms),
+                |s| {
+                    let line = format!(
+                        "backfill: page {}, listed {}, enqueued {}, already processed {}",
+                        s.pages, s.listed, s.enqueued, s.already_processed
+                    );
+                    // A line rewritten in place on a terminal; one line per page otherwise.
+                    if on_terminal {
+                        eprint!("\r{line}");
+                    } else {
+                        eprintln!("{line}");
+                    }
+                },
+            )
+            .await;
+            if on_terminal {
+                eprintln!();
+            }
+            let summary = summary?;
+            println!("{}", serde_json::to_string(&summary)?);
             Ok(())
         }
         Command::Outbox {

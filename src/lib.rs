@@ -15,7 +15,8 @@
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
 //! * [`dlq`]: `dlq redrive`, which publishes dead letters again through the configured
-//!   transport.
+//!   transport; [`backfill`]: events Stripe no longer retries, listed from its API and
+//!   published the same way, so dedup absorbs those received before.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
@@ -32,6 +33,7 @@
 //! `tests/it/architecture.rs`): config and the vocabulary, store, queue, outbox, the stages,
 //! the webhook routes, startup.
 
+pub mod backfill;
 pub mod config;
 pub mod consumer;
 pub mod dlq;

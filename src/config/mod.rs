@@ -44,6 +44,8 @@ const FIXED_ENV: &[(&str, &str)] = &[
     ("STRIPE_WEBHOOK_SECRET", "stripe.secrets"),
     ("DEDUP_SINK", "outbox.sink"),
     ("DEDUP_SINK_SIGNING_SECRET", "outbox.signing_secret"),
+    ("STRIPE_API_BASE", "stripe.api_base"),
+    ("STRIPE_API_KEY", "stripe.api_key"),
 ];
 
 /// Why the configuration was refused. The message always names the key.
@@ -169,6 +171,10 @@ pub struct StripeSettings {
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
+    /// Stripe's API (`STRIPE_API_BASE`), listed by `dedup-worker backfill`.
+    pub api_base: String,
+    /// A key that may list events (`STRIPE_API_KEY`); only `backfill` needs it.
+    pub api_key: Secret,
 }
 
 #[derive(Debug, Clone, Deserialize)]

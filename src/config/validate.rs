@@ -156,6 +156,14 @@ impl Settings {
                 ),
             ));
         }
+        if !(self.stripe.api_base.starts_with("https://")
+            || self.stripe.api_base.starts_with("http://"))
+        {
+            return Err(invalid(
+                "stripe.api_base",
+                "must be an http(s) URL such as https://api.stripe.com (env STRIPE_API_BASE)",
+            ));
+        }
         if !self.transport.sqs_message_group_pointer.starts_with('/') {
             return Err(invalid(
                 "transport.sqs_message_group_pointer",

@@ -388,6 +388,20 @@ pub(super) async fn dead_letters(pool: &PgPool, limit: i64) -> Result<Vec<DeadLe
     .await?)
 }
 
+pub(super) async fn processed_among(
+    pool: &PgPool,
+    source: &str,
+    ids: &[String],
+) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT event_id FROM processed_events WHERE source = $1 AND event_id = ANY($2)",
+    )
+    .bind(source)
+    .bind(ids)
+    .fetch_all(pool)
+    .await?)
+}
+
 pub(super) async fn dead_letters_selected(
     pool: &PgPool,
     ids: &[i64],

@@ -182,6 +182,19 @@ impl Store {
         on_pool!(self, purge_expired(older_than, outbox_older_than, batch))
     }
 
+    /// Which of `ids` (events of `source`) are recorded as processed (handled, or dead-lettered
+    /// as handled): a backfill enqueues only the others.
+    pub async fn processed_among(
+        &self,
+        source: &str,
+        ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        on_pool!(self, processed_among(source, ids))
+    }
+
     // --- dead letters ---------------------------------------------------------------------
 
     pub async fn dead_letters(&self, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {

@@ -392,6 +392,23 @@ pub(super) async fn dead_letters(
     .await?)
 }
 
+pub(super) async fn processed_among(
+    pool: &SqlitePool,
+    source: &str,
+    ids: &[String],
+) -> Result<Vec<String>, StoreError> {
+    // The id list travels as one JSON array parameter.
+    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    Ok(sqlx::query_scalar(
+        "SELECT event_id FROM processed_events
+          WHERE source = $1 AND event_id IN (SELECT value FROM json_each($2))",
+    )
+    .bind(source)
+    .bind(&list)
+    .fetch_all(pool)
+    .await?)
+}
+
 pub(super) async fn dead_letters_selected(
     pool: &SqlitePool,
     ids: &[i64],

@@ -30,7 +30,7 @@ const FLOORS: &[&[&str]] = &[
     // The outbox: messages, sinks (which publish through the transports' publishers), relay.
     &["outbox"],
     // The stages over them, and HTTP plumbing (server, problem+json, operational routes).
-    &["consumer", "retention", "dlq", "http"],
+    &["consumer", "retention", "dlq", "backfill", "http"],
     // The webhook routes (answering through http's problem+json); the idempotency layer, apart
     // from the pipeline (it uses only the vocabulary and the HTTP server).
     &["webhook", "idempotency"],

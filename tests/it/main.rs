@@ -6,6 +6,8 @@
 //!
 //! * [`architecture`]: the import graph of `src/` goes down README's floors only and has no
 //!   circle; no file in `src/` is over 500 lines;
+//! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
+//!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
 //! * [`broker_outage`]: RabbitMQ and SQS cut, black-holed and refused under traffic: 503 while
 //!   down, reconnection by itself, every acknowledged event at the sink once;
 //! * [`consumer`]: handler failures (poison, panic, flaky) dead-lettered or retried without
@@ -47,6 +49,7 @@
 mod helpers;
 
 mod architecture;
+mod backfill;
 mod broker_outage;
 mod consumer;
 mod crash;

@@ -1,0 +1,290 @@
+//! `dedup-worker backfill`: events Stripe no longer retries, fed back through dedup.
+//!
+//! Stripe retries a webhook for three days, then stops; an endpoint that was down, disabled or
+//! misconfigured for longer has lost those events. Stripe's list-events API
+//! (`GET /v1/events`, the last 30 days) still has them. A backfill pages through it for a time
+//! range and publishes each event through the configured transport exactly as ingress would
+//! (source `stripe`, id, type, the event's JSON), so the consumer deduplicates it against what
+//! webhooks delivered: an event received before is not handled again, the rest are handled once.
+//!
+//! * **Resumable.** Before publishing a page, the backfill asks the store which of its events
+//!   are processed already and skips them: a second run over the same range, once the consumer
+//!   has caught up, publishes nothing. (An event published but not yet consumed is published
+//!   again by a second run; the consumer's dedup absorbs that.)
+//! * **Rate limits and blips.** A 429 is retried after its `Retry-After` (or a backoff), a 5xx
+//!   or a failed request after a backoff, up to [`MAX_ATTEMPTS`] tries per page; every request
+//!   is bounded by [`REQUEST_TIMEOUT`], every publish by the transport's publish timeout.
+//! * **Filters.** `--type` patterns (`invoice.*`, `*.updated`, exact names) are matched here,
+//!   on each listed event; Stripe's own `type` filter takes one pattern only.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::config::Secret;
+use crate::queue::{OutgoingMessage, Transport, TransportError};
+use crate::retry::backoff_delay;
+use crate::store::{Store, StoreError};
+
+/// Events per page: Stripe's maximum.
+const PAGE_SIZE: u32 = 100;
+/// The longest one list request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tries per page before the backfill gives up (and says how far it got).
+pub const MAX_ATTEMPTS: u32 = 8;
+/// The longest `Retry-After` honoured; a longer one is waited this long, then retried.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Which events to list.
+#[derive(Debug, Clone)]
+pub struct BackfillRange {
+    /// Unix seconds: events created at or after this.
+    pub since: i64,
+    /// Unix seconds: events created at or before this (none: up to now).
+    pub until: Option<i64>,
+    /// Event type patterns (`*` matches any run of characters); empty: every type.
+    pub types: Vec<String>,
+}
+
+/// Stripe's events API, as the backfill reads it.
+pub struct StripeEventsApi {
+    client: reqwest::Client,
+    /// `stripe.api_base`, without a trailing slash.
+    base: String,
+    /// `stripe.api_key`, sent as a bearer token.
+    key: Secret,
+}
+
+/// What a backfill did; printed at the end, and after each page as progress.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    /// Events listed by Stripe in the range and matching the type filter.
+    pub listed: u64,
+    /// Published through the transport.
+    pub enqueued: u64,
+    /// Skipped: processed already (received by webhook or by an earlier backfill).
+    pub already_processed: u64,
+    /// Pages read.
+    pub pages: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackfillError {
+    #[error("listing events from Stripe failed after {attempts} attempts: {reason}")]
+    List {
+        attempts: u32,
+        reason: String,
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    #[error("Stripe's answer could not be read")]
+    Decode(#[source] reqwest::Error),
+    #[error("asking the store which events are processed failed")]
+    Store(#[source] StoreError),
+    #[error("publishing {event_id} failed")]
+    Publish {
+        event_id: String,
+        #[source]
+        source: TransportError,
+    },
+}
+
+/// One page of `GET /v1/events`.
+#[derive(Deserialize)]
+struct Page {
+    data: Vec<Box<RawValue>>,
+    has_more: bool,
+}
+
+/// What the backfill reads of each event; the event itself is published as listed.
+#[derive(Deserialize)]
+struct Listed<'a> {
+    #[serde(borrow)]
+    id: &'a str,
+    #[serde(borrow, rename = "type")]
+    event_type: &'a str,
+}
+
+impl StripeEventsApi {
+    pub fn new(base: &str, key: Secret) -> Result<Self, reqwest::Error> {
+        Ok(StripeEventsApi {
+            client: reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                .build()?,
+            base: base.trim_end_matches('/').to_owned(),
+            key,
+        })
+    }
+
+    /// One page, retried on 429 (after `Retry-After`), 5xx and failed requests.
+    async fn page(
+        &self,
+        range: &BackfillRange,
+        starting_after: Option<&str>,
+    ) -> Result<Page, BackfillError> {
+        let mut query = vec![
+            ("limit", PAGE_SIZE.to_string()),
+            ("created[gte]", range.since.to_string()),
+        ];
+        if let Some(until) = range.until {
+            query.push(("created[lte]", until.to_string()));
+        }
+        if let Some(after) = starting_after {
+            query.push(("starting_after", after.to_owned()));
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sent = self
+                .client
+                .get(format!("{}/v1/events", self.base))
+                .bearer_auth(self.key.expose())
+                .query(&query)
+                .send()
+                .await;
+            let (reason, source, wait) = match sent {
+                Ok(response) if response.status().is_success() => {
+                    return response.json::<Page>().await.map_err(BackfillError::Decode);
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    if !(status.as_u16() == 429 || status.is_server_error()) {
+                        return Err(BackfillError::List {
+                            attempts: attempt,
+                            reason: format!("Stripe answered {status}"),
+                            source: None,
+                        });
+                    }
+                    let retry_after = response
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER));
+                    (format!("Stripe answered {status}"), None, retry_after)
+                }
+                Err(error) => (error.to_string(), Some(error), None),
+            };
+            if attempt >= MAX_ATTEMPTS {
+                return Err(BackfillError::List {
+                    attempts: attempt,
+                    reason,
+                    source,
+                });
+            }
+            let wait = wait.unwrap_or_else(|| {
+                backoff_delay(Duration::from_millis(500), MAX_RETRY_AFTER, attempt)
+            });
+            tracing::warn!(%reason, ?wait, attempt, "listing events: retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Whether `event_type` matches `pattern`, where `*` stands for any run of characters.
+pub fn type_matches(pattern: &str, event_type: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = event_type.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no `*`: the whole type
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// Lists the range page by page and publishes what is not processed yet; `progress` is called
+/// after each page.
+pub async fn backfill(
+    api: &StripeEventsApi,
+    range: &BackfillRange,
+    store: &Store,
+    transport: &dyn Transport,
+    publish_timeout: Duration,
+    mut progress: impl FnMut(&Summary),
+) -> Result<Summary, BackfillError> {
+    let mut summary = Summary::default();
+    let mut starting_after: Option<String> = None;
+    loop {
+        let page = api.page(range, starting_after.as_deref()).await?;
+        summary.pages += 1;
+        let mut events = Vec::with_capacity(page.data.len());
+        for raw in &page.data {
+            // An entry that is not an event with an id and a type is skipped, not fatal.
+            if let Ok(listed) = serde_json::from_str::<Listed>(raw.get()) {
+                events.push((listed, raw));
+            }
+        }
+        starting_after = events.last().map(|(e, _)| e.id.to_owned());
+        events.retain(|(e, _)| {
+            range.types.is_empty() || range.types.iter().any(|p| type_matches(p, e.event_type))
+        });
+        summary.listed += events.len() as u64;
+        let ids: Vec<String> = events.iter().map(|(e, _)| e.id.to_owned()).collect();
+        let processed = store
+            .processed_among("stripe", &ids)
+            .await
+            .map_err(BackfillError::Store)?;
+        for (event, raw) in &events {
+            if processed.iter().any(|id| id == event.id) {
+                summary.already_processed += 1;
+                continue;
+            }
+            let message = OutgoingMessage {
+                source: Some("stripe".to_owned()),
+                message_id: Some(event.id.to_owned()),
+                message_type: Some(event.event_type.to_owned()),
+                payload: bytes::Bytes::copy_from_slice(raw.get().as_bytes()),
+            };
+            let published = tokio::time::timeout(publish_timeout, transport.publish(message))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TransportError::Unavailable(
+                        format!("no answer within {publish_timeout:?}").into(),
+                    ))
+                });
+            published.map_err(|source| BackfillError::Publish {
+                event_id: event.id.to_owned(),
+                source,
+            })?;
+            summary.enqueued += 1;
+        }
+        progress(&summary);
+        if !page.has_more || starting_after.is_none() {
+            return Ok(summary);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::type_matches;
+
+    #[test]
+    fn type_patterns_match_as_globs() {
+        assert!(type_matches("invoice.paid", "invoice.paid"));
+        assert!(!type_matches("invoice.paid", "invoice.paid.extra"));
+        assert!(type_matches("invoice.*", "invoice.payment_failed"));
+        assert!(!type_matches("invoice.*", "customer.created"));
+        assert!(type_matches("*.updated", "customer.subscription.updated"));
+        assert!(!type_matches("*.updated", "customer.updated.x"));
+        assert!(type_matches("*", "anything"));
+        assert!(type_matches(
+            "customer.*.updated",
+            "customer.subscription.updated"
+        ));
+        assert!(!type_matches(
+            "customer.*.updated",
+            "invoice.subscription.updated"
+        ));
+    }
+}
