@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::config::Secret;
+use crate::event::type_matches;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
 use crate::retry::backoff_delay;
 use crate::store::{Store, StoreError};
@@ -182,26 +183,6 @@ impl StripeEventsApi {
     }
 }
 
-/// Whether `event_type` matches `pattern`, where `*` stands for any run of characters.
-pub fn type_matches(pattern: &str, event_type: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = event_type.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty(); // no `*`: the whole type
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
-}
-
 /// Lists the range page by page and publishes what is not processed yet; `progress` is called
 /// after each page.
 pub async fn backfill(
@@ -262,29 +243,5 @@ pub async fn backfill(
         if !page.has_more || starting_after.is_none() {
             return Ok(summary);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::type_matches;
-
-    #[test]
-    fn type_patterns_match_as_globs() {
-        assert!(type_matches("invoice.paid", "invoice.paid"));
-        assert!(!type_matches("invoice.paid", "invoice.paid.extra"));
-        assert!(type_matches("invoice.*", "invoice.payment_failed"));
-        assert!(!type_matches("invoice.*", "customer.created"));
-        assert!(type_matches("*.updated", "customer.subscription.updated"));
-        assert!(!type_matches("*.updated", "customer.updated.x"));
-        assert!(type_matches("*", "anything"));
-        assert!(type_matches(
-            "customer.*.updated",
-            "customer.subscription.updated"
-        ));
-        assert!(!type_matches(
-            "customer.*.updated",
-            "invoice.subscription.updated"
-        ));
     }
 }

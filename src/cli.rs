@@ -63,6 +63,11 @@ enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// Inspect events by outcome.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
     /// List Stripe's events for a time range (GET /v1/events, STRIPE_API_KEY) and publish those
     /// not processed yet through the configured transport, as ingress would. Prints a JSON
     /// summary.
@@ -95,6 +100,16 @@ fn parse_time(value: &str) -> Result<i64, String> {
         .ok_or_else(|| {
             format!("{value:?} is not RFC 3339 (2026-11-01T00:00:00Z), a date or Unix seconds")
         })
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// Events the stale-event guard held back (newest first), as JSON lines with the newer
+    /// event that made each stale.
+    Stale {
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -227,6 +242,21 @@ pub async fn run() -> anyhow::Result<()> {
             }
             let summary = summary?;
             println!("{}", serde_json::to_string(&summary)?);
+            Ok(())
+        }
+        Command::Events {
+            command: EventsCommand::Stale { limit },
+        } => {
+            let store = connect(cli.config).await?;
+            for stale in store.stale_events(limit).await? {
+                let line = serde_json::json!({
+                    "source": stale.source, "event_id": stale.event_id,
+                    "event_type": stale.event_type, "object_id": stale.object_id,
+                    "version": stale.version, "newer_event_id": stale.newer_event_id,
+                    "newer_version": stale.newer_version,
+                });
+                println!("{line}");
+            }
             Ok(())
         }
         Command::Outbox {

@@ -118,6 +118,28 @@ pub fn printable(value: &str, max_chars: usize) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Whether `event_type` matches `pattern`, where `*` stands for any run of characters
+/// (`invoice.*`, `*.updated`; no `*`: the whole type). Used by `backfill --type` and the
+/// stale-event guard's `types`.
+pub fn type_matches(pattern: &str, event_type: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = event_type.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no `*`: the whole type
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +204,24 @@ mod tests {
             prop_assert!(!out.chars().any(char::is_control));
             prop_assert!(out.chars().count() <= max * 10 + 1);
         }
+    }
+
+    #[test]
+    fn type_patterns_match_as_globs() {
+        assert!(type_matches("invoice.paid", "invoice.paid"));
+        assert!(!type_matches("invoice.paid", "invoice.paid.extra"));
+        assert!(type_matches("invoice.*", "invoice.payment_failed"));
+        assert!(!type_matches("invoice.*", "customer.created"));
+        assert!(type_matches("*.updated", "customer.subscription.updated"));
+        assert!(!type_matches("*.updated", "customer.updated.x"));
+        assert!(type_matches("*", "anything"));
+        assert!(type_matches(
+            "customer.*.updated",
+            "customer.subscription.updated"
+        ));
+        assert!(!type_matches(
+            "customer.*.updated",
+            "invoice.subscription.updated"
+        ));
     }
 }

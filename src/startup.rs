@@ -18,7 +18,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, Settings, TransportKind};
-use crate::consumer::{Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler};
+use crate::consumer::{
+    Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler, StaleGuard,
+};
 use crate::http::{ops, serve, ServerLimits};
 use crate::outbox::relay::{Relay, RelayOptions};
 use crate::queue::database::GroupCommit;
@@ -170,7 +172,8 @@ impl Application {
                     handler.clone(),
                     wakeups.clone(),
                     options.clone(),
-                );
+                )
+                .with_stale_guard(StaleGuard::from_settings(&c.stale_guard));
                 let (token, abandon) = (shutdown.clone(), abandon.clone());
                 tasks.spawn(async move {
                     consumer.run(token, abandon).await;

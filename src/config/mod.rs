@@ -278,6 +278,21 @@ pub struct ConsumerSettings {
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
     pub max_message_bytes: usize,
+    pub stale_guard: StaleGuardSettings,
+}
+
+/// `[consumer.stale_guard]`: hold back events older than what was handled for their object.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaleGuardSettings {
+    /// Off by default: an existing deployment's events do not change silently.
+    pub enabled: bool,
+    /// Event type patterns it applies to (`*` for any run of characters).
+    pub types: Vec<String>,
+    /// JSON pointer to the object's id.
+    pub object_pointer: String,
+    /// JSON pointer to the version, an integer (Stripe: the event's `created`).
+    pub version_pointer: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -170,6 +170,23 @@ impl Settings {
                 "must be a JSON pointer such as /data/object/id",
             ));
         }
+        for (key, pointer) in [
+            (
+                "consumer.stale_guard.object_pointer",
+                &self.consumer.stale_guard.object_pointer,
+            ),
+            (
+                "consumer.stale_guard.version_pointer",
+                &self.consumer.stale_guard.version_pointer,
+            ),
+        ] {
+            if !pointer.starts_with('/') {
+                return Err(invalid(
+                    key,
+                    "must be a JSON pointer such as /data/object/id",
+                ));
+            }
+        }
         if !self.consumer.dedup_key_pointer.starts_with('/') {
             return Err(invalid(
                 "consumer.dedup_key_pointer",

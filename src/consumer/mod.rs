@@ -30,6 +30,7 @@ pub mod decode;
 pub mod handler;
 mod run;
 mod settle;
+mod stale;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler};
 use settle::Settlement;
+pub use stale::StaleGuard;
 
 use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
@@ -126,6 +128,8 @@ pub struct Consumer {
     handler: Arc<dyn Handler>,
     wakeups: Arc<Wakeups>,
     options: ConsumerOptions,
+    /// Holds back events older than what was handled for their object (`stale.rs`); off: `None`.
+    stale_guard: Option<StaleGuard>,
 }
 
 impl Consumer {
@@ -142,7 +146,14 @@ impl Consumer {
             handler,
             wakeups,
             options,
+            stale_guard: None,
         }
+    }
+
+    /// Turns the stale-event guard on (`None`: off, the default).
+    pub fn with_stale_guard(mut self, guard: Option<StaleGuard>) -> Self {
+        self.stale_guard = guard;
+        self
     }
 
     /// Receives one batch and processes it. See the module docs for the guarantees.
@@ -431,6 +442,11 @@ impl Consumer {
         tx: &mut StoreTx,
     ) -> Result<Vec<OutboxMessage>, HandlerError> {
         use futures::FutureExt;
+        if let Some(guard) = &self.stale_guard {
+            if guard.is_stale(event, tx).await? {
+                return Ok(Vec::new()); // recorded as processed; nothing to forward
+            }
+        }
         let mut conn = tx.conn();
         match std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
             .catch_unwind()

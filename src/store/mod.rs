@@ -35,7 +35,7 @@ pub use transaction::{DbTx, StoreTx};
 
 pub use rows::{
     DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRow,
-    QueuedMessage,
+    QueuedMessage, StaleEvent,
 };
 
 /// A store failure. Every variant is "try again later" for callers: ingress answers 503, the

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     new_claim_token, postgres, sqlite, DeadLetter, NewQueueMessage, OutboxClaim, OutboxCounts,
-    OutboxRow, Pool, QueuedMessage, Store, StoreError,
+    OutboxRow, Pool, QueuedMessage, StaleEvent, Store, StoreError,
 };
 
 /// Calls the backend module's function of the same name with the pool.
@@ -193,6 +193,17 @@ impl Store {
             return Ok(Vec::new());
         }
         on_pool!(self, processed_among(source, ids))
+    }
+
+    /// The newest `limit` events the stale-event guard held back.
+    pub async fn stale_events(&self, limit: i64) -> Result<Vec<StaleEvent>, StoreError> {
+        const SQL: &str = "SELECT source, event_id, event_type, object_id, version,
+                                  newer_event_id, newer_version
+                             FROM stale_events ORDER BY id DESC LIMIT $1";
+        Ok(match &self.0 {
+            Pool::Postgres(pool) => sqlx::query_as(SQL).bind(limit).fetch_all(pool).await?,
+            Pool::Sqlite(pool) => sqlx::query_as(SQL).bind(limit).fetch_all(pool).await?,
+        })
     }
 
     // --- dead letters ---------------------------------------------------------------------

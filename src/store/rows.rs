@@ -76,6 +76,19 @@ pub struct OutboxClaim {
     pub claim_token: i64,
 }
 
+/// An event the stale-event guard held back: recorded as processed with outcome `stale`, not
+/// handled, because `newer_event_id` had a strictly newer version of the same object.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StaleEvent {
+    pub source: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub object_id: String,
+    pub version: i64,
+    pub newer_event_id: String,
+    pub newer_version: i64,
+}
+
 /// A dead letter, for the CLI.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DeadLetter {

@@ -2,7 +2,7 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StoreError};
+use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
 /// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
@@ -116,6 +116,62 @@ impl StoreTx {
         row: &NewDeadLetter,
     ) -> Result<bool, StoreError> {
         on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
+    }
+
+    /// Records `version` as the newest handled for `(source, object_id)` unless a strictly newer
+    /// one is recorded; returns that newer one (version, event id) when there is one, so the
+    /// event is stale. Equal versions are not stale. The row stays locked until the batch
+    /// commits, so two workers decide one object's events one after the other.
+    pub async fn record_object_version(
+        &mut self,
+        source: &str,
+        object_id: &str,
+        version: i64,
+        event_id: &str,
+    ) -> Result<Option<(i64, String)>, StoreError> {
+        const UPSERT: &str = "INSERT INTO object_versions (source, object_id, version, event_id)
+                              VALUES ($1, $2, $3, $4)
+                              ON CONFLICT (source, object_id) DO UPDATE
+                                 SET version = excluded.version, event_id = excluded.event_id
+                               WHERE object_versions.version <= excluded.version
+                              RETURNING version";
+        const NEWER: &str =
+            "SELECT version, event_id FROM object_versions WHERE source = $1 AND object_id = $2";
+        let recorded: Option<i64> = either_tx!(self, |tx| sqlx::query_scalar(UPSERT)
+            .bind(source)
+            .bind(object_id)
+            .bind(version)
+            .bind(event_id)
+            .fetch_optional(&mut **tx)
+            .await?);
+        if recorded.is_some() {
+            return Ok(None);
+        }
+        let newer: Option<(i64, String)> = either_tx!(self, |tx| sqlx::query_as(NEWER)
+            .bind(source)
+            .bind(object_id)
+            .fetch_optional(&mut **tx)
+            .await?);
+        Ok(newer)
+    }
+
+    /// Lists `event` as held back by the stale-event guard.
+    pub async fn insert_stale_event(&mut self, event: &StaleEvent) -> Result<(), StoreError> {
+        const SQL: &str = "INSERT INTO stale_events (source, event_id, event_type, object_id,
+                                                     version, newer_event_id, newer_version)
+                           VALUES ($1, $2, $3, $4, $5, $6, $7)";
+        either_tx!(self, |tx| sqlx::query(SQL)
+            .bind(&event.source)
+            .bind(&event.event_id)
+            .bind(&event.event_type)
+            .bind(&event.object_id)
+            .bind(event.version)
+            .bind(&event.newer_event_id)
+            .bind(event.newer_version)
+            .execute(&mut **tx)
+            .await
+            .map(drop)?);
+        Ok(())
     }
 
     /// The connection handlers write through.

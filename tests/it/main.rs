@@ -31,6 +31,8 @@
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
 //!   a sink that times out, is black-holed, refused or cut; the `migrate` and `dlq` commands;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
+//! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
+//!   newer one is held back and listed; off, every update arrives;
 //! * [`standard_ingress`]: Standard Webhooks: the official vector, failed checks, `webhook-id`
 //!   dedup under its own source;
 //! * [`store_contract`]: one contract for both stores (dedup, outbox, queue leases, retention);
@@ -61,6 +63,7 @@ mod pipeline;
 mod redrive;
 mod relay;
 mod sinks;
+mod stale;
 mod standard_ingress;
 mod store_contract;
 mod stripe_ingress;

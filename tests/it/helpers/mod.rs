@@ -27,7 +27,9 @@ pub mod queue;
 pub mod receiver;
 pub mod signing;
 
-pub use app::{counter_value, run_cli, test_settings, without_colours, RunningBinary, TestApp};
+pub use app::{
+    cli_json_lines, counter_value, run_cli, test_settings, without_colours, RunningBinary, TestApp,
+};
 pub use db::{ledger_counts, pipeline_drained, Backend, HeldDedupRow, TestDb};
 pub use queue::{sqs_turn, SqsLoad, TestQueue, Transport};
 pub use receiver::{file_sink_ids, Receiver};
