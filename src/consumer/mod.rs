@@ -28,11 +28,12 @@
 mod dead_letter;
 pub mod decode;
 pub mod handler;
+mod record;
 mod run;
 mod settle;
 mod stale;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler};
+use record::record_new;
 use settle::Settlement;
 pub use stale::StaleGuard;
 
@@ -465,36 +467,4 @@ impl Consumer {
             }
         }
     }
-}
-
-/// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
-/// them into those recorded now (to handle) and those already there (duplicates).
-type Received<'e, 'd> = &'e (Event, &'d Delivery);
-
-async fn record_new<'e, 'd>(
-    tx: &mut StoreTx,
-    events: Vec<Received<'e, 'd>>,
-) -> Result<(Vec<Received<'e, 'd>>, Vec<Received<'e, 'd>>), StoreError> {
-    // Keys are inserted in one global order, (source, id), whatever order the transport
-    // delivered them in: two workers whose batches share ids then wait for each other in that
-    // order, and never form the cycle PostgreSQL reports as `deadlock detected`.
-    let mut by_source: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
-    for (event, _) in &events {
-        by_source
-            .entry(event.source.as_str())
-            .or_default()
-            .push((event.id.clone(), event.event_type.clone()));
-    }
-    for pairs in by_source.values_mut() {
-        pairs.sort_unstable();
-    }
-    let mut new: HashSet<(String, String)> = HashSet::new();
-    for (source, pairs) in by_source {
-        for id in tx.insert_processed(source, &pairs).await? {
-            new.insert((source.to_owned(), id));
-        }
-    }
-    Ok(events
-        .into_iter()
-        .partition(|(e, _)| new.contains(&(e.source.clone(), e.id.clone()))))
 }
