@@ -15,6 +15,8 @@
 //!   `Idempotent-Replayed: true`; 5xx results release the key (unless `keep_5xx`);
 //! - a crashed request's key is refused with 409 until its lease lapses, then one retry takes it
 //!   over; a request whose lease was taken over cannot store its result over the new one;
+//! - a handler that writes through an [`IdempotentTx`] commits its rows and the stored result
+//!   in one transaction: a crash leaves both or neither, so the retry replays or runs once;
 //! - reusing a key for a different request is refused with 422 and changes nothing.
 
 pub mod client;
@@ -32,8 +34,8 @@ pub use fingerprint::Fingerprint;
 pub use group::GroupOptions;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
-    ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, NotExecuted,
-    Rejection, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, IdempotentTx,
+    NotExecuted, Rejection, TxRejection, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
 pub use records::{Claim, ClaimToken, Ownership, StoreError, StoredResponse};
 pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};

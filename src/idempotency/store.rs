@@ -236,27 +236,29 @@ impl PgIdempotencyStore {
             }
         }
         self.count();
-        let row = sqlx::query(
-            r#"UPDATE idempotency_keys
-               SET status = 'completed', claim_token = NULL, locked_until = NULL,
-                   response_status = $4, response_headers = $5, response_body = $6
-               WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'
-               RETURNING GREATEST(0, floor(extract(epoch FROM (expires_at - now())) * 1000))::bigint"#,
-        )
-        .bind(account)
-        .bind(key)
-        .bind(token.0.to_string())
-        .bind(response.status as i16)
-        .bind(Json(&response.headers))
-        .bind(&response.body[..])
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(match row {
-            Some(row) => Ownership::Owned {
-                ttl: duration_ms(row.try_get::<i64, _>(0)?),
-            },
-            None => Ownership::Lost,
-        })
+        let row = complete_query(account, key, token, response)
+            .fetch_optional(&self.pool)
+            .await?;
+        decode_completion(row)
+    }
+
+    /// Stores the response of a claimed request inside `tx`, the transaction the handler wrote
+    /// in (see [`IdempotentTx`](super::IdempotentTx)): it becomes visible, with the handler's
+    /// rows, when `tx` commits. `Lost` if the claim was taken over meanwhile; the caller then
+    /// rolls back.
+    pub async fn complete_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        account: &str,
+        key: &str,
+        token: ClaimToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        self.count();
+        let row = complete_query(account, key, token, response)
+            .fetch_optional(tx)
+            .await?;
+        decode_completion(row)
     }
 
     /// Gives the key up so that a retry executes again (5xx results, panics).
@@ -362,6 +364,40 @@ impl PgIdempotencyStore {
             }
         })
     }
+}
+
+const COMPLETE_SQL: &str = r#"
+UPDATE idempotency_keys
+   SET status = 'completed', claim_token = NULL, locked_until = NULL,
+       response_status = $4, response_headers = $5, response_body = $6
+ WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'
+RETURNING GREATEST(0, floor(extract(epoch FROM (expires_at - now())) * 1000))::bigint
+"#;
+
+/// The token-guarded completion of one key (the grouped statement does the same for many).
+fn complete_query<'q>(
+    account: &'q str,
+    key: &'q str,
+    token: ClaimToken,
+    response: &'q StoredResponse,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(COMPLETE_SQL)
+        .bind(account)
+        .bind(key)
+        .bind(token.0.to_string())
+        .bind(response.status as i16)
+        .bind(Json(&response.headers))
+        .bind(&response.body[..])
+}
+
+/// A completion's row: the key's remaining TTL, or no row when the token no longer holds it.
+fn decode_completion(row: Option<sqlx::postgres::PgRow>) -> Result<Ownership, StoreError> {
+    Ok(match row {
+        Some(row) => Ownership::Owned {
+            ttl: duration_ms(row.try_get::<i64, _>(0)?),
+        },
+        None => Ownership::Lost,
+    })
 }
 
 fn count_statement(queries: &AtomicU64) {

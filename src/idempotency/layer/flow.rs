@@ -25,10 +25,11 @@ use http::request::Parts;
 use http::{response, Request, Response, StatusCode};
 use tower::Service;
 
-use super::held::{HeldClaim, KeyHold};
+use super::held::{Committed, HeldClaim, KeyHold};
+use super::tx::{Lent, TxSlot};
 use super::{
-    cache_error, outcome, IdempotencyConfig, NotExecuted, Rejection, Shared, IDEMPOTENCY_KEY,
-    IDEMPOTENT_REPLAYED,
+    cache_error, outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared,
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key::{IdempotencyKey, KeyError};
@@ -198,7 +199,7 @@ async fn replay_from_redis(
 /// the key.
 async fn execute<S>(
     mut hold: KeyHold,
-    req: Request<Body>,
+    mut req: Request<Body>,
     mut inner: S,
 ) -> Result<Response<Body>, S::Error>
 where
@@ -215,11 +216,21 @@ where
         ControlFlow::Continue(held) => held,
         ControlFlow::Break(answer) => return Ok(answer),
     };
-    // We hold the key: from here every way out releases it or stores the result.
-    let response = match AssertUnwindSafe(inner.call(req)).catch_unwind().await {
+    // We hold the key: from here every way out releases it or stores the result. The slot
+    // lends the handler a transaction if it asks for one (the transactional mode).
+    let slot = Arc::new(TxSlot::new(
+        held.key_store().pool().clone(),
+        held.config().statement_timeout,
+        style,
+    ));
+    req.extensions_mut().insert(slot.clone());
+    let called = AssertUnwindSafe(inner.call(req)).catch_unwind().await;
+    // The handler's future has ended (and with it its hold on the transaction).
+    let tx = slot.take_back();
+    let response = match called {
         Ok(Ok(r)) => r.into_response(),
         Ok(Err(e)) => {
-            held.release().await;
+            held.give_up(tx).await;
             return Err(e);
         }
         Err(_panic) => {
@@ -227,21 +238,29 @@ where
                 key = held.key(),
                 "handler panicked; idempotency key released"
             );
-            held.release().await;
+            held.give_up(tx).await;
             return Ok(Rejection::Internal.into_response(style));
         }
     };
+    if let Lent::Kept = tx {
+        tracing::error!(
+            key = held.key(),
+            "the handler kept its IdempotentTx past its own end; nothing is committed and the key is released"
+        );
+        held.give_up(tx).await;
+        return Ok(Rejection::Internal.into_response(style));
+    }
     let (head, body) = response.into_parts();
     let max_response_bytes = held.config().max_response_bytes;
     let body = match axum::body::to_bytes(body, max_response_bytes).await {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, key = held.key(), "response body failed or exceeded max_response_bytes; idempotency key released");
-            held.release().await;
+            held.give_up(tx).await;
             return Ok(Rejection::Internal.into_response(style));
         }
     };
-    Ok(finish(held, head, body).await)
+    Ok(finish(held, tx, head, body).await)
 }
 
 /// The Redis short lock: a duplicate arriving while we hold it is answered without PostgreSQL.
@@ -338,12 +357,13 @@ async fn claim(hold: KeyHold) -> ControlFlow<Response<Body>, HeldClaim> {
     ControlFlow::Break(answer)
 }
 
-/// Step 6: the handler's response, kept (stored and mirrored) or given back (key released).
-async fn finish(held: HeldClaim, head: response::Parts, body: Bytes) -> Response<Body> {
+/// Step 6: the handler's response, kept (stored and mirrored, in the handler's transaction when
+/// it wrote in one) or given back (key released, the transaction rolled back).
+async fn finish(held: HeldClaim, tx: Lent, head: response::Parts, body: Bytes) -> Response<Body> {
     if releases_key(head.status, held.config().keep_5xx)
         || head.extensions.get::<NotExecuted>().is_some()
     {
-        held.release().await;
+        held.give_up(tx).await;
         outcome("released");
         return Response::from_parts(head, Body::from(body));
     }
@@ -357,13 +377,23 @@ async fn finish(held: HeldClaim, head: response::Parts, body: Bytes) -> Response
             .collect(),
         body: body.clone(),
     };
-    held.store(stored).await;
-    Response::from_parts(head, Body::from(body))
+    held.config().fault(FaultPoint::BeforeCompletion).await;
+    let Lent::Tx(tx) = tx else {
+        held.store(stored).await;
+        return Response::from_parts(head, Body::from(body));
+    };
+    let style = held.config().error_style;
+    match held.commit(tx, &stored).await {
+        Committed::Stored => Response::from_parts(head, Body::from(body)),
+        // Another request holds the key now and runs it; ours left nothing behind.
+        Committed::Lost => Rejection::InProgress(Duration::from_secs(1)).into_response(style),
+        Committed::Failed => Rejection::Unavailable.into_response(style),
+    }
 }
 
 /// Results a client is expected to retry are not stored: 5xx (unless `keep_5xx`), and 408,
 /// 409, 425 and 429, which say "not now" rather than "this is the outcome".
-fn releases_key(status: StatusCode, keep_5xx: bool) -> bool {
+pub(super) fn releases_key(status: StatusCode, keep_5xx: bool) -> bool {
     (status.is_server_error() && !keep_5xx) || matches!(status.as_u16(), 408 | 409 | 425 | 429)
 }
 

@@ -15,6 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::{Postgres, Transaction};
+
+use super::tx::Lent;
 use super::{cache_error, outcome, IdempotencyConfig, Shared};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key::IdempotencyKey;
@@ -116,6 +119,11 @@ impl HeldClaim {
         self.hold.key.as_str()
     }
 
+    /// The key store.
+    pub(super) fn key_store(&self) -> &crate::idempotency::store::PgIdempotencyStore {
+        &self.hold.shared.store
+    }
+
     /// The layer's configuration.
     pub(super) fn config(&self) -> &IdempotencyConfig {
         &self.hold.shared.config
@@ -130,11 +138,15 @@ impl HeldClaim {
         } = self;
         drop(heartbeat);
         let key = hold.key.as_str();
-        match hold.shared.store.release(&hold.account, key, token).await {
-            Ok(Ownership::Owned { .. }) => {}
-            Ok(Ownership::Lost) => tracing::warn!(key, "idempotency claim already taken over"),
+        let release = hold.shared.store.release(&hold.account, key, token);
+        match tokio::time::timeout(hold.shared.config.statement_timeout, release).await {
+            Ok(Ok(Ownership::Owned { .. })) => {}
+            Ok(Ok(Ownership::Lost)) => {
+                tracing::warn!(key, "idempotency claim already taken over")
+            }
             // The lease will end and a retry will take over.
-            Err(e) => tracing::warn!(error = %e, "releasing idempotency key failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing idempotency key failed"),
+            Err(_) => tracing::warn!(key, "releasing idempotency key timed out"),
         }
         hold.unlock().await;
     }
@@ -210,6 +222,110 @@ impl HeldClaim {
             "gave up storing an idempotent result; a retry may run again"
         );
         outcome("store_error");
+    }
+}
+
+/// How a transactional request's commit ended (see [`HeldClaim::commit`]).
+pub(super) enum Committed {
+    /// The handler's writes and the stored response are committed together.
+    Stored,
+    /// The claim was taken over before the completion: nothing of this request was committed,
+    /// and the request that took it over is the one that counts.
+    Lost,
+    /// The completion or the commit failed: the key is released if it still was ours (or its
+    /// lease lapses), and the retry either replays what did commit or runs afresh.
+    Failed,
+}
+
+impl HeldClaim {
+    /// Transactional mode ([`super::tx`]): stores the result inside `tx`, the transaction the
+    /// handler wrote in, as its last statement, and commits both at once. The heartbeat keeps
+    /// the lease until the outcome is known; Redis is mirrored only once it is committed.
+    pub(super) async fn commit(
+        self,
+        mut tx: Transaction<'static, Postgres>,
+        stored: &StoredResponse,
+    ) -> Committed {
+        let (hold, key) = (&self.hold, self.key());
+        let bound = hold.shared.config.statement_timeout;
+        let completion =
+            hold.shared
+                .store
+                .complete_in(&mut tx, &hold.account, key, self.token, stored);
+        let ttl = match tokio::time::timeout(bound, completion).await {
+            Ok(Ok(Ownership::Owned { ttl })) => ttl,
+            Ok(Ok(Ownership::Lost)) => {
+                tracing::error!(
+                    key,
+                    "idempotency claim was taken over before completion; the handler's writes are rolled back"
+                );
+                rollback(tx, bound).await;
+                outcome("lost_claim");
+                return Committed::Lost;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, key, "storing idempotent result in the handler's transaction failed; rolled back");
+                rollback(tx, bound).await;
+                self.release().await;
+                outcome("store_error");
+                return Committed::Failed;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    key,
+                    "storing idempotent result in the handler's transaction timed out; rolled back"
+                );
+                rollback(tx, bound).await;
+                self.release().await;
+                outcome("store_error");
+                return Committed::Failed;
+            }
+        };
+        match tokio::time::timeout(bound, tx.commit()).await {
+            Ok(Ok(())) => {
+                let HeldClaim {
+                    hold, heartbeat, ..
+                } = self;
+                drop(heartbeat);
+                hold.mirror(stored, ttl).await;
+                outcome("executed");
+                Committed::Stored
+            }
+            failed => {
+                // The commit may or may not have happened (the connection can die after
+                // PostgreSQL committed). The release is guarded by the token and by the row
+                // still being in progress: it gives the key back only if nothing committed, and
+                // waits on the row while the commit is still being decided.
+                match failed {
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, key, "committing the idempotent transaction failed")
+                    }
+                    _ => tracing::warn!(key, "committing the idempotent transaction timed out"),
+                }
+                self.release().await;
+                outcome("store_error");
+                Committed::Failed
+            }
+        }
+    }
+
+    /// Nothing of the request is kept (its result gives the key back, or the handler failed):
+    /// the writes it made in its transaction, if any, are rolled back, and the key released.
+    pub(super) async fn give_up(self, lent: Lent) {
+        if let Lent::Tx(tx) = lent {
+            rollback(tx, self.config().statement_timeout).await;
+        }
+        self.release().await;
+    }
+}
+
+/// Rolls back, bounded; if that fails the connection is dropped and PostgreSQL rolls back when
+/// it closes.
+async fn rollback(tx: Transaction<'static, Postgres>, bound: Duration) {
+    match tokio::time::timeout(bound, tx.rollback()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "rolling back the idempotent transaction failed"),
+        Err(_) => tracing::warn!("rolling back the idempotent transaction timed out"),
     }
 }
 

@@ -15,13 +15,18 @@
 //! 6. 2xx/4xx (and 5xx with `keep_5xx`) are stored and mirrored; other 5xx, 408/409/425/429
 //!    and responses marked [`NotExecuted`] release the key.
 //!
+//! A handler that takes an [`IdempotentTx`] runs in the transactional mode: its writes and the
+//! stored result of step 6 are one commit (see [`tx`]).
+//!
 //! This file holds what a user configures and mounts (builder, layer, service); the steps above
-//! are in `flow.rs`, what a request holds of its key and how it lets go in `held.rs`, and the
-//! answers the layer gives itself in `rejection.rs`.
+//! are in `flow.rs`, what a request holds of its key and how it lets go in `held.rs`, the
+//! transaction lent to handlers in `tx.rs`, and the answers the layer gives itself in
+//! `rejection.rs`.
 
 mod flow;
 mod held;
 mod rejection;
+pub mod tx;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,7 +36,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
-use futures::FutureExt;
 use http::header::HeaderName;
 use http::request::Parts;
 use http::{Method, Request, Response};
@@ -43,6 +47,16 @@ use super::store::PgIdempotencyStore;
 use flow::KeyHeader;
 pub use flow::{keep_header, MAX_ACCOUNT_LEN};
 pub use rejection::{ErrorStyle, Rejection};
+pub use tx::{IdempotentTx, TxRejection};
+
+impl IdempotencyConfig {
+    /// Awaits the test hook at `point`, if one is set.
+    async fn fault(&self, point: FaultPoint) {
+        if let Some(hook) = &self.fault_hook {
+            hook(point).await;
+        }
+    }
+}
 
 /// The request header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -54,6 +68,17 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// would replay one caller's result to another. The default, for single-tenant APIs, puts
 /// every request in one scope.
 pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// Where a test may pause (and crash) a request; see [`IdempotencyLayerBuilder::fault_hook`].
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// The handler has returned a result to keep, which is about to be stored (in its
+    /// transaction, in the transactional mode).
+    BeforeCompletion,
+}
+
+type FaultHook = Arc<dyn Fn(FaultPoint) -> BoxFuture<()> + Send + Sync>;
 
 /// Configuration, built with [`IdempotencyLayer::builder`].
 #[derive(Clone)]
@@ -68,6 +93,9 @@ pub struct IdempotencyConfig {
     max_body_bytes: usize,
     body_read_timeout: Duration,
     max_response_bytes: usize,
+    statement_timeout: Duration,
+    /// Test-only pauses at points where a crash matters (see [`FaultPoint`]).
+    fault_hook: Option<FaultHook>,
 }
 
 impl std::fmt::Debug for IdempotencyConfig {
@@ -82,6 +110,7 @@ impl std::fmt::Debug for IdempotencyConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("statement_timeout", &self.statement_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -166,6 +195,29 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// The longest the layer waits on one of its own PostgreSQL calls made for one request
+    /// (default 10 s): releasing a key, and in the transactional mode ([`IdempotentTx`]) opening
+    /// the transaction, storing the response in it, committing and rolling back. Past it the
+    /// answer is 503 with `Retry-After` and the key is released, or left to its lease. The
+    /// grouped claims and completions have their own bound ([`GroupOptions`]).
+    ///
+    /// [`GroupOptions`]: crate::idempotency::GroupOptions
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.config.statement_timeout = timeout;
+        self
+    }
+
+    /// Tests only: awaits `hook` at each [`FaultPoint`], so a test can stop the process there
+    /// (drop its runtime) and show what a crash at that point leaves behind.
+    #[doc(hidden)]
+    pub fn fault_hook<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(FaultPoint) -> BoxFuture<()> + Send + Sync + 'static,
+    {
+        self.config.fault_hook = Some(Arc::new(hook));
+        self
+    }
+
     /// Redis fast path (optional).
     pub fn redis(mut self, cache: RedisCache) -> Self {
         self.redis = Some(cache);
@@ -218,6 +270,8 @@ impl IdempotencyLayer {
                 max_body_bytes: 1024 * 1024,
                 body_read_timeout: Duration::from_secs(30),
                 max_response_bytes: 8 * 1024 * 1024,
+                statement_timeout: Duration::from_secs(10),
+                fault_hook: None,
             },
         }
     }
@@ -263,7 +317,8 @@ pub struct IdempotencyService<S> {
     shared: Arc<Shared>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// A boxed future, as the service and the fault hook return.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S> Service<Request<Body>> for IdempotencyService<S>
 where
@@ -283,12 +338,10 @@ where
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         // Take the service that was driven to readiness, leave a clone in its place.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         match flow::key_header(&shared.config, &req) {
-            KeyHeader::Exempt => {
-                Box::pin(inner.call(req).map(|r| r.map(IntoResponse::into_response)))
-            }
+            KeyHeader::Exempt => Box::pin(tx::without_key(shared, inner, req)),
             KeyHeader::Refused(rejection) => {
                 let style = shared.config.error_style;
                 Box::pin(async move { Ok(rejection.into_response(style)) })

@@ -11,7 +11,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
-use dedup_worker::idempotency::{example, NotExecuted, PgIdempotencyStore, RedisCache};
+use dedup_worker::idempotency::{
+    example, IdempotentTx, NotExecuted, PgIdempotencyStore, RedisCache,
+};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -42,6 +44,14 @@ impl TestEnv {
             .await
             .expect("migrations");
         example::setup(&pool).await.expect("example tables");
+        // What the counting handler writes in the transactional mode: no unique key of its own,
+        // so a second execution would show as a second row.
+        sqlx::query(
+            "CREATE TABLE layer_test_orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, body TEXT NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("layer_test_orders");
         Self {
             url: db.url.clone(),
             pool,
@@ -128,16 +138,53 @@ impl Drop for TestEnv {
     }
 }
 
+thread_local! {
+    /// Whether [`Counting`] handlers made on this thread write in the transactional mode. A
+    /// `#[tokio::test]` body runs on the thread that calls the test function, so setting it
+    /// around that call switches every handler the test makes.
+    static TRANSACTIONAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a layer test (a `#[tokio::test]` function) with every [`Counting`] handler it makes in
+/// the transactional mode: each execution also inserts a row through an
+/// [`IdempotentTx`], committed with the stored result.
+pub fn in_transactional_mode(test: fn()) {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            TRANSACTIONAL.with(|t| t.set(false));
+        }
+    }
+    TRANSACTIONAL.with(|t| t.set(true));
+    let _reset = Reset;
+    test();
+}
+
 /// The handler behind the layer in most tests: counts executions and behaves by body `mode`:
 /// `declined` → 402, `invalid` → 400 marked [`NotExecuted`], `fail_once` → 503 on its first execution, `busy_once` → 429 on its first
 /// execution, `boom` → 500, otherwise 201.
 /// With a gate, each execution waits for one permit (lets tests hold a request in flight).
-#[derive(Clone, Default)]
+/// In the transactional mode (see [`in_transactional_mode`]) each execution first inserts a row
+/// into `layer_test_orders` through its [`IdempotentTx`].
+#[derive(Clone)]
 pub struct Counting {
     pub count: Arc<AtomicU64>,
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
     pub fail_once_done: Arc<AtomicU64>,
     pub busy_once_done: Arc<AtomicU64>,
+    pub transactional: bool,
+}
+
+impl Default for Counting {
+    fn default() -> Self {
+        Self {
+            count: Arc::default(),
+            gate: None,
+            fail_once_done: Arc::default(),
+            busy_once_done: Arc::default(),
+            transactional: TRANSACTIONAL.with(|t| t.get()),
+        }
+    }
 }
 
 impl Counting {
@@ -153,10 +200,44 @@ impl Counting {
     }
 
     pub fn router(&self) -> Router {
+        let create = if self.transactional {
+            post(order_in_tx)
+        } else {
+            post(order)
+        };
         Router::new()
-            .route("/orders", post(order).get(list))
+            .route("/orders", create.get(list))
             .with_state(self.clone())
     }
+}
+
+/// Rows the transactional handler has committed.
+pub async fn order_rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM layer_test_orders")
+        .fetch_one(pool)
+        .await
+        .expect("count layer_test_orders")
+}
+
+async fn order_in_tx(
+    state: State<Counting>,
+    mut tx: IdempotentTx,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let account = headers
+        .get("x-account")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let inserted = sqlx::query("INSERT INTO layer_test_orders (account, body) VALUES ($1, $2)")
+        .bind(account)
+        .bind(String::from_utf8_lossy(&body).into_owned())
+        .execute(&mut *tx)
+        .await;
+    if let Err(e) = inserted {
+        return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    }
+    order(state, headers, body).await
 }
 
 async fn list(State(c): State<Counting>) -> Response {
@@ -215,4 +296,55 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
         Json(json!({"run": n, "account": account, "received": v})),
     )
         .into_response()
+}
+
+/// A server in a runtime of its own, so that dropping the runtime kills it like a crashed
+/// process: no completion, no release, no commit, its PostgreSQL connections closed mid-way, the
+/// claim just stops being renewed. `make` builds its router inside that runtime, on a pool of
+/// its own over `db_url`.
+pub struct DoomedServer {
+    pub addr: std::net::SocketAddr,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DoomedServer {
+    pub fn start<F>(db_url: String, make: F) -> Self
+    where
+        F: FnOnce(PgPool) -> Router + Send + 'static,
+    {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("the doomed server's runtime");
+            rt.block_on(async move {
+                let pool = PgPool::connect(&db_url).await.expect("connect");
+                let addr = super::serve(make(pool)).await;
+                addr_tx.send(addr).expect("send the address");
+                let _ = kill_rx.await;
+            });
+            // Dropping the runtime drops every task and connection: the process is gone.
+            drop(rt);
+        });
+        let addr = addr_rx.recv().expect("the doomed server's address");
+        Self {
+            addr,
+            kill: Some(kill_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Kills it, and returns once everything it held is gone.
+    pub fn kill(mut self) {
+        if let Some(k) = self.kill.take() {
+            let _ = k.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the doomed server's thread");
+        }
+    }
 }

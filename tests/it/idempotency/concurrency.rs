@@ -14,7 +14,7 @@ use crate::helpers::wait_for;
 /// invites a retry of the wrong request) and the same request is 409 with `Retry-After`;
 /// decided by the Redis lock when there is one, by PostgreSQL otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn while_a_request_runs_another_request_is_422_and_a_duplicate_409() {
+pub(super) async fn while_a_request_runs_another_request_is_422_and_a_duplicate_409() {
     let env = TestEnv::new().await;
     for with_redis in [true, false] {
         let h = Counting::gated();
@@ -57,7 +57,7 @@ async fn while_a_request_runs_another_request_is_422_and_a_duplicate_409() {
 /// A client that gives up does not cancel its request: it runs on detached, `drain` waits for
 /// it at shutdown, and its result is stored for the retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_waits_for_a_request_whose_client_went_away() {
+pub(super) async fn drain_waits_for_a_request_whose_client_went_away() {
     let env = TestEnv::new().await;
     let h = Counting::gated();
     let layer = layer(&env).build();
@@ -149,7 +149,7 @@ fn check_hundred(replies: &[Reply], h: &Counting) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hundred_concurrent_requests_one_key_run_once() {
+pub(super) async fn hundred_concurrent_requests_one_key_run_once() {
     let env = TestEnv::new().await;
     // PostgreSQL alone, the execution held open: 99 × 409, then the one 201.
     let h = Counting::gated();

@@ -2,7 +2,6 @@
 //! request whose lease was taken over can neither complete nor release; a running claim past
 //! its TTL is neither taken over nor collected; a handler slower than its lease keeps its claim
 //! (heartbeats); after the TTL a key executes again and expired rows are deleted.
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +13,11 @@ use dedup_worker::idempotency::{
 use http::StatusCode;
 
 use super::{app, http, layer, layer_with_redis_if, post, stored};
-use crate::helpers::idempotency::{Counting, TestEnv};
-use crate::helpers::{serve, wait_for};
+use crate::helpers::idempotency::{Counting, DoomedServer, TestEnv};
+use crate::helpers::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {
+pub(super) async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {
     let env = TestEnv::new().await;
     for with_redis in [false, true] {
         let h = Counting::default();
@@ -106,77 +105,31 @@ async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {
     env.cleanup().await;
 }
 
-/// A server in a runtime of its own, so that dropping the runtime kills it like a crashed
-/// process: no completion, no release, the claim just stops being renewed.
-struct DoomedServer {
-    addr: SocketAddr,
-    kill: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    entered: Arc<AtomicU64>,
-}
-
-impl DoomedServer {
-    fn start(db_url: String, lease: Duration) -> Self {
-        let entered = Arc::new(AtomicU64::new(0));
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
-        let e = entered.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let pool = sqlx::PgPool::connect(&db_url).await.unwrap();
-                let layer = IdempotencyLayer::builder(PgIdempotencyStore::new(pool))
-                    .lease(lease)
-                    .build();
-                let router = Router::new()
-                    .route(
-                        "/orders",
-                        axum::routing::post(move || {
-                            let e = e.clone();
-                            async move {
-                                e.fetch_add(1, Ordering::SeqCst);
-                                // Mid-handler when the process dies.
-                                std::future::pending::<()>().await;
-                                StatusCode::CREATED
-                            }
-                        }),
-                    )
-                    .layer(layer);
-                let addr = serve(router).await;
-                addr_tx.send(addr).unwrap();
-                let _ = kill_rx.await;
-            });
-            // Dropping the runtime drops every task: the process is gone.
-            drop(rt);
-        });
-        let addr = addr_rx.recv().unwrap();
-        Self {
-            addr,
-            kill: Some(kill_tx),
-            thread: Some(thread),
-            entered,
-        }
-    }
-
-    fn kill(mut self) {
-        if let Some(k) = self.kill.take() {
-            let _ = k.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_request_holds_the_key_until_its_lease_ends_then_one_retry_runs() {
+pub(super) async fn a_crashed_request_holds_the_key_until_its_lease_ends_then_one_retry_runs() {
     let env = TestEnv::new().await;
     let lease = Duration::from_secs(5);
-    let doomed = DoomedServer::start(env.url.clone(), lease);
+    let entered = Arc::new(AtomicU64::new(0));
+    let e = entered.clone();
+    let doomed = DoomedServer::start(env.url.clone(), move |pool| {
+        let layer = IdempotencyLayer::builder(PgIdempotencyStore::new(pool))
+            .lease(lease)
+            .build();
+        Router::new()
+            .route(
+                "/orders",
+                axum::routing::post(move || {
+                    let e = e.clone();
+                    async move {
+                        e.fetch_add(1, Ordering::SeqCst);
+                        // Mid-handler when the process dies.
+                        std::future::pending::<()>().await;
+                        StatusCode::CREATED
+                    }
+                }),
+            )
+            .layer(layer)
+    });
     let c = http();
     let doomed_addr = doomed.addr;
     let c2 = c.clone();
@@ -189,7 +142,6 @@ async fn a_crashed_request_holds_the_key_until_its_lease_ends_then_one_retry_run
             .send()
             .await;
     });
-    let entered = doomed.entered.clone();
     wait_for(
         "the doomed server's handler to be entered",
         Duration::from_secs(20),
@@ -368,7 +320,7 @@ async fn a_running_claim_past_its_ttl_is_neither_taken_over_nor_collected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_slower_than_the_lease_keeps_its_claim() {
+pub(super) async fn a_handler_slower_than_the_lease_keeps_its_claim() {
     let env = TestEnv::new().await;
     let h = Counting::gated();
     let lease = Duration::from_millis(600);

@@ -13,9 +13,14 @@
 //! * [`redis_faults`]: Redis behind a fault proxy (black hole, refusal, cut connections);
 //! * [`postgres`]: the grouped writes keep probing the primary key as the table grows;
 //!   PostgreSQL that stops answering is a 503 and the breaker refuses the queue;
+//! * [`transactional`]: the tests above again with handlers that write through an
+//!   `IdempotentTx`;
+//! * [`atomic`]: what only the transactional mode promises: a crash before the result is
+//!   stored leaves no row; failures, panics, a failed commit and a lost lease commit nothing;
 //! * [`client`]: the retrying client keeps one key; the double-charge timeline of the checkout
 //!   example.
 
+mod atomic;
 mod client;
 mod concurrency;
 mod leases;
@@ -23,6 +28,7 @@ mod postgres;
 mod redis;
 mod redis_faults;
 mod replay;
+mod transactional;
 
 use std::net::SocketAddr;
 

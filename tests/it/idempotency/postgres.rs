@@ -106,7 +106,7 @@ async fn grouped_writes_probe_the_primary_key_after_the_table_has_grown() {
 /// that timed out are refused by the writer's breaker at once, without a statement or a new
 /// connection each. When PostgreSQL answers again the same keys execute, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_that_stops_answering_is_503_and_the_breaker_refuses_the_queue() {
+pub(super) async fn postgres_that_stops_answering_is_503_and_the_breaker_refuses_the_queue() {
     use std::str::FromStr;
     let env = TestEnv::new().await;
     let target = sqlx::postgres::PgConnectOptions::from_str(&env.url).expect("url");

@@ -9,7 +9,7 @@ use crate::helpers::idempotency::{Counting, TestEnv};
 use crate::helpers::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_replays_skip_postgres_and_a_flushed_or_stopped_redis_changes_nothing() {
+pub(super) async fn redis_replays_skip_postgres_and_a_flushed_or_stopped_redis_changes_nothing() {
     let env = TestEnv::new().await;
     let h = Counting::gated();
     let l = layer(&env).redis(env.redis()).build();

@@ -26,17 +26,19 @@ enum Fault {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_black_holed_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns() {
+pub(super) async fn a_black_holed_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns()
+{
     redis_fault(Fault::BlackHole).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusing_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns() {
+pub(super) async fn a_refusing_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns() {
     redis_fault(Fault::Refuse).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cut_redis_connections_leave_every_answer_to_postgres_and_the_fast_path_returns() {
+pub(super) async fn cut_redis_connections_leave_every_answer_to_postgres_and_the_fast_path_returns()
+{
     redis_fault(Fault::CutAll).await;
 }
 

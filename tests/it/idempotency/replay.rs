@@ -8,7 +8,7 @@ use super::{app, http, layer, layer_with_redis_if, post};
 use crate::helpers::idempotency::{Counting, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
+pub(super) async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
     let env = TestEnv::new().await;
     for with_redis in [false, true] {
         let h = Counting::default();
@@ -50,7 +50,7 @@ async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
+pub(super) async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
     let env = TestEnv::new().await;
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
@@ -101,7 +101,7 @@ async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_presence_length_and_forms() {
+pub(super) async fn key_presence_length_and_forms() {
     let env = TestEnv::new().await;
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).build()).await;
@@ -183,7 +183,7 @@ async fn key_presence_length_and_forms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_under_two_accounts_is_two_requests() {
+pub(super) async fn same_key_under_two_accounts_is_two_requests() {
     let env = TestEnv::new().await;
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
@@ -246,7 +246,7 @@ async fn same_key_under_two_accounts_is_two_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn declined_402_is_replayed_and_5xx_releases_the_key() {
+pub(super) async fn declined_402_is_replayed_and_5xx_releases_the_key() {
     let env = TestEnv::new().await;
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
@@ -317,7 +317,7 @@ async fn declined_402_is_replayed_and_5xx_releases_the_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oversized_body_is_413_and_nothing_runs() {
+pub(super) async fn an_oversized_body_is_413_and_nothing_runs() {
     let env = TestEnv::new().await;
     let h = Counting::default();
     let addr = app(&env, &h, layer(&env).max_body_bytes(64).build()).await;
