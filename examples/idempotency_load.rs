@@ -10,8 +10,12 @@
 //! serves a trivial JSON handler on 127.0.0.1:0 in this process and drives it over
 //! `--connections` keep-alive HTTP/1.1 connections, one request in flight on each. Scenarios:
 //! `plain` (no layer), `first-pg` / `first-redis` (a new key per request), `replay-pg` /
-//! `replay-redis` (keys executed in a warm-up, then repeated). Load generator and server share
-//! the machine, so the figures are a lower bound for the server alone.
+//! `replay-redis` (keys executed in a warm-up, then repeated). With a handler that writes one
+//! row (the checkout example's provider stub: one insert, no unique key of its own):
+//! `insert-plain` (no layer), `insert-first` (behind the layer, the row committed on its own) and
+//! `insert-first-tx` (the transactional mode: the row and the stored response in one commit).
+//! Load generator and server share the machine, so the figures are a lower bound for the server
+//! alone.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +27,9 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use clap::Parser;
-use dedup_worker::idempotency::{GroupOptions, IdempotencyLayer, PgIdempotencyStore, RedisCache};
+use dedup_worker::idempotency::{
+    GroupOptions, IdempotencyLayer, IdempotentTx, PgIdempotencyStore, RedisCache,
+};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -59,7 +65,7 @@ struct Args {
     /// Scenarios to run (comma-separated).
     #[arg(
         long,
-        default_value = "plain,first-pg,first-redis,replay-pg,replay-redis"
+        default_value = "plain,first-pg,first-redis,replay-pg,replay-redis,insert-plain,insert-first,insert-first-tx"
     )]
     scenarios: String,
 }
@@ -85,6 +91,36 @@ async fn handler() -> (StatusCode, [(&'static str, &'static str); 1], &'static s
         [("content-type", "application/json")],
         r#"{"id":"pay_1","status":"succeeded"}"#,
     )
+}
+
+/// The provider stub's work: one row, committed on its own.
+async fn insert_handler(
+    axum::extract::State(pool): axum::extract::State<sqlx::PgPool>,
+) -> (StatusCode, String) {
+    match pool.acquire().await {
+        Ok(mut conn) => insert_charge(&mut conn).await,
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// The same, in the transaction the layer commits with the stored response.
+async fn insert_handler_tx(mut tx: IdempotentTx) -> (StatusCode, String) {
+    insert_charge(&mut tx).await
+}
+
+async fn insert_charge(conn: &mut PgConnection) -> (StatusCode, String) {
+    let id: Result<i64, _> = sqlx::query_scalar(
+        "INSERT INTO bench_charges (merchant, amount, currency) VALUES ('acct_bench', 4200, 'eur') RETURNING id",
+    )
+    .fetch_one(conn)
+    .await;
+    match id {
+        Ok(id) => (
+            StatusCode::CREATED,
+            format!(r#"{{"id":"ch_{id}","status":"succeeded"}}"#),
+        ),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
 }
 
 async fn serve(router: Router) -> anyhow::Result<SocketAddr> {
@@ -267,6 +303,35 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
         ),
     )
     .await?;
+    sqlx::query(
+        "CREATE TABLE bench_charges (id BIGSERIAL PRIMARY KEY, merchant TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .execute(&pool)
+    .await?;
+    let pg_layer = || {
+        IdempotencyLayer::builder(store.clone())
+            .account(account)
+            .build()
+    };
+    let insert_plain = serve(
+        Router::new()
+            .route("/v1/payments", post(insert_handler))
+            .with_state(pool.clone()),
+    )
+    .await?;
+    let insert_first = serve(
+        Router::new()
+            .route("/v1/payments", post(insert_handler))
+            .layer(pg_layer())
+            .with_state(pool.clone()),
+    )
+    .await?;
+    let insert_first_tx = serve(
+        Router::new()
+            .route("/v1/payments", post(insert_handler_tx))
+            .layer(pg_layer()),
+    )
+    .await?;
     let d = Duration::from_secs(args.seconds);
     let n = args.connections;
     println!(
@@ -279,6 +344,9 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
             "plain" => drive(plain, n, d, Keys::None, "plain", 1).await?,
             "first-pg" => drive(pg_only, n, d, Keys::Fresh, "fpg", 1).await?,
             "first-redis" => drive(with_redis, n, d, Keys::Fresh, "fr", 1).await?,
+            "insert-plain" => drive(insert_plain, n, d, Keys::None, "ip", 1).await?,
+            "insert-first" => drive(insert_first, n, d, Keys::Fresh, "if", 1).await?,
+            "insert-first-tx" => drive(insert_first_tx, n, d, Keys::Fresh, "ift", 1).await?,
             "replay-pg" | "replay-redis" => {
                 let addr = if scenario == "replay-pg" {
                     pg_only
@@ -320,7 +388,7 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
             other => anyhow::bail!("unknown scenario {other}"),
         };
         report(scenario, &o);
-        if scenario.starts_with("first") && o.requests > 0 {
+        if scenario.contains("first") && o.requests > 0 {
             println!(
                 "  (PostgreSQL statements per first execution: {:.2})",
                 (store.query_count() - q0) as f64 / o.requests as f64

@@ -17,6 +17,8 @@
 //!   over; a request whose lease was taken over cannot store its result over the new one;
 //! - a handler that writes through an [`IdempotentTx`] commits its rows and the stored result
 //!   in one transaction: a crash leaves both or neither, so the retry replays or runs once;
+//! - a handler split into [`Phases`] records each finished phase with its writes; a retry after
+//!   a crash or a 5xx resumes at the first unfinished phase;
 //! - reusing a key for a different request is refused with 422 and changes nothing.
 
 pub mod client;
@@ -35,7 +37,8 @@ pub use group::GroupOptions;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
     ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, IdempotentTx,
-    NotExecuted, Rejection, TxRejection, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    NotExecuted, Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases, Rejection, TxRejection,
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
 pub use records::{Claim, ClaimToken, Ownership, StoreError, StoredResponse};
 pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};

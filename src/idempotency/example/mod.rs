@@ -182,8 +182,17 @@ pub async fn setup(pool: &PgPool) -> Result<(), sqlx::Error> {
                idempotency_key TEXT NOT NULL,
                amount BIGINT NOT NULL,
                currency TEXT NOT NULL,
-               charge_id TEXT NOT NULL,
+               charge_id TEXT,
+               status TEXT NOT NULL DEFAULT 'pending',
                created_at TIMESTAMPTZ NOT NULL DEFAULT now())"#,
+    )
+    .execute(pool)
+    .await?;
+    // A table made by an earlier version of the example: a payment now exists before its charge.
+    sqlx::query(
+        r#"ALTER TABLE checkout_payments
+               ADD COLUMN IF NOT EXISTS status TEXT NOT NULL DEFAULT 'pending',
+               ALTER COLUMN charge_id DROP NOT NULL"#,
     )
     .execute(pool)
     .await?;

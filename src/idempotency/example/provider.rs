@@ -17,7 +17,7 @@ use sqlx::{PgPool, Row};
 use super::{
     bearer, error, idem_key, listing, missing_bearer_or_key, require_bearer, PaymentRequest,
 };
-use crate::idempotency::layer::IdempotencyLayer;
+use crate::idempotency::layer::{IdempotencyLayer, IdempotentTx};
 
 /// The payment-provider stub: `POST /v1/charges`, `GET /v1/charges`, behind `layer` (whose
 /// account extractor should scope by merchant, e.g. [`provider_account`]).
@@ -34,8 +34,10 @@ pub fn provider_account(parts: &http::request::Parts) -> Option<String> {
     bearer(&parts.headers).map(|m| format!("provider/{m}"))
 }
 
+/// In the transactional mode: the charge row commits with the stored response, so a crash
+/// before the response is stored leaves no charge behind, and the retry charges once.
 async fn create_charge(
-    State(pool): State<PgPool>,
+    mut tx: IdempotentTx,
     headers: HeaderMap,
     Json(req): Json<PaymentRequest>,
 ) -> Response {
@@ -63,7 +65,7 @@ async fn create_charge(
     .bind(key.as_str())
     .bind(req.amount)
     .bind(&req.currency)
-    .fetch_one(&pool)
+    .fetch_one(&mut *tx)
     .await;
     match res {
         Ok(row) => {

@@ -218,11 +218,7 @@ where
     };
     // We hold the key: from here every way out releases it or stores the result. The slot
     // lends the handler a transaction if it asks for one (the transactional mode).
-    let slot = Arc::new(TxSlot::new(
-        held.key_store().pool().clone(),
-        held.config().statement_timeout,
-        style,
-    ));
+    let slot = Arc::new(TxSlot::new(held.shared().clone(), Some(held.held_key())));
     req.extensions_mut().insert(slot.clone());
     let called = AssertUnwindSafe(inner.call(req)).catch_unwind().await;
     // The handler's future has ended (and with it its hold on the transaction).

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use sqlx::{Postgres, Transaction};
 
-use super::tx::Lent;
+use super::tx::{HeldKey, Lent};
 use super::{cache_error, outcome, IdempotencyConfig, Shared};
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key::IdempotencyKey;
@@ -119,9 +119,18 @@ impl HeldClaim {
         self.hold.key.as_str()
     }
 
-    /// The key store.
-    pub(super) fn key_store(&self) -> &crate::idempotency::store::PgIdempotencyStore {
-        &self.hold.shared.store
+    /// The layer.
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.hold.shared
+    }
+
+    /// The key as the request's phases record under it.
+    pub(super) fn held_key(&self) -> HeldKey {
+        HeldKey {
+            account: self.hold.account.clone(),
+            key: self.hold.key.as_str().to_owned(),
+            token: self.token,
+        }
     }
 
     /// The layer's configuration.

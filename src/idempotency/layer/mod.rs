@@ -16,15 +16,18 @@
 //!    and responses marked [`NotExecuted`] release the key.
 //!
 //! A handler that takes an [`IdempotentTx`] runs in the transactional mode: its writes and the
-//! stored result of step 6 are one commit (see [`tx`]).
+//! stored result of step 6 are one commit (see [`tx`]). A handler that takes [`Phases`] splits
+//! its work into recorded phases, and a retry resumes at the first unfinished one (see
+//! [`phases`]).
 //!
 //! This file holds what a user configures and mounts (builder, layer, service); the steps above
 //! are in `flow.rs`, what a request holds of its key and how it lets go in `held.rs`, the
-//! transaction lent to handlers in `tx.rs`, and the answers the layer gives itself in
+//! transaction lent to handlers in `tx.rs`, recovery points in `phases.rs`, and the answers the layer gives itself in
 //! `rejection.rs`.
 
 mod flow;
 mod held;
+pub mod phases;
 mod rejection;
 pub mod tx;
 
@@ -47,6 +50,7 @@ use super::store::PgIdempotencyStore;
 use flow::KeyHeader;
 pub use flow::{keep_header, MAX_ACCOUNT_LEN};
 pub use rejection::{ErrorStyle, Rejection};
+pub use phases::{Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases};
 pub use tx::{IdempotentTx, TxRejection};
 
 impl IdempotencyConfig {
@@ -71,11 +75,15 @@ pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// Where a test may pause (and crash) a request; see [`IdempotencyLayerBuilder::fault_hook`].
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FaultPoint {
     /// The handler has returned a result to keep, which is about to be stored (in its
     /// transaction, in the transactional mode).
     BeforeCompletion,
+    /// A phase has done its work (its foreign call returned) and is about to be recorded.
+    PhaseRan(String),
+    /// A phase's writes and record are committed.
+    PhaseCommitted(String),
 }
 
 type FaultHook = Arc<dyn Fn(FaultPoint) -> BoxFuture<()> + Send + Sync>;

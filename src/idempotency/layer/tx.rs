@@ -46,18 +46,18 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::Request;
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 use tower::Service;
 
 use super::flow::releases_key;
 use super::{ErrorStyle, NotExecuted, Rejection, Shared};
+use crate::idempotency::records::ClaimToken;
 
 /// The transaction a handler writes in, committed by the layer with the key's stored response.
 /// Use it as a connection: `sqlx::query(…).execute(&mut *tx)`.
@@ -131,14 +131,22 @@ enum SlotState {
 
 /// One request's transaction, between the layer that owns it and the handler it lends it to.
 /// The layer puts it in the request's extensions once the key is claimed.
-pub struct TxSlot {
-    /// The idempotency store's pool: the transaction must be in the database of the keys.
-    pool: PgPool,
-    /// Bounds opening the transaction (acquire and `BEGIN`).
-    timeout: Duration,
-    /// How errors are written, as the layer writes its own.
-    style: ErrorStyle,
+pub(super) struct TxSlot {
+    /// The layer: its store's pool (the transaction must be in the database of the keys), its
+    /// statement timeout (bounds opening the transaction), its error style.
+    pub(super) shared: Arc<Shared>,
+    /// The key this request holds, for [`Phases`](super::Phases); `None` for a request let
+    /// through without a key.
+    pub(super) claim: Option<HeldKey>,
     state: Mutex<SlotState>,
+}
+
+/// The key a request holds: what its phases' records are written under.
+#[derive(Debug, Clone)]
+pub(super) struct HeldKey {
+    pub(super) account: String,
+    pub(super) key: String,
+    pub(super) token: ClaimToken,
 }
 
 impl std::fmt::Debug for TxSlot {
@@ -148,7 +156,7 @@ impl std::fmt::Debug for TxSlot {
 }
 
 /// What the layer finds in the slot once the handler's future has ended.
-pub(crate) enum Lent {
+pub(super) enum Lent {
     /// The handler asked for no transaction: the plain mode.
     None,
     /// Its writes, to commit with the result or roll back.
@@ -159,13 +167,16 @@ pub(crate) enum Lent {
 }
 
 impl TxSlot {
-    pub(crate) fn new(pool: PgPool, timeout: Duration, style: ErrorStyle) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, claim: Option<HeldKey>) -> Self {
         TxSlot {
-            pool,
-            timeout,
-            style,
+            shared,
+            claim,
             state: Mutex::new(SlotState::Unused),
         }
+    }
+
+    fn style(&self) -> ErrorStyle {
+        self.shared.config.error_style
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
@@ -175,32 +186,24 @@ impl TxSlot {
     }
 
     /// Opens the transaction and lends it, once per request.
-    async fn lend(self: Arc<Self>) -> Result<IdempotentTx, TxRejection> {
+    pub(super) async fn lend(self: Arc<Self>) -> Result<IdempotentTx, TxRejection> {
         {
             let mut state = self.state();
             if !matches!(*state, SlotState::Unused) {
-                return Err(TxRejection::AlreadyTaken(self.style));
+                return Err(TxRejection::AlreadyTaken(self.style()));
             }
             *state = SlotState::Lent;
         }
-        let begun = tokio::time::timeout(self.timeout, self.pool.begin()).await;
-        let tx = match begun {
-            Ok(Ok(tx)) => tx,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "opening the idempotent transaction failed");
+        match begin(&self.shared).await {
+            Some(tx) => Ok(IdempotentTx {
+                slot: self,
+                tx: Some(tx),
+            }),
+            None => {
                 *self.state() = SlotState::Unused;
-                return Err(TxRejection::Unavailable(self.style));
+                Err(TxRejection::Unavailable(self.style()))
             }
-            Err(_) => {
-                tracing::warn!("opening the idempotent transaction timed out");
-                *self.state() = SlotState::Unused;
-                return Err(TxRejection::Unavailable(self.style));
-            }
-        };
-        Ok(IdempotentTx {
-            slot: self,
-            tx: Some(tx),
-        })
+        }
     }
 
     fn give_back(&self, tx: Transaction<'static, Postgres>) {
@@ -214,12 +217,29 @@ impl TxSlot {
 
     /// Takes the transaction back once the handler's future has ended; the slot lends nothing
     /// after this.
-    pub(crate) fn take_back(&self) -> Lent {
+    pub(super) fn take_back(&self) -> Lent {
         let mut state = self.state();
         match std::mem::replace(&mut *state, SlotState::Closed) {
             SlotState::Unused | SlotState::Closed => Lent::None,
             SlotState::Returned(tx) => Lent::Tx(tx),
             SlotState::Lent => Lent::Kept,
+        }
+    }
+}
+
+/// A transaction on the store's pool, bounded by the statement timeout; `None` (logged) if
+/// PostgreSQL cannot open one now.
+pub(super) async fn begin(shared: &Shared) -> Option<Transaction<'static, Postgres>> {
+    let begun = shared.store.pool().begin();
+    match tokio::time::timeout(shared.config.statement_timeout, begun).await {
+        Ok(Ok(tx)) => Some(tx),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "opening an idempotent request's transaction failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("opening an idempotent request's transaction timed out");
+            None
         }
     }
 }
@@ -282,12 +302,8 @@ where
     S: Service<Request<Body>>,
     S::Response: IntoResponse,
 {
+    let slot = Arc::new(TxSlot::new(shared.clone(), None));
     let cfg = &shared.config;
-    let slot = Arc::new(TxSlot::new(
-        shared.store.pool().clone(),
-        cfg.statement_timeout,
-        cfg.error_style,
-    ));
     req.extensions_mut().insert(slot.clone());
     let called = inner.call(req).await;
     let lent = slot.take_back();

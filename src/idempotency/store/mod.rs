@@ -18,6 +18,8 @@ use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+mod phases;
+
 use super::fingerprint::Fingerprint;
 use super::group::{Completed, GroupOptions, Groups, NewClaim, NewCompletion};
 use super::records::{
@@ -51,6 +53,16 @@ WITH claimed AS (
             response_status = NULL,
             response_headers = NULL,
             response_body = NULL,
+            -- The same request taking over its own running (or released) claim resumes at its
+            -- recovery point; anything else starts from none.
+            recovery_point = CASE WHEN k.status = 'in_progress'
+                                   AND k.fingerprint = EXCLUDED.fingerprint
+                                   AND k.expires_at > now()
+                                  THEN k.recovery_point END,
+            phase_data = CASE WHEN k.status = 'in_progress'
+                               AND k.fingerprint = EXCLUDED.fingerprint
+                               AND k.expires_at > now()
+                              THEN k.phase_data END,
             created_at = EXCLUDED.created_at,
             expires_at = EXCLUDED.expires_at
         -- A completed key is taken over only once expired; a running one only once its lease
@@ -261,7 +273,9 @@ impl PgIdempotencyStore {
         decode_completion(row)
     }
 
-    /// Gives the key up so that a retry executes again (5xx results, panics).
+    /// Gives the key up so that a retry executes again (5xx results, panics). A request that
+    /// has recorded a phase keeps its progress: its row stays, unclaimed and with its lease
+    /// ended, so the retry (the same request) takes it over at once and resumes there.
     pub async fn release(
         &self,
         account: &str,
@@ -269,16 +283,25 @@ impl PgIdempotencyStore {
         token: ClaimToken,
     ) -> Result<Ownership, StoreError> {
         self.count();
-        let done = sqlx::query(
-            r#"DELETE FROM idempotency_keys
-               WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,
+        let released: i64 = sqlx::query_scalar(
+            r#"WITH forgotten AS (
+                   DELETE FROM idempotency_keys
+                   WHERE account = $1 AND key = $2 AND claim_token = $3::uuid
+                     AND status = 'in_progress' AND recovery_point IS NULL
+                   RETURNING 1),
+               kept AS (
+                   UPDATE idempotency_keys SET claim_token = NULL, locked_until = now()
+                   WHERE account = $1 AND key = $2 AND claim_token = $3::uuid
+                     AND status = 'in_progress' AND recovery_point IS NOT NULL
+                   RETURNING 1)
+               SELECT (SELECT count(*) FROM forgotten) + (SELECT count(*) FROM kept)"#,
         )
         .bind(account)
         .bind(key)
         .bind(token.0.to_string())
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(if done.rows_affected() == 1 {
+        Ok(if released == 1 {
             Ownership::Owned {
                 ttl: Duration::ZERO,
             }
