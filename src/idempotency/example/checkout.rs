@@ -18,8 +18,8 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde_json::json;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sqlx::{PgPool, Row};
 
 use super::{
@@ -128,8 +128,10 @@ async fn create_payment(
         Charge::Succeeded { id: charge } => (
             StatusCode::CREATED,
             [(header::LOCATION, format!("/v1/payments/{id}"))],
-            Json(json!({"id": id, "amount": req.amount, "currency": req.currency,
-                        "charge": charge, "status": "succeeded"})),
+            Json(
+                json!({"id": id, "amount": req.amount, "currency": req.currency,
+                        "charge": charge, "status": "succeeded"}),
+            ),
         )
             .into_response(),
         Charge::Declined => error(

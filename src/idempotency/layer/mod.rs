@@ -49,8 +49,8 @@ use super::redis::{CacheError, RedisCache};
 use super::store::PgIdempotencyStore;
 use flow::KeyHeader;
 pub use flow::{keep_header, MAX_ACCOUNT_LEN};
-pub use rejection::{ErrorStyle, Rejection};
 pub use phases::{Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases};
+pub use rejection::{ErrorStyle, Rejection};
 pub use tx::{IdempotentTx, TxRejection};
 
 impl IdempotencyConfig {

@@ -17,6 +17,8 @@
 //!   `IdempotentTx`;
 //! * [`atomic`]: what only the transactional mode promises: a crash before the result is
 //!   stored leaves no row; failures, panics, a failed commit and a lost lease commit nothing;
+//! * [`phases`]: recovery points: the checkout killed between any two phases, retried by the
+//!   client helper, charges once and answers the same;
 //! * [`client`]: the retrying client keeps one key; the double-charge timeline of the checkout
 //!   example.
 
@@ -24,6 +26,7 @@ mod atomic;
 mod client;
 mod concurrency;
 mod leases;
+mod phases;
 mod postgres;
 mod redis;
 mod redis_faults;
