@@ -4,9 +4,11 @@
 //! Three layers of idempotency:
 //! 1. the caller uses [`IdempotentClient`]: one key per payment, retried with the same key;
 //! 2. `POST /v1/payments` sits behind [`IdempotencyLayer`], keys scoped by the bearer account;
-//! 3. the checkout handler charges a payment-provider stub with the same key (and the caller's
-//!    account as the provider-side merchant), through the same retrying client; the stub is
-//!    itself behind the layer and records one charge per key.
+//! 3. the checkout handler runs in phases with recovery points (payment row, provider charge,
+//!    final update: see `checkout.rs`) and charges a payment-provider stub with the same key
+//!    (and the caller's account as the provider-side merchant), through the same retrying
+//!    client; the stub is itself behind the layer and writes its one charge per key in the
+//!    transactional mode, committed with its stored response.
 //!
 //! This file wires both services and owns what they share (configuration, the bearer account,
 //! the tables, error bodies); the checkout service is in `checkout.rs`, the provider stub in
