@@ -373,7 +373,7 @@ async fn finish(held: HeldClaim, tx: Lent, head: response::Parts, body: Bytes) -
             .collect(),
         body: body.clone(),
     };
-    held.config().fault(FaultPoint::BeforeCompletion).await;
+    held.config().fault(|| FaultPoint::BeforeCompletion).await;
     let Lent::Tx(tx) = tx else {
         held.store(stored).await;
         return Response::from_parts(head, Body::from(body));

@@ -54,10 +54,11 @@ pub use rejection::{ErrorStyle, Rejection};
 pub use tx::{IdempotentTx, TxRejection};
 
 impl IdempotencyConfig {
-    /// Awaits the test hook at `point`, if one is set.
-    async fn fault(&self, point: FaultPoint) {
+    /// Awaits the test hook at the point `point` makes, if a hook is set (the point is only
+    /// made then: it may own a phase's name).
+    async fn fault(&self, point: impl FnOnce() -> FaultPoint) {
         if let Some(hook) = &self.fault_hook {
-            hook(point).await;
+            hook(point()).await;
         }
     }
 }

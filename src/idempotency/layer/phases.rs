@@ -108,7 +108,9 @@ impl Phases {
     }
 
     /// The final phase's transaction: the request's [`IdempotentTx`], committed by the layer
-    /// with the stored response.
+    /// with the stored response. Take it here, after the foreign phases, rather than as a
+    /// second extractor: an `IdempotentTx` extracted up front would hold a connection open
+    /// across the foreign calls, and the request's transaction can be lent only once (500).
     pub async fn transaction(&self) -> Result<IdempotentTx, PhaseError> {
         self.slot
             .clone()
@@ -199,7 +201,9 @@ impl<T: Serialize> PhaseRun<T> {
             serde_json::to_value(&output).map_err(|e| self.error(PhaseErrorKind::Output(e)))?;
         let shared = self.slot.shared.clone();
         let config = &shared.config;
-        config.fault(FaultPoint::PhaseRan(self.name.clone())).await;
+        config
+            .fault(|| FaultPoint::PhaseRan(self.name.clone()))
+            .await;
         let Some(held) = self.slot.claim.clone() else {
             return Err(self.error(PhaseErrorKind::NoKey));
         };
@@ -219,7 +223,7 @@ impl<T: Serialize> PhaseRun<T> {
                 match tokio::time::timeout(bound, tx.commit()).await {
                     Ok(Ok(())) => {
                         config
-                            .fault(FaultPoint::PhaseCommitted(self.name.clone()))
+                            .fault(|| FaultPoint::PhaseCommitted(self.name.clone()))
                             .await;
                         return Ok(output);
                     }
