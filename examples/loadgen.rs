@@ -41,6 +41,22 @@ struct Args {
     /// Prefix of generated event ids, so runs do not collide.
     #[arg(long, default_value = "evt_load")]
     prefix: String,
+    /// Ids spread like Stripe's (`evt_` + 32 hex characters derived from the prefix, the worker
+    /// and the count) instead of `{prefix}_{worker}_{n}`, whose shared prefix lands every new id
+    /// on the same few index pages.
+    #[arg(long)]
+    random_ids: bool,
+}
+
+/// A Stripe-like id for `(prefix, worker, n)`: random-looking, and the same for a repeat.
+fn spread_id(prefix: &str, worker: usize, n: u64) -> String {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (salt, prefix, worker, n).hash(&mut h);
+        h.finish()
+    };
+    format!("evt_{:016x}{:016x}", half(1), half(2))
 }
 
 struct Totals {
@@ -74,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
             args.prefix.clone(),
             totals.clone(),
         );
-        let (limit, duplicates) = (args.requests, args.duplicates);
+        let (limit, duplicates, random_ids) = (args.requests, args.duplicates, args.random_ids);
         tasks.push(tokio::spawn(async move {
             let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
@@ -91,7 +107,11 @@ async fn main() -> anyhow::Result<()> {
                 if !repeat {
                     n += 1;
                 }
-                let id = format!("{prefix}_{worker}_{n}");
+                let id = if random_ids {
+                    spread_id(&prefix, worker, n)
+                } else {
+                    format!("{prefix}_{worker}_{n}")
+                };
                 let body = format!(
                     r#"{{"id":"{id}","object":"event","type":"invoice.paid","created":1700000000,"data":{{"object":{{"id":"in_{id}","amount_paid":1999,"currency":"usd"}}}}}}"#
                 );
