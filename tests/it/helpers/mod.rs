@@ -33,7 +33,10 @@ pub use app::{
 pub use db::{ledger_counts, pipeline_drained, Backend, HeldDedupRow, TestDb};
 pub use queue::{sqs_turn, SqsLoad, TestQueue, Transport};
 pub use receiver::{file_sink_ids, Receiver};
-pub use signing::{now, post_signed, standard_python_verified, stripe_event, stripe_python_sign};
+pub use signing::{
+    now, post_signed, post_signed_until_not_503, standard_python_verified, stripe_event,
+    stripe_python_sign,
+};
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T

@@ -38,6 +38,29 @@ pub async fn post_signed(
         .await
 }
 
+/// Posts a signed event as Stripe delivers it: a 503 (the transport not reachable yet, a first
+/// publish slower than `transport.publish_timeout_ms` under load) is sent again, signed afresh,
+/// until another answer or 30 s. Whatever it answers then is the test's to check.
+pub async fn post_signed_until_not_503(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &str,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    super::wait_for(
+        "an answer other than 503 to a signed event",
+        std::time::Duration::from_secs(30),
+        || {
+            let body = body.clone();
+            async move {
+                let response = post_signed(client, url, secret, body).await.ok()?;
+                (response.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(response)
+            }
+        },
+    )
+    .await
+}
+
 /// Signs with the official stripe-python library, one process for many payloads.
 /// Returns one header per payload, in order.
 pub fn stripe_python_sign(secret: &str, items: &[(Vec<u8>, i64)]) -> Vec<String> {
