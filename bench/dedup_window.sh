@@ -11,6 +11,9 @@
 #      consumer's batch p99 (its /metrics summary), and the table's heap and index bytes.
 # On SQLite (4th argument `sqlite`) the same, with the database file's size per id in place of
 # PostgreSQL's heap, index and WAL figures.
+# With EXPIRED=n in the environment (PostgreSQL), n more ids processed 31 days ago are added:
+# the consume process's retention (which runs at start) deletes them while it drains, so the
+# batch p99 shows what retention costs the consumer.
 # Usage: bench/dedup_window.sh "0 1000000 10000000" [events] [duplicate fraction] [postgres|sqlite]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ SIZES=${1:-"0 1000000"}
 EVENTS=${2:-30000}
 DUPLICATES=${3:-0.2}
 BACKEND=${4:-postgres}
+EXPIRED=${EXPIRED:-0}
 PORT=18083
 PG=postgres://postgres@127.0.0.1:5432
 WORK=$(mktemp -d)
@@ -65,6 +69,10 @@ for retained in $SIZES; do
         SELECT 'stripe', 'evt_' || md5(random()::text || g::text), 'invoice.paid',
                now() - random() * interval '30 days'
         FROM generate_series(1, $retained) AS g"
+    psql "$DATABASE_URL" -qc "INSERT INTO processed_events (source, event_id, event_type, processed_at)
+        SELECT 'stripe', 'evt_' || md5(random()::text || g::text || 'expired'), 'invoice.paid',
+               now() - interval '31 days' + random() * interval '1 day'
+        FROM generate_series(1, $EXPIRED) AS g"
     psql "$DATABASE_URL" -qc "VACUUM ANALYZE processed_events" -c "CHECKPOINT"
   fi
   fill=$(($(date +%s) - fill_start))
@@ -105,7 +113,8 @@ for retained in $SIZES; do
             / greatest(count(*), 1)) || ' B/id; WAL ' ||
       pg_size_pretty(pg_current_wal_lsn() - '$wal_before'::pg_lsn) FROM processed_events")
   fi
-  echo "retained $retained (filled in ${fill}s): $queued messages $outcome in ${elapsed} s" \
+  left=$( [ "$BACKEND" = postgres ] && psql "$DATABASE_URL" -tAc "SELECT count(*) FROM processed_events WHERE processed_at < now() - interval '30 days'" || echo 0)
+  echo "retained $retained + $EXPIRED expired ($left left after the drain) (filled in ${fill}s): $queued messages $outcome in ${elapsed} s" \
     "= $(python3 -c "print(int($queued / $elapsed))") messages/s; batch p50 $(python3 -c "print(round($p50*1000,1))") ms," \
     "p99 $(python3 -c "print(round($p99*1000,1))") ms; $sizes"
   if [ "$BACKEND" = sqlite ]; then
