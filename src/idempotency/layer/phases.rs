@@ -186,11 +186,18 @@ impl<T: Serialize> PhaseRun<T> {
     /// The phase's transaction, opened on first use: what is written here commits with the
     /// phase's record, or not at all.
     pub async fn tx(&mut self) -> Result<&mut PgConnection, PhaseError> {
-        if self.tx.is_none() {
-            let opened = begin(&self.slot.shared).await;
-            self.tx = Some(opened.ok_or_else(|| error(&self.slot, PhaseErrorKind::Unavailable))?);
+        let tx = self.take_tx().await?;
+        Ok(&mut **self.tx.insert(tx))
+    }
+
+    /// The phase's transaction, taken out of it: the one already open, or a new one.
+    async fn take_tx(&mut self) -> Result<Transaction<'static, Postgres>, PhaseError> {
+        match self.tx.take() {
+            Some(tx) => Ok(tx),
+            None => begin(&self.slot.shared)
+                .await
+                .ok_or_else(|| self.error(PhaseErrorKind::Unavailable)),
         }
-        Ok(self.tx.as_deref_mut().expect("opened above"))
     }
 
     /// Records the phase as finished with `output`, in one commit with what it wrote through
@@ -207,8 +214,7 @@ impl<T: Serialize> PhaseRun<T> {
         let Some(held) = self.slot.claim.clone() else {
             return Err(self.error(PhaseErrorKind::NoKey));
         };
-        self.tx().await?;
-        let mut tx = self.tx.take().expect("opened above");
+        let mut tx = self.take_tx().await?;
         let bound = config.statement_timeout;
         let record = shared.store.record_phase_in(
             &mut tx,

@@ -203,23 +203,29 @@ async fn key_rows(pool: &PgPool, key: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_or_a_transaction_kept_past_the_handler_commits_nothing() {
     let env = TestEnv::new().await;
-    async fn misbehave(mut tx: IdempotentTx, body: Bytes) -> Response {
+    async fn misbehave(
+        State(release): State<Arc<tokio::sync::Notify>>,
+        mut tx: IdempotentTx,
+        body: Bytes,
+    ) -> Response {
         if let Err(e) = insert_order(&mut tx, &body).await {
             return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
         }
         if body.as_ref() == b"panic" {
             panic!("handler panics after its insert");
         }
-        // Keeps the transaction beyond the handler's own future.
+        // Keeps the transaction beyond the handler's own future, until the test lets go.
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            release.notified().await;
             drop(tx);
         });
         StatusCode::CREATED.into_response()
     }
+    let release = Arc::new(tokio::sync::Notify::new());
     let router = Router::new()
         .route("/orders", routing::post(misbehave))
-        .layer(layer(&env).build());
+        .layer(layer(&env).build())
+        .with_state(release.clone());
     let addr = serve(router).await;
     let c = http();
     for (key, body) in [("k-panic", "panic"), ("k-kept", "kept")] {
@@ -227,6 +233,12 @@ async fn a_panic_or_a_transaction_kept_past_the_handler_commits_nothing() {
         assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
         assert_eq!(key_rows(&env.pool, key).await, 0, "{body}: key released");
     }
+    assert_eq!(
+        order_rows(&env.pool).await,
+        0,
+        "nothing committed while kept"
+    );
+    release.notify_one();
     // The kept transaction is rolled back once its task drops it: no session of this database
     // is left inside a transaction, and no row was committed.
     wait_for(
