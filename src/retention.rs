@@ -1,7 +1,13 @@
 //! Retention: processed ids are kept for the dedup window (`consumer.dedup_retention_days`),
-//! dispatched outbox rows for `outbox.retention_hours`; older rows are deleted in bounded
-//! batches (one statement deletes at most `retention_batch` rows), so a purge never holds long
-//! locks or one huge transaction.
+//! dispatched outbox rows for `outbox.retention_hours`.
+//!
+//! Processed ids live in generations ([`crate::store::dedup`]): each pass seals the current
+//! generation once it is a third of the window old and empties, whole, every generation sealed
+//! longer ago than the window, in one short transaction whose lock waits are bounded. Nothing
+//! deletes processed ids row by row, so the consumer never competes with a large delete. Rows of
+//! the legacy dedup table (from before the generations) and dispatched outbox rows are deleted in
+//! bounded batches (one statement deletes at most `retention_batch` rows), so a purge never
+//! holds long locks or one huge transaction.
 
 use std::time::Duration;
 
@@ -30,6 +36,31 @@ pub struct RetentionOptions {
 /// `interval`, until shutdown.
 pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: CancellationToken) {
     loop {
+        match bounded(
+            options.statement_timeout,
+            store.maintain_dedup_generations(options.dedup_window),
+        )
+        .await
+        {
+            Ok(done) => {
+                if done.sealed || done.expired > 0 {
+                    tracing::info!(
+                        sealed = done.sealed,
+                        expired = done.expired,
+                        "dedup generations rotated"
+                    );
+                }
+                if done.next_slot_busy {
+                    tracing::warn!(
+                        "the current dedup generation is due to be sealed, but the next one still \
+                         holds ids inside the window (was the window lengthened?); it keeps growing"
+                    );
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "dedup generation maintenance failed; will try again")
+            }
+        }
         loop {
             let purge =
                 store.purge_expired(options.dedup_window, options.outbox_window, options.batch);

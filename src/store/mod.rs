@@ -4,13 +4,15 @@
 //! and the migrations. Both backends give the same guarantees, checked by one contract test
 //! suite (`tests/it/store_contract.rs`):
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
-//!   transaction, so "seen" and "handled" commit together;
+//!   transaction, so "seen" and "handled" commit together, across the whole dedup window
+//!   whatever its size ([`dedup`]: a ring of generation tables);
 //! * queue and outbox claims lease rows; an expired lease makes them claimable again;
 //! * each claim writes a fresh claim token on its rows, and outbox marks and queue releases
 //!   apply only under the token of the caller's claim: a relay or consumer whose lease expired
 //!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
+pub mod dedup;
 mod postgres;
 mod queries;
 mod rows;
@@ -30,6 +32,7 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
+pub use dedup::{dedup_key, RingMaintenance};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 

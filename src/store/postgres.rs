@@ -127,27 +127,6 @@ pub(super) async fn queue_depth(pool: &PgPool, queue: &str) -> Result<i64, Store
     )
 }
 
-pub(super) async fn insert_processed(
-    tx: &mut PgConnection,
-    source: &str,
-    events: &[(String, String)],
-) -> Result<Vec<String>, StoreError> {
-    let ids: Vec<&str> = events.iter().map(|(id, _)| id.as_str()).collect();
-    let types: Vec<&str> = events.iter().map(|(_, t)| t.as_str()).collect();
-    let new = sqlx::query_scalar(
-        "INSERT INTO processed_events (source, event_id, event_type)
-         SELECT $1, * FROM UNNEST($2::text[], $3::text[])
-         ON CONFLICT DO NOTHING
-         RETURNING event_id",
-    )
-    .bind(source)
-    .bind(&ids)
-    .bind(&types)
-    .fetch_all(tx)
-    .await?;
-    Ok(new)
-}
-
 pub(super) async fn insert_outbox(
     tx: &mut PgConnection,
     rows: &[NewOutboxRow],
@@ -337,7 +316,7 @@ pub(super) async fn failed_outbox(pool: &PgPool, limit: i64) -> Result<Vec<Outbo
 }
 
 /// Arbitrary constant naming the retention job's advisory lock.
-const RETENTION_LOCK: i64 = 0x6465_6475_7072_6574;
+pub(super) const RETENTION_LOCK: i64 = 0x6465_6475_7072_6574;
 
 pub(super) async fn purge_expired(
     pool: &PgPool,
@@ -354,8 +333,8 @@ pub(super) async fn purge_expired(
         return Ok(0);
     }
     let processed = sqlx::query(
-        "DELETE FROM processed_events WHERE ctid IN (
-             SELECT ctid FROM processed_events
+        "DELETE FROM processed_events_legacy WHERE ctid IN (
+             SELECT ctid FROM processed_events_legacy
               WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2)",
     )
     .bind(secs(older_than))
@@ -384,20 +363,6 @@ pub(super) async fn dead_letters(pool: &PgPool, limit: i64) -> Result<Vec<DeadLe
            FROM dead_letters ORDER BY id LIMIT $1",
     )
     .bind(limit)
-    .fetch_all(pool)
-    .await?)
-}
-
-pub(super) async fn processed_among(
-    pool: &PgPool,
-    source: &str,
-    ids: &[String],
-) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT event_id FROM processed_events WHERE source = $1 AND event_id = ANY($2)",
-    )
-    .bind(source)
-    .bind(ids)
     .fetch_all(pool)
     .await?)
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::dedup::{self, RingMaintenance, Seal};
 use super::{
     new_claim_token, postgres, sqlite, DeadLetter, NewQueueMessage, OutboxClaim, OutboxCounts,
     OutboxRow, Pool, QueuedMessage, StaleEvent, Store, StoreError,
@@ -170,8 +171,8 @@ impl Store {
 
     // --- retention ------------------------------------------------------------------------
 
-    /// Deletes at most `batch` processed ids older than `older_than`, and at most `batch`
-    /// dispatched outbox rows older than `outbox_older_than`. On PostgreSQL only one worker at a
+    /// Deletes at most `batch` ids of the legacy dedup table (see [`dedup`]) older than
+    /// `older_than`, and at most `batch` dispatched outbox rows older than `outbox_older_than`. On PostgreSQL only one worker at a
     /// time does this (an advisory lock); the others return 0 at once.
     pub async fn purge_expired(
         &self,
@@ -180,6 +181,37 @@ impl Store {
         batch: i64,
     ) -> Result<u64, StoreError> {
         on_pool!(self, purge_expired(older_than, outbox_older_than, batch))
+    }
+
+    /// One maintenance pass of the dedup generations (see [`dedup`]): empties those sealed
+    /// longer ago than `window`, and seals the current one once it is a third of the window
+    /// old. On PostgreSQL one process at a time (the others return at once, doing nothing).
+    pub async fn maintain_dedup_generations(
+        &self,
+        window: Duration,
+    ) -> Result<RingMaintenance, StoreError> {
+        self.maintain_generations(window, Seal::WhenDue).await
+    }
+
+    /// Seals the current dedup generation now and starts the next one, if the next slot is free
+    /// (an operator's or a test's rotation; retention does it when due). Expired generations
+    /// are emptied first, as in [`Store::maintain_dedup_generations`].
+    pub async fn seal_dedup_generation(
+        &self,
+        window: Duration,
+    ) -> Result<RingMaintenance, StoreError> {
+        self.maintain_generations(window, Seal::Now).await
+    }
+
+    async fn maintain_generations(
+        &self,
+        window: Duration,
+        seal: Seal,
+    ) -> Result<RingMaintenance, StoreError> {
+        match &self.0 {
+            Pool::Postgres(pool) => dedup::maintain_generations_pg(pool, window, seal).await,
+            Pool::Sqlite(pool) => dedup::maintain_generations_sqlite(pool, window, seal).await,
+        }
     }
 
     /// Which of `ids` (events of `source`) are recorded as processed (handled, or dead-lettered
@@ -192,7 +224,10 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        on_pool!(self, processed_among(source, ids))
+        match &self.0 {
+            Pool::Postgres(pool) => dedup::processed_among_pg(pool, source, ids).await,
+            Pool::Sqlite(pool) => dedup::processed_among_sqlite(pool, source, ids).await,
+        }
     }
 
     /// The newest `limit` events the stale-event guard held back.

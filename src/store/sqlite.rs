@@ -153,30 +153,6 @@ pub(super) async fn queue_depth(pool: &SqlitePool, queue: &str) -> Result<i64, S
     )
 }
 
-pub(super) async fn insert_processed(
-    tx: &mut SqliteConnection,
-    source: &str,
-    events: &[(String, String)],
-) -> Result<Vec<String>, StoreError> {
-    let now = now_ms();
-    let mut new = Vec::with_capacity(events.len());
-    for chunk in events.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO processed_events (source, event_id, event_type, processed_at) ",
-        );
-        qb.push_values(chunk, |mut b, (id, event_type)| {
-            b.push_bind(source)
-                .push_bind(id)
-                .push_bind(event_type)
-                .push_bind(now);
-        });
-        qb.push(" ON CONFLICT DO NOTHING RETURNING event_id");
-        let ids: Vec<String> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
-        new.extend(ids);
-    }
-    Ok(new)
-}
-
 pub(super) async fn insert_outbox(
     tx: &mut SqliteConnection,
     rows: &[NewOutboxRow],
@@ -359,8 +335,8 @@ pub(super) async fn purge_expired(
 ) -> Result<u64, StoreError> {
     let now = now_ms();
     let processed = sqlx::query(
-        "DELETE FROM processed_events WHERE (source, event_id) IN (
-             SELECT source, event_id FROM processed_events WHERE processed_at < $1 LIMIT $2)",
+        "DELETE FROM processed_events_legacy WHERE (source, event_id) IN (
+             SELECT source, event_id FROM processed_events_legacy WHERE processed_at < $1 LIMIT $2)",
     )
     .bind(now - millis(older_than))
     .bind(batch)
@@ -388,23 +364,6 @@ pub(super) async fn dead_letters(
            FROM dead_letters ORDER BY id LIMIT $1",
     )
     .bind(limit)
-    .fetch_all(pool)
-    .await?)
-}
-
-pub(super) async fn processed_among(
-    pool: &SqlitePool,
-    source: &str,
-    ids: &[String],
-) -> Result<Vec<String>, StoreError> {
-    // The id list travels as one JSON array parameter.
-    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    Ok(sqlx::query_scalar(
-        "SELECT event_id FROM processed_events
-          WHERE source = $1 AND event_id IN (SELECT value FROM json_each($2))",
-    )
-    .bind(source)
-    .bind(&list)
     .fetch_all(pool)
     .await?)
 }

@@ -2,7 +2,7 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
+use super::{dedup, postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
 /// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
@@ -77,7 +77,10 @@ impl StoreTx {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        on_tx!(self, insert_processed(source, events))
+        match self {
+            StoreTx::Postgres(tx) => dedup::insert_processed_pg(tx, source, events).await,
+            StoreTx::Sqlite(tx) => dedup::insert_processed_sqlite(tx, source, events).await,
+        }
     }
 
     /// Undoes `insert_processed` for one event whose handler failed.
@@ -86,14 +89,10 @@ impl StoreTx {
         source: &str,
         event_id: &str,
     ) -> Result<(), StoreError> {
-        const SQL: &str = "DELETE FROM processed_events WHERE source = $1 AND event_id = $2";
-        either_tx!(self, |tx| sqlx::query(SQL)
-            .bind(source)
-            .bind(event_id)
-            .execute(&mut **tx)
-            .await
-            .map(drop)?);
-        Ok(())
+        match self {
+            StoreTx::Postgres(tx) => dedup::delete_processed_pg(tx, source, event_id).await,
+            StoreTx::Sqlite(tx) => dedup::delete_processed_sqlite(tx, source, event_id).await,
+        }
     }
 
     pub async fn insert_outbox(&mut self, rows: &[NewOutboxRow]) -> Result<(), StoreError> {

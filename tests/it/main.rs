@@ -55,6 +55,7 @@ mod backfill;
 mod broker_outage;
 mod consumer;
 mod crash;
+mod dedup_window;
 mod fifo;
 mod hostile;
 mod idempotency;

@@ -582,6 +582,10 @@ async fn retention_purges_old_rows(backend: Backend) {
     tx.commit().await.unwrap();
     // A long window keeps it.
     store
+        .maintain_dedup_generations(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    store
         .purge_expired(Duration::from_secs(3600), Duration::from_secs(3600), 100)
         .await
         .unwrap();
@@ -597,6 +601,12 @@ async fn retention_purges_old_rows(backend: Backend) {
         "retention to delete the row",
         Duration::from_secs(10),
         || async {
+            // Seals the id's generation, then (on a later pass, once the clock has moved)
+            // empties it.
+            store
+                .maintain_dedup_generations(Duration::ZERO)
+                .await
+                .unwrap();
             store
                 .purge_expired(Duration::ZERO, Duration::ZERO, 100)
                 .await

@@ -112,7 +112,9 @@ async fn drop_database(name: &str) {
 /// that receives the event waits server-side on its `INSERT … ON CONFLICT DO NOTHING` until the
 /// row is released. A step made as slow as the test likes, with no hook in the product.
 pub struct HeldDedupRow {
-    lock: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// The open transaction that inserted the row (through the store, into the current dedup
+    /// generation, holding the generation lock shared as every batch does).
+    lock: dedup_worker::store::StoreTx,
     /// The backend holding the row.
     holder_pid: i32,
     observer: sqlx::PgPool,
@@ -121,20 +123,22 @@ pub struct HeldDedupRow {
 impl HeldDedupRow {
     /// Holds `(source, event_id)`'s row on the PostgreSQL database at `db_url`.
     pub async fn hold(db_url: &str, source: &str, event_id: &str) -> Self {
-        let holder = sqlx::PgPool::connect(db_url).await.expect("connect");
+        let holder = Store::connect_url(db_url, 1, Duration::from_secs(10))
+            .await
+            .expect("connect");
         let mut lock = holder.begin().await.expect("begin");
+        let dedup_worker::store::StoreTx::Postgres(tx) = &mut lock else {
+            panic!("a held dedup row needs PostgreSQL");
+        };
         let holder_pid = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *lock)
+            .fetch_one(&mut **tx)
             .await
             .expect("backend pid");
-        sqlx::query(
-            "INSERT INTO processed_events (source, event_id, event_type) VALUES ($1, $2, 'held')",
-        )
-        .bind(source)
-        .bind(event_id)
-        .execute(&mut *lock)
-        .await
-        .expect("insert the dedup row");
+        let new = lock
+            .insert_processed(source, &[(event_id.to_owned(), "held".to_owned())])
+            .await
+            .expect("insert the dedup row");
+        assert_eq!(new, [event_id], "the held id was new");
         let observer = sqlx::PgPool::connect(db_url).await.expect("connect");
         HeldDedupRow {
             lock,

@@ -1,0 +1,199 @@
+//! The dedup record on PostgreSQL (see the module above for the layout and its guarantees).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{generation_length, keyed, next_slot, others, table, RingMaintenance, Seal};
+use super::{RING_LOCK, RING_LOCK_TIMEOUT, RING_SLOTS};
+use crate::store::postgres::RETENTION_LOCK;
+use crate::store::StoreError;
+
+/// The insert for each current slot: into that generation's table, unless another generation
+/// or the legacy table holds the id; the primary key settles the rest.
+static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
+    (0..RING_SLOTS)
+        .map(|current| {
+            let lookups: String = others(current)
+                .map(|s| {
+                    format!(
+                        "\n   AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key)",
+                        table(s)
+                    )
+                })
+                .collect();
+            format!(
+                "INSERT INTO {} (key, source, event_id, event_type)
+                 SELECT e.key, $1, e.id, e.t FROM UNNEST($2::uuid[], $3::text[], $4::text[]) AS e(key, id, t)
+                  WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
+                                     WHERE l.source = $1 AND l.event_id = e.id){lookups}
+                 ON CONFLICT DO NOTHING
+                 RETURNING event_id",
+                table(current)
+            )
+        })
+        .collect()
+});
+
+/// Which of a list of keys (and, in the legacy table, of ids) are recorded.
+static AMONG_SQL: LazyLock<String> = LazyLock::new(|| {
+    let mut parts: Vec<String> = (0..RING_SLOTS)
+        .map(|s| format!("SELECT event_id FROM {} WHERE key = ANY($1)", table(s)))
+        .collect();
+    parts.push(
+        "SELECT event_id FROM processed_events_legacy WHERE source = $2 AND event_id = ANY($3)"
+            .into(),
+    );
+    parts.join(" UNION ALL ")
+});
+
+/// Reads the current generation's slot, under the shared ring lock held to the transaction's
+/// end. Two statements on purpose: a statement's snapshot is taken when it starts, so a read
+/// in the statement that waited for the lock could still see the generation a rotation has
+/// just sealed.
+async fn current_slot(tx: &mut PgConnection) -> Result<i16, StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(RING_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    Ok(
+        sqlx::query_scalar("SELECT slot FROM dedup_generations WHERE sealed_at IS NULL")
+            .fetch_one(&mut *tx)
+            .await?,
+    )
+}
+
+pub(crate) async fn insert_processed(
+    tx: &mut PgConnection,
+    source: &str,
+    events: &[(String, String)],
+) -> Result<Vec<String>, StoreError> {
+    let rows = keyed(source, events);
+    let keys: Vec<Uuid> = rows.iter().map(|(k, _, _)| Uuid::from_bytes(*k)).collect();
+    let ids: Vec<&str> = rows.iter().map(|(_, id, _)| id.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|(_, _, t)| t.as_str()).collect();
+    let current = current_slot(tx).await?;
+    Ok(sqlx::query_scalar(&INSERT_SQL[current as usize])
+        .bind(source)
+        .bind(&keys)
+        .bind(&ids)
+        .bind(&types)
+        .fetch_all(&mut *tx)
+        .await?)
+}
+
+/// Undoes an insert of this transaction: the row is in the current generation, which cannot
+/// change while the transaction holds the shared ring lock.
+pub(crate) async fn delete_processed(
+    tx: &mut PgConnection,
+    source: &str,
+    event_id: &str,
+) -> Result<(), StoreError> {
+    let current = current_slot(tx).await?;
+    let sql = format!("DELETE FROM {} WHERE key = $1", table(current));
+    sqlx::query(&sql)
+        .bind(Uuid::from_bytes(super::dedup_key(source, event_id)))
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn processed_among(
+    pool: &PgPool,
+    source: &str,
+    ids: &[String],
+) -> Result<Vec<String>, StoreError> {
+    let keys: Vec<Uuid> = ids
+        .iter()
+        .map(|id| Uuid::from_bytes(super::dedup_key(source, id)))
+        .collect();
+    Ok(sqlx::query_scalar(&AMONG_SQL)
+        .bind(&keys)
+        .bind(source)
+        .bind(ids)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// One maintenance pass: empties the generations sealed longer ago than `window`, then seals
+/// the current one if due (or at once with [`Seal::Now`]) and starts the next. One process at
+/// a time (the retention lock; others return at once), in one short transaction whose lock
+/// waits are bounded by [`RING_LOCK_TIMEOUT`].
+pub(crate) async fn maintain_generations(
+    pool: &PgPool,
+    window: Duration,
+    seal: Seal,
+) -> Result<RingMaintenance, StoreError> {
+    let mut done = RingMaintenance::default();
+    let mut tx = pool.begin().await?;
+    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(RETENTION_LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !ours {
+        return Ok(done);
+    }
+    sqlx::query(&format!(
+        "SET LOCAL lock_timeout = {}",
+        RING_LOCK_TIMEOUT.as_millis()
+    ))
+    .execute(&mut *tx)
+    .await?;
+    let expired: Vec<i16> = sqlx::query_scalar(
+        "SELECT slot FROM dedup_generations
+          WHERE sealed_at < now() - make_interval(secs => $1) ORDER BY slot",
+    )
+    .bind(window.as_secs_f64())
+    .fetch_all(&mut *tx)
+    .await?;
+    for slot in &expired {
+        sqlx::query(&format!("TRUNCATE {}", table(*slot)))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM dedup_generations WHERE slot = $1")
+            .bind(slot)
+            .execute(&mut *tx)
+            .await?;
+    }
+    done.expired = expired.len();
+
+    let (current, due): (i16, bool) = sqlx::query_as(
+        "SELECT slot, started_at <= now() - make_interval(secs => $1)
+           FROM dedup_generations WHERE sealed_at IS NULL",
+    )
+    .bind(generation_length(window).as_secs_f64())
+    .fetch_one(&mut *tx)
+    .await?;
+    if due || matches!(seal, Seal::Now) {
+        let next = next_slot(current);
+        let free: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM dedup_generations WHERE slot = $1)",
+        )
+        .bind(next)
+        .fetch_one(&mut *tx)
+        .await?;
+        if free {
+            // Waits for every batch that read `current` to end; batches that start from here
+            // wait for this commit and then read `next`.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(RING_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE dedup_generations SET sealed_at = now() WHERE slot = $1")
+                .bind(current)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("INSERT INTO dedup_generations (slot) VALUES ($1)")
+                .bind(next)
+                .execute(&mut *tx)
+                .await?;
+            done.sealed = true;
+        } else {
+            done.next_slot_busy = true;
+        }
+    }
+    tx.commit().await?;
+    Ok(done)
+}
