@@ -98,6 +98,8 @@ async fn main() -> anyhow::Result<()> {
             let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(connection);
             let mut n: u64 = 0;
+            // As Stripe's: set when the event is made, the same on every delivery of it.
+            let created = chrono::Utc::now().timestamp();
             while Instant::now() < deadline {
                 if limit > 0 && totals.sent.fetch_add(1, Ordering::Relaxed) >= limit {
                     break;
@@ -113,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
                     format!("{prefix}_{worker}_{n}")
                 };
                 let body = format!(
-                    r#"{{"id":"{id}","object":"event","type":"invoice.paid","created":1700000000,"data":{{"object":{{"id":"in_{id}","amount_paid":1999,"currency":"usd"}}}}}}"#
+                    r#"{{"id":"{id}","object":"event","type":"invoice.paid","created":{created},"data":{{"object":{{"id":"in_{id}","amount_paid":1999,"currency":"usd"}}}}}}"#
                 );
                 let t = chrono::Utc::now().timestamp();
                 let signature = dedup_worker::webhook::stripe::signature_header(&secret, t, body.as_bytes());

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::event::Event;
 use crate::queue::Delivery;
-use crate::store::{StoreError, StoreTx};
+use crate::store::{NewProcessed, StoreError, StoreTx};
 
 /// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
 /// them into those recorded now (to handle) and those already there (duplicates).
@@ -19,23 +19,92 @@ pub(super) async fn record_new<'e, 'd>(
     // Keys are inserted in one global order, (source, id), whatever order the transport
     // delivered them in: two workers whose batches share ids then wait for each other in that
     // order, and never form the cycle PostgreSQL reports as `deadlock detected`.
-    let mut by_source: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
+    let mut by_source: BTreeMap<&str, Vec<NewProcessed>> = BTreeMap::new();
     for (event, _) in &events {
-        by_source
-            .entry(event.source.as_str())
-            .or_default()
-            .push((event.id.clone(), event.event_type.clone()));
+        by_source.entry(event.source.as_str()).or_default().push((
+            event.id.clone(),
+            event.event_type.clone(),
+            signed_creation_time(event),
+        ));
     }
     for pairs in by_source.values_mut() {
         pairs.sort_unstable();
     }
     let mut new: HashSet<(String, String)> = HashSet::new();
     for (source, pairs) in by_source {
-        for id in tx.insert_processed(source, &pairs).await? {
+        for id in tx.insert_processed_created(source, &pairs).await? {
             new.insert((source.to_owned(), id));
         }
     }
     Ok(events
         .into_iter()
         .partition(|(e, _)| new.contains(&(e.source.clone(), e.id.clone()))))
+}
+
+/// When the provider says the event was created (Unix seconds), where the provider signs it:
+/// the top-level `created` of a Stripe event (seconds, or RFC 3339 for thin events), which
+/// reaches the queue only through the verified ingress, the backfill (from Stripe's API) and
+/// redrive. The store skips generations sealed well before it; any other source gets `None`
+/// and every generation is looked up.
+fn signed_creation_time(event: &Event) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Created {
+        created: Option<serde_json::Value>,
+    }
+    // A JSON object only: serde would also read `[1]` into the struct, as a sequence.
+    let is_object = event.payload.trim_ascii_start().first() == Some(&b'{');
+    if event.source != "stripe" || !is_object {
+        return None;
+    }
+    match serde_json::from_slice::<Created>(&event.payload)
+        .ok()?
+        .created?
+    {
+        serde_json::Value::Number(seconds) => seconds.as_i64(),
+        serde_json::Value::String(time) => chrono::DateTime::parse_from_rfc3339(&time)
+            .ok()
+            .map(|t| t.timestamp()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn event(source: &str, payload: &str) -> Event {
+        Event {
+            source: source.into(),
+            id: "evt_1".into(),
+            event_type: "invoice.paid".into(),
+            payload: Bytes::copy_from_slice(payload.as_bytes()),
+            delivery_attempt: 1,
+        }
+    }
+
+    #[test]
+    fn the_creation_time_is_a_stripe_events_top_level_created() {
+        let body = r#"{"id":"evt_1","created":1764547200,"data":{"object":{"created":1}}}"#;
+        assert_eq!(
+            signed_creation_time(&event("stripe", body)),
+            Some(1_764_547_200)
+        );
+        let thin = r#"{"id":"evt_1","object":"v2.core.event","created":"2025-12-01T00:00:00Z"}"#;
+        assert_eq!(
+            signed_creation_time(&event("stripe", thin)),
+            Some(1_764_547_200)
+        );
+        // Another source's `created` is not the provider's signed word: every generation.
+        assert_eq!(signed_creation_time(&event("github", body)), None);
+        for odd in [
+            r#"{"id":"evt_1"}"#,
+            r#"{"created":"yesterday"}"#,
+            "[1]",
+            "not json",
+        ] {
+            assert_eq!(signed_creation_time(&event("stripe", odd)), None, "{odd}");
+        }
+    }
 }

@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
-pub use dedup::{dedup_key, RingMaintenance};
+pub use dedup::{dedup_key, NewProcessed, RingMaintenance};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 

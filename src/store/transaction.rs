@@ -2,7 +2,8 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::{dedup, postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
+use super::dedup::{self, NewProcessed};
+use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
 /// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
@@ -73,6 +74,21 @@ impl StoreTx {
         &mut self,
         source: &str,
         events: &[(String, String)],
+    ) -> Result<Vec<String>, StoreError> {
+        let events: Vec<NewProcessed> = events
+            .iter()
+            .map(|(id, event_type)| (id.clone(), event_type.clone(), None))
+            .collect();
+        self.insert_processed_created(source, &events).await
+    }
+
+    /// As [`StoreTx::insert_processed`], with each event's creation time (Unix seconds) where
+    /// the provider signs it: generations sealed well before an event was created are not
+    /// looked up (see [`super::dedup`]). Pass `None` for a time that is not the provider's.
+    pub async fn insert_processed_created(
+        &mut self,
+        source: &str,
+        events: &[NewProcessed],
     ) -> Result<Vec<String>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());

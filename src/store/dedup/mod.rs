@@ -24,6 +24,14 @@
 //!   PostgreSQL): every id it held is older than the window. Ids are therefore kept at least the
 //!   window and at most a third longer. If the next slot is not free yet (the window was
 //!   lengthened), the current generation simply keeps growing: never an id dropped early.
+//! * **Events created after a generation was sealed are not looked up in it.** An event cannot
+//!   have been processed before it existed: an id recorded in generation `g` was recorded before
+//!   `g` was sealed, so an event created (by the provider's clock) at or after that seal, plus
+//!   [`CREATED_MARGIN`] for clock skew, cannot be in `g`. The caller passes the creation time
+//!   only where the provider signs it ([`crate::event::Event`] of source `stripe`: the payload's
+//!   `created`); a time further ahead of this clock than the margin is ignored. So a fresh
+//!   event, the usual case, touches the current generation's index only, and a Stripe retry
+//!   (at most three days late) the generations sealed since it was created.
 //! * **The legacy table.** The table of earlier versions is kept as `processed_events_legacy`
 //!   (an upgrade rewrites nothing) and looked up by `(source, event_id)`; retention deletes its
 //!   rows by age in bounded batches as before, until it is empty.
@@ -34,6 +42,8 @@ mod sqlite;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+
+use super::StoreError;
 
 pub(super) use postgres::{
     delete_processed as delete_processed_pg, insert_processed as insert_processed_pg,
@@ -59,6 +69,14 @@ pub const RING_LOCK: i64 = 0x6465_6475_7072_696e;
 /// wait behind it). A rotation that does not get its locks in time is tried again at the next
 /// retention pass.
 pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How far the provider's clock may be from the database's: an event created less than this
+/// after a generation was sealed is still looked up in it.
+pub const CREATED_MARGIN: Duration = Duration::from_secs(86_400);
+
+/// One event to record: its id, its type, and when the provider says it was created (Unix
+/// seconds), if the provider signs that.
+pub type NewProcessed = (String, String, Option<i64>);
 
 /// The 16-byte dedup key of an event: the first half of
 /// `sha256(be_u32(len(source)) ‖ source ‖ event_id)`. The length prefix keeps `("ab", "c")` and
@@ -114,13 +132,41 @@ fn generation_length(window: Duration) -> Duration {
     window / GENERATIONS_PER_WINDOW
 }
 
-/// `(key, event_id, event_type)` of each event, sorted by key: one global order in which every
-/// batch inserts, so two batches sharing ids wait for each other in that order and never form
-/// a deadlock cycle.
-fn keyed(source: &str, events: &[(String, String)]) -> Vec<([u8; 16], String, String)> {
+/// From the generations in use (`(slot, sealed_at)` in Unix seconds, `None` for the current
+/// one): the current slot, and per slot the creation time from which an event cannot be in that
+/// generation (`None` for the current slot and free ones).
+fn thresholds(rows: &[(i16, Option<f64>)]) -> Result<(i16, Vec<Option<f64>>), StoreError> {
+    let mut current = None;
+    let mut from = vec![None; RING_SLOTS as usize];
+    for (slot, sealed_at) in rows {
+        match sealed_at {
+            None => current = Some(*slot),
+            Some(at) => from[*slot as usize] = Some(at + CREATED_MARGIN.as_secs_f64()),
+        }
+    }
+    // The migration makes one current generation and every seal starts the next in its
+    // transaction; a store without one was changed by hand.
+    let current = current.ok_or(StoreError::Database(sqlx::Error::RowNotFound))?;
+    Ok((current, from))
+}
+
+/// `(key, event_id, event_type, created)` of each event, sorted by key: one global order in
+/// which every batch inserts, so two batches sharing ids wait for each other in that order and
+/// never form a deadlock cycle. A creation time further ahead of this clock than
+/// [`CREATED_MARGIN`] is dropped (it could make a lookup skip a generation holding the id).
+fn keyed(source: &str, events: &[NewProcessed]) -> Vec<([u8; 16], String, String, Option<i64>)> {
+    let latest = chrono::Utc::now().timestamp() + CREATED_MARGIN.as_secs() as i64;
     let mut rows: Vec<_> = events
         .iter()
-        .map(|(id, event_type)| (dedup_key(source, id), id.clone(), event_type.clone()))
+        .map(|(id, event_type, created)| {
+            let created = created.filter(|c| *c <= latest);
+            (
+                dedup_key(source, id),
+                id.clone(),
+                event_type.clone(),
+                created,
+            )
+        })
         .collect();
     rows.sort_unstable_by_key(|row| row.0);
     rows

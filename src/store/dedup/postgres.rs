@@ -6,27 +6,35 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{generation_length, keyed, next_slot, others, table, RingMaintenance, Seal};
+use super::{
+    generation_length, keyed, next_slot, others, table, NewProcessed, RingMaintenance, Seal,
+};
 use super::{RING_LOCK, RING_LOCK_TIMEOUT, RING_SLOTS};
 use crate::store::postgres::RETENTION_LOCK;
 use crate::store::StoreError;
 
-/// The insert for each current slot: into that generation's table, unless another generation
-/// or the legacy table holds the id; the primary key settles the rest.
+/// The insert for each current slot: into that generation's table, unless the legacy table or
+/// another generation holds the id. Another generation is skipped for an event created at or
+/// after its threshold (`$6` … `$9`: its seal plus [`super::CREATED_MARGIN`], NULL for a free
+/// slot): written first, the comparison spares the index probe. The primary key settles the
+/// rest.
 static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     (0..RING_SLOTS)
         .map(|current| {
             let lookups: String = others(current)
-                .map(|s| {
+                .enumerate()
+                .map(|(n, s)| {
                     format!(
-                        "\n   AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key)",
+                        "\n   AND (e.c >= ${} OR NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key))",
+                        n + 6,
                         table(s)
                     )
                 })
                 .collect();
             format!(
                 "INSERT INTO {} (key, source, event_id, event_type)
-                 SELECT e.key, $1, e.id, e.t FROM UNNEST($2::uuid[], $3::text[], $4::text[]) AS e(key, id, t)
+                 SELECT e.key, $1, e.id, e.t
+                   FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::float8[]) AS e(key, id, t, c)
                   WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
                                      WHERE l.source = $1 AND l.event_id = e.id){lookups}
                  ON CONFLICT DO NOTHING
@@ -49,39 +57,44 @@ static AMONG_SQL: LazyLock<String> = LazyLock::new(|| {
     parts.join(" UNION ALL ")
 });
 
-/// Reads the current generation's slot, under the shared ring lock held to the transaction's
-/// end. Two statements on purpose: a statement's snapshot is taken when it starts, so a read
-/// in the statement that waited for the lock could still see the generation a rotation has
-/// just sealed.
-async fn current_slot(tx: &mut PgConnection) -> Result<i16, StoreError> {
+/// The generations in use: the current slot, and for every other slot the time from which an
+/// event created cannot be in it (Unix seconds; `None` for a free slot). Read under the shared
+/// ring lock, held to the transaction's end. Two statements on purpose: a statement's snapshot
+/// is taken when it starts, so a read in the statement that waited for the lock could still see
+/// the generation a seal has just closed.
+async fn generations(tx: &mut PgConnection) -> Result<(i16, Vec<Option<f64>>), StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
         .bind(RING_LOCK)
         .execute(&mut *tx)
         .await?;
-    Ok(
-        sqlx::query_scalar("SELECT slot FROM dedup_generations WHERE sealed_at IS NULL")
-            .fetch_one(&mut *tx)
-            .await?,
-    )
+    let rows: Vec<(i16, Option<f64>)> =
+        sqlx::query_as("SELECT slot, extract(epoch FROM sealed_at)::float8 FROM dedup_generations")
+            .fetch_all(&mut *tx)
+            .await?;
+    super::thresholds(&rows)
 }
 
 pub(crate) async fn insert_processed(
     tx: &mut PgConnection,
     source: &str,
-    events: &[(String, String)],
+    events: &[NewProcessed],
 ) -> Result<Vec<String>, StoreError> {
     let rows = keyed(source, events);
-    let keys: Vec<Uuid> = rows.iter().map(|(k, _, _)| Uuid::from_bytes(*k)).collect();
-    let ids: Vec<&str> = rows.iter().map(|(_, id, _)| id.as_str()).collect();
-    let types: Vec<&str> = rows.iter().map(|(_, _, t)| t.as_str()).collect();
-    let current = current_slot(tx).await?;
-    Ok(sqlx::query_scalar(&INSERT_SQL[current as usize])
+    let keys: Vec<Uuid> = rows.iter().map(|r| Uuid::from_bytes(r.0)).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    let created: Vec<Option<f64>> = rows.iter().map(|r| r.3.map(|c| c as f64)).collect();
+    let (current, thresholds) = generations(tx).await?;
+    let mut insert = sqlx::query_scalar(&INSERT_SQL[current as usize])
         .bind(source)
         .bind(&keys)
         .bind(&ids)
         .bind(&types)
-        .fetch_all(&mut *tx)
-        .await?)
+        .bind(&created);
+    for slot in others(current) {
+        insert = insert.bind(thresholds[slot as usize]);
+    }
+    Ok(insert.fetch_all(&mut *tx).await?)
 }
 
 /// Undoes an insert of this transaction: the row is in the current generation, which cannot
@@ -91,7 +104,7 @@ pub(crate) async fn delete_processed(
     source: &str,
     event_id: &str,
 ) -> Result<(), StoreError> {
-    let current = current_slot(tx).await?;
+    let (current, _) = generations(tx).await?;
     let sql = format!("DELETE FROM {} WHERE key = $1", table(current));
     sqlx::query(&sql)
         .bind(Uuid::from_bytes(super::dedup_key(source, event_id)))
@@ -181,10 +194,14 @@ pub(crate) async fn maintain_generations(
                 .bind(RING_LOCK)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE dedup_generations SET sealed_at = now() WHERE slot = $1")
-                .bind(current)
-                .execute(&mut *tx)
-                .await?;
+            // The clock after the lock: every id of `current` committed before this instant,
+            // which lookups by creation time rely on.
+            sqlx::query(
+                "UPDATE dedup_generations SET sealed_at = clock_timestamp() WHERE slot = $1",
+            )
+            .bind(current)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query("INSERT INTO dedup_generations (slot) VALUES ($1)")
                 .bind(next)
                 .execute(&mut *tx)

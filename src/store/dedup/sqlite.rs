@@ -7,56 +7,61 @@ use std::time::Duration;
 
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
-use super::{generation_length, keyed, next_slot, others, table, RingMaintenance, Seal};
+use super::{
+    generation_length, keyed, next_slot, others, table, NewProcessed, RingMaintenance, Seal,
+};
 use crate::store::{millis, now_ms, StoreError};
 
-/// Rows per statement: five bound values each, under SQLite's default limit of 32,766.
+/// Rows per statement: six bound values each, under SQLite's default limit of 32,766.
 const CHUNK: usize = 500;
 
-async fn current_slot(tx: &mut SqliteConnection) -> Result<i16, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT slot FROM dedup_generations WHERE sealed_at IS NULL")
-            .fetch_one(&mut *tx)
-            .await?,
-    )
+/// The generations in use, as on PostgreSQL (times in Unix seconds here too).
+async fn generations(tx: &mut SqliteConnection) -> Result<(i16, Vec<Option<f64>>), StoreError> {
+    let rows: Vec<(i16, Option<f64>)> =
+        sqlx::query_as("SELECT slot, sealed_at / 1000.0 FROM dedup_generations")
+            .fetch_all(&mut *tx)
+            .await?;
+    super::thresholds(&rows)
 }
 
 pub(crate) async fn insert_processed(
     tx: &mut SqliteConnection,
     source: &str,
-    events: &[(String, String)],
+    events: &[NewProcessed],
 ) -> Result<Vec<String>, StoreError> {
-    let current = current_slot(tx).await?;
-    let lookups: String = others(current)
-        .map(|s| {
-            format!(
-                " AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column1)",
-                table(s)
-            )
-        })
-        .collect();
+    let (current, thresholds) = generations(tx).await?;
     let now = now_ms();
     let rows = keyed(source, events);
     let mut new = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(CHUNK) {
-        // The VALUES list's columns are column1 … column5 (key, source, id, type, time).
+        // The VALUES list's columns are column1 … column6 (key, source, id, type, time,
+        // created); another generation is skipped for an event created after its threshold.
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
             "INSERT INTO {} (key, source, event_id, event_type, processed_at)
              SELECT e.column1, e.column2, e.column3, e.column4, e.column5 FROM (",
             table(current)
         ));
-        qb.push_values(chunk, |mut b, (key, id, event_type)| {
+        qb.push_values(chunk, |mut b, (key, id, event_type, created)| {
             b.push_bind(key.as_slice())
                 .push_bind(source)
                 .push_bind(id)
                 .push_bind(event_type)
-                .push_bind(now);
+                .push_bind(now)
+                .push_bind(*created);
         });
-        qb.push(format!(
+        qb.push(
             ") AS e WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
-                  WHERE l.source = e.column2 AND l.event_id = e.column3){lookups}
-             ON CONFLICT DO NOTHING RETURNING event_id"
-        ));
+                  WHERE l.source = e.column2 AND l.event_id = e.column3)",
+        );
+        for slot in others(current) {
+            qb.push(" AND (e.column6 >= ");
+            qb.push_bind(thresholds[slot as usize]);
+            qb.push(format!(
+                " OR NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column1))",
+                table(slot)
+            ));
+        }
+        qb.push(" ON CONFLICT DO NOTHING RETURNING event_id");
         let ids: Vec<String> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
         new.extend(ids);
     }
@@ -68,7 +73,7 @@ pub(crate) async fn delete_processed(
     source: &str,
     event_id: &str,
 ) -> Result<(), StoreError> {
-    let current = current_slot(tx).await?;
+    let (current, _) = generations(tx).await?;
     let key = super::dedup_key(source, event_id);
     sqlx::query(&format!("DELETE FROM {} WHERE key = $1", table(current)))
         .bind(key.as_slice())
@@ -152,7 +157,7 @@ pub(crate) async fn maintain_generations(
         .await?;
         if free {
             sqlx::query("UPDATE dedup_generations SET sealed_at = $1 WHERE slot = $2")
-                .bind(now)
+                .bind(now_ms())
                 .bind(current)
                 .execute(&mut *tx)
                 .await?;
