@@ -22,11 +22,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::config::Secret;
 use crate::event::type_matches;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
-use crate::retry::backoff_delay;
 use crate::store::{Store, StoreError};
+use crate::stripe::{ApiError, RetryPolicy, StripeApi};
 
 /// Events per page: Stripe's maximum.
 const PAGE_SIZE: u32 = 100;
@@ -48,15 +47,6 @@ pub struct BackfillRange {
     pub types: Vec<String>,
 }
 
-/// Stripe's events API, as the backfill reads it.
-pub struct StripeEventsApi {
-    client: reqwest::Client,
-    /// `stripe.api_base`, without a trailing slash.
-    base: String,
-    /// `stripe.api_key`, sent as a bearer token.
-    key: Secret,
-}
-
 /// What a backfill did; printed at the end, and after each page as progress.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Summary {
@@ -72,13 +62,8 @@ pub struct Summary {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackfillError {
-    #[error("listing events from Stripe failed after {attempts} attempts: {reason}")]
-    List {
-        attempts: u32,
-        reason: String,
-        #[source]
-        source: Option<reqwest::Error>,
-    },
+    #[error("listing events from Stripe failed: {0}")]
+    List(#[source] ApiError),
     #[error("Stripe's answer could not be read")]
     Decode(#[source] reqwest::Error),
     #[error("asking the store which events are processed failed")]
@@ -107,86 +92,40 @@ struct Listed<'a> {
     event_type: &'a str,
 }
 
-impl StripeEventsApi {
-    pub fn new(base: &str, key: Secret) -> Result<Self, reqwest::Error> {
-        Ok(StripeEventsApi {
-            client: reqwest::Client::builder()
-                .timeout(REQUEST_TIMEOUT)
-                .build()?,
-            base: base.trim_end_matches('/').to_owned(),
-            key,
-        })
-    }
+/// How a page is tried: [`MAX_ATTEMPTS`] tries, a 429 waited out after its `Retry-After`.
+const PAGE_RETRIES: RetryPolicy = RetryPolicy {
+    attempts: MAX_ATTEMPTS,
+    base: Duration::from_millis(500),
+    max_wait: MAX_RETRY_AFTER,
+};
 
-    /// One page, retried on 429 (after `Retry-After`), 5xx and failed requests.
-    async fn page(
-        &self,
-        range: &BackfillRange,
-        starting_after: Option<&str>,
-    ) -> Result<Page, BackfillError> {
-        let mut query = vec![
-            ("limit", PAGE_SIZE.to_string()),
-            ("created[gte]", range.since.to_string()),
-        ];
-        if let Some(until) = range.until {
-            query.push(("created[lte]", until.to_string()));
-        }
-        if let Some(after) = starting_after {
-            query.push(("starting_after", after.to_owned()));
-        }
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let sent = self
-                .client
-                .get(format!("{}/v1/events", self.base))
-                .bearer_auth(self.key.expose())
-                .query(&query)
-                .send()
-                .await;
-            let (reason, source, wait) = match sent {
-                Ok(response) if response.status().is_success() => {
-                    return response.json::<Page>().await.map_err(BackfillError::Decode);
-                }
-                Ok(response) => {
-                    let status = response.status();
-                    if !(status.as_u16() == 429 || status.is_server_error()) {
-                        return Err(BackfillError::List {
-                            attempts: attempt,
-                            reason: format!("Stripe answered {status}"),
-                            source: None,
-                        });
-                    }
-                    let retry_after = response
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER));
-                    (format!("Stripe answered {status}"), None, retry_after)
-                }
-                Err(error) => (error.to_string(), Some(error), None),
-            };
-            if attempt >= MAX_ATTEMPTS {
-                return Err(BackfillError::List {
-                    attempts: attempt,
-                    reason,
-                    source,
-                });
-            }
-            let wait = wait.unwrap_or_else(|| {
-                backoff_delay(Duration::from_millis(500), MAX_RETRY_AFTER, attempt)
-            });
-            tracing::warn!(%reason, ?wait, attempt, "listing events: retrying");
-            tokio::time::sleep(wait).await;
-        }
+/// One page of `GET /v1/events`, tried as [`PAGE_RETRIES`] says.
+async fn page(
+    api: &StripeApi,
+    range: &BackfillRange,
+    starting_after: Option<&str>,
+) -> Result<Page, BackfillError> {
+    let mut query = vec![
+        ("limit", PAGE_SIZE.to_string()),
+        ("created[gte]", range.since.to_string()),
+    ];
+    if let Some(until) = range.until {
+        query.push(("created[lte]", until.to_string()));
     }
+    if let Some(after) = starting_after {
+        query.push(("starting_after", after.to_owned()));
+    }
+    let response = api
+        .get("/v1/events", &query, &[], PAGE_RETRIES)
+        .await
+        .map_err(BackfillError::List)?;
+    response.json::<Page>().await.map_err(BackfillError::Decode)
 }
 
 /// Lists the range page by page and publishes what is not processed yet; `progress` is called
 /// after each page.
 pub async fn backfill(
-    api: &StripeEventsApi,
+    api: &StripeApi,
     range: &BackfillRange,
     store: &Store,
     transport: &dyn Transport,
@@ -196,7 +135,7 @@ pub async fn backfill(
     let mut summary = Summary::default();
     let mut starting_after: Option<String> = None;
     loop {
-        let page = api.page(range, starting_after.as_deref()).await?;
+        let page = page(api, range, starting_after.as_deref()).await?;
         summary.pages += 1;
         let mut events = Vec::with_capacity(page.data.len());
         for raw in &page.data {

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use dedup_worker::backfill::{self, BackfillRange, StripeEventsApi};
+use dedup_worker::backfill::{self, BackfillRange};
 use dedup_worker::config::Settings;
 use dedup_worker::dlq;
 use dedup_worker::startup::{build_transport, Application, Overrides};
 use dedup_worker::store::{Store, Wakeups};
+use dedup_worker::stripe::StripeApi;
 use dedup_worker::webhook::stripe::signature_header;
 use tokio_util::sync::CancellationToken;
 
@@ -209,8 +210,12 @@ pub async fn run() -> anyhow::Result<()> {
             );
             let store = Store::connect(&settings).await?;
             let transport = build_transport(&settings, &store, Arc::new(Wakeups::default())).await;
-            let api =
-                StripeEventsApi::new(&settings.stripe.api_base, settings.stripe.api_key.clone())?;
+            let api = StripeApi::new(
+                &settings.stripe.api_base,
+                settings.stripe.api_key.clone(),
+                &settings.stripe.api_version,
+                backfill::REQUEST_TIMEOUT,
+            )?;
             let range = BackfillRange {
                 since,
                 until,

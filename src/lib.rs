@@ -14,6 +14,9 @@
 //!   delivers the rows, and the sinks (log, file, HTTP, AMQP, SQS).
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
+//! * [`stripe`]: what the pipeline knows of Stripe beyond its signature: the shapes a change
+//!   arrives in (snapshot event, thin event, EventBridge envelope) and the dedup key of each,
+//!   and its API (the backfill's event list, a thin event's full event).
 //! * [`dlq`]: `dlq redrive`, which publishes dead letters again through the configured
 //!   transport; [`backfill`]: events Stripe no longer retries, listed from its API and
 //!   published the same way, so dedup absorbs those received before.
@@ -51,5 +54,6 @@ pub mod retention;
 pub mod retry;
 pub mod startup;
 pub mod store;
+pub mod stripe;
 pub mod telemetry;
 pub mod webhook;

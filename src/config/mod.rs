@@ -173,8 +173,16 @@ pub struct StripeSettings {
     pub tolerance_secs: u64,
     /// Stripe's API (`STRIPE_API_BASE`), listed by `dedup-worker backfill`.
     pub api_base: String,
-    /// A key that may list events (`STRIPE_API_KEY`); only `backfill` needs it.
+    /// A key that may read events (`STRIPE_API_KEY`): `backfill` lists them, and the consumer
+    /// fetches thin events' full events with it when `fetch_thin_events` is on.
     pub api_key: Secret,
+    /// `Stripe-Version` sent with every API call (the v2 API requires one).
+    pub api_version: String,
+    /// Bounds one API request of the consumer's thin-event fetch (connect, send, read).
+    pub api_timeout_ms: u64,
+    /// Whether the consumer replaces a thin event by its full event
+    /// (`GET /v2/core/events/{id}`) before the handler runs, so handlers see one shape.
+    pub fetch_thin_events: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -278,7 +286,20 @@ pub struct ConsumerSettings {
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
     pub max_message_bytes: usize,
+    /// What wraps the events in the queue's messages: nothing, or EventBridge envelopes.
+    pub envelope: EnvelopeKind,
     pub stale_guard: StaleGuardSettings,
+}
+
+/// `consumer.envelope`: what the queue's messages wrap their event in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvelopeKind {
+    /// The message is the event (our ingress, most producers).
+    None,
+    /// Amazon EventBridge → SQS: the body is an EventBridge envelope whose `detail` is a Stripe
+    /// event; the consumer unwraps it and keys it as a Stripe event (source `stripe`).
+    Eventbridge,
 }
 
 /// `[consumer.stale_guard]`: hold back events older than what was handled for their object.

@@ -140,3 +140,23 @@ fn signing_secrets_are_decoded_while_loading_and_a_bad_one_names_its_key() {
         .expect_err("not base64");
     assert!(err.to_string().contains("outbox.signing_secret"), "{err}");
 }
+
+#[test]
+fn fetching_thin_events_needs_a_key_and_a_timeout_inside_the_batch() {
+    let err = Settings::from_figment(with("stripe.fetch_thin_events", true)).expect_err("no key");
+    assert!(err.to_string().contains("stripe.api_key"), "{err}");
+    let keyed = |timeout: u64| {
+        with("stripe.fetch_thin_events", true)
+            .merge(Serialized::default("stripe.api_key", "rk_test_1"))
+            .merge(Serialized::default("stripe.api_timeout_ms", timeout))
+    };
+    assert!(Settings::from_figment(keyed(10_000)).is_ok());
+    for refused in [0, 10_001] {
+        let err = Settings::from_figment(keyed(refused)).expect_err("outside the batch");
+        assert!(err.to_string().contains("stripe.api_timeout_ms"), "{err}");
+    }
+    let s = Settings::from_figment(with("consumer.envelope", "eventbridge")).expect("valid");
+    assert_eq!(s.consumer.envelope, EnvelopeKind::Eventbridge);
+    let err = Settings::from_figment(with("consumer.envelope", "sns")).expect_err("unknown");
+    assert!(err.to_string().contains("envelope"), "{err}");
+}

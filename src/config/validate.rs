@@ -164,6 +164,39 @@ impl Settings {
                 "must be an http(s) URL such as https://api.stripe.com (env STRIPE_API_BASE)",
             ));
         }
+        if self.roles.consumer && self.stripe.fetch_thin_events {
+            if self.stripe.api_key.expose().is_empty() {
+                return Err(invalid(
+                    "stripe.api_key",
+                    "stripe.fetch_thin_events is on: the consumer fetches each thin event's full \
+                     event with Stripe's API; set STRIPE_API_KEY (a key that may read events)",
+                ));
+            }
+            let timeout = self.stripe.api_timeout_ms;
+            if timeout == 0 || timeout > self.consumer.step_timeout_ms / 3 {
+                return Err(invalid(
+                    "stripe.api_timeout_ms",
+                    format!(
+                        "is {timeout}: it must be above zero and at most a third of \
+                         consumer.step_timeout_ms ({}), so a slow API fails its fetch (retried \
+                         later) rather than the whole batch",
+                        self.consumer.step_timeout_ms
+                    ),
+                ));
+            }
+        }
+        if self.stripe.api_version.is_empty()
+            || !self
+                .stripe
+                .api_version
+                .bytes()
+                .all(|b| b.is_ascii_graphic())
+        {
+            return Err(invalid(
+                "stripe.api_version",
+                "must be a Stripe API version such as 2026-10-28.endive",
+            ));
+        }
         if !self.transport.sqs_message_group_pointer.starts_with('/') {
             return Err(invalid(
                 "transport.sqs_message_group_pointer",

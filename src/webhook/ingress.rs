@@ -2,7 +2,8 @@
 //! [`crate::http::ops`]'s).
 //!
 //! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
-//! only what is needed (Stripe: `id` and `type`, 400 if missing), then check them against the
+//! only what is needed (Stripe: `id`, `type`, and for a thin event `snapshot_event`, its dedup
+//! key; 400 if the id is missing), then check them against the
 //! rules of [`crate::event`] (400 for an id or type the store cannot hold, before it can share a
 //! group commit with other events), then publish durably and wait for it (503 on failure), then
 //! 200.
@@ -25,6 +26,7 @@ use super::stripe::{verify_stripe_signature, StripeProvider};
 use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
+use crate::stripe::{StripeEventHead, StripeShapeError};
 
 /// Current Unix time in seconds; injectable so tests can verify published vectors.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -58,11 +60,9 @@ pub fn router(state: IngressState, body_limit: usize) -> Router {
     router.with_state(state)
 }
 
-/// Only what ingress needs from the payload; borrowed, so nothing is copied.
+/// What Standard Webhooks ingress reads of a JSON payload: its `type`, borrowed.
 #[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
+struct TypeOnly<'a> {
     #[serde(borrow, rename = "type")]
     event_type: Option<Cow<'a, str>>,
 }
@@ -201,40 +201,36 @@ async fn receive_stripe(
         (state.clock)(),
     )
     .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
-    let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
+    // A snapshot event or a thin one (an event notification): the key of a thin event is the
+    // snapshot event it stands beside, so the pair is handled once (see `crate::stripe::shape`).
+    let head = StripeEventHead::read(&body).map_err(|error| {
+        let check = match error {
+            StripeShapeError::NotJson(_) => "payload_json",
+            StripeShapeError::NoId => "payload_id",
+            StripeShapeError::BadSnapshotEvent => "payload_snapshot_event",
+        };
         Problem::new(
             StatusCode::BAD_REQUEST,
             "urn:dedup-worker:problem:invalid-payload",
             "Invalid payload",
-            format!("the payload is not a JSON object: {e}"),
+            error.to_string(),
         )
-        .with_check("payload_json")
+        .with_check(check)
     })?;
-    let id = envelope
-        .id
-        .filter(|id| !id.is_empty())
-        .ok_or_else(|| {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "urn:dedup-worker:problem:invalid-payload",
-                "Invalid payload",
-                "the payload has no string `id`",
-            )
-            .with_check("payload_id")
-        })?
-        .into_owned();
-    checked(EventField::Id, &id, "payload_id")?;
-    if let Some(event_type) = &envelope.event_type {
+    checked(EventField::Id, head.own_id(), "payload_id")?;
+    let dedup_id = head.dedup_id().to_owned();
+    checked(EventField::Id, &dedup_id, "payload_snapshot_event")?;
+    if let Some(event_type) = &head.event_type {
         checked(EventField::Type, event_type, "payload_type")?;
     }
     let message = OutgoingMessage {
         source: Some(provider.source.to_owned()),
-        message_id: Some(id.clone()),
-        message_type: envelope.event_type.map(Cow::into_owned),
+        message_id: Some(dedup_id.clone()),
+        message_type: head.event_type.map(Cow::into_owned),
         payload: body,
     };
     publish(state, message).await?;
-    Ok(id)
+    Ok(dedup_id)
 }
 
 /// Standard Webhooks: the dedup key is the `webhook-id` header; the body is not required to be
@@ -268,7 +264,7 @@ async fn receive_standard(
     .map_err(|e| invalid_signature(e.to_string(), e.check()))?;
     let id = received.id.unwrap_or_default().to_owned();
     checked(EventField::Id, &id, "webhook_id")?;
-    let event_type = serde_json::from_slice::<Envelope>(&body)
+    let event_type = serde_json::from_slice::<TypeOnly>(&body)
         .ok()
         .and_then(|e| e.event_type.map(Cow::into_owned));
     if let Some(event_type) = &event_type {

@@ -23,8 +23,8 @@ const FLOORS: &[&[&str]] = &[
     // Configuration (typed and validated; it reads only the event's field rules), and the group
     // commit with its breaker that the database queue and the idempotency writers share.
     &["config", "group_commit"],
-    // Storage: every SQL statement of the pipeline.
-    &["store"],
+    // Storage: every SQL statement of the pipeline; beside it, Stripe's event shapes and API.
+    &["store", "stripe"],
     // Transports: the database queue, RabbitMQ, SQS (and their publishers).
     &["queue"],
     // The outbox: messages, sinks (which publish through the transports' publishers), relay.

@@ -1,0 +1,13 @@
+//! Stripe, beyond its signature ([`crate::webhook::stripe`] verifies that): the shapes in which
+//! it delivers a change ([`shape`]: snapshot events, thin events, EventBridge envelopes, and the
+//! dedup key of each) and its HTTP API ([`api`]: listing events for the backfill, fetching a
+//! thin event's full event for the consumer), with timeouts, size limits and retries.
+
+pub mod api;
+pub mod shape;
+
+pub use api::{ApiError, RetryPolicy, StripeApi};
+pub use shape::{
+    is_eventbridge_envelope, unwrap_eventbridge, EnvelopeError, StripeEventHead, StripeShapeError,
+    SOURCE,
+};

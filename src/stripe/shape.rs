@@ -1,0 +1,218 @@
+//! The shapes in which Stripe delivers one change, and the dedup key each of them carries.
+//!
+//! * A **snapshot event** (`"object": "event"`): its `id` (`evt_…`) is the key.
+//! * A **thin event** (an event notification, `"object": "v2.core.event"`): for a v1
+//!   resource, Stripe sends it beside the snapshot event of the same change and names that
+//!   event in `snapshot_event`. The pair is one change under two ids, so the key of a thin event
+//!   is its `snapshot_event` when it has one (whichever of the two arrives first is handled, the
+//!   other is a duplicate), else its own `id` (v2 resources have no snapshot).
+//! * An **Amazon EventBridge envelope** (`{version, id, "detail-type", source, account, time,
+//!   region, resources, detail}`): `detail` is one of the two above, `source` is
+//!   `aws.partner/stripe.com/…`, and the envelope's own `id` is EventBridge's UUID, never the key.
+//!
+//! Both readers parse only what they need, borrowing from the body.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The source half of the dedup key of every Stripe event, however it arrived (webhook,
+/// EventBridge, backfill): one key space.
+pub const SOURCE: &str = "stripe";
+
+/// `object` of a thin event.
+pub const THIN_EVENT_OBJECT: &str = "v2.core.event";
+
+/// The prefix of an EventBridge envelope's `source` for Stripe's partner event sources.
+pub const EVENTBRIDGE_SOURCE_PREFIX: &str = "aws.partner/stripe.com";
+
+/// What the pipeline reads of a Stripe event.
+#[derive(Debug, Deserialize)]
+pub struct StripeEventHead<'a> {
+    /// The event's own id.
+    #[serde(borrow)]
+    pub id: Option<Cow<'a, str>>,
+    /// `event` (snapshot) or `v2.core.event` (thin).
+    #[serde(borrow, default)]
+    pub object: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "type", default)]
+    pub event_type: Option<Cow<'a, str>>,
+    /// Thin events of v1 resources: the id of the snapshot event of the same change.
+    #[serde(borrow, default)]
+    pub snapshot_event: Option<Cow<'a, str>>,
+    /// Thin events: the account context (`Stripe-Context`) their full event is fetched under.
+    #[serde(borrow, default)]
+    pub context: Option<Cow<'a, str>>,
+}
+
+/// Why a body is not a Stripe event the pipeline can key.
+#[derive(Debug, thiserror::Error)]
+pub enum StripeShapeError {
+    #[error("the payload is not a JSON object: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("the payload has no string `id`")]
+    NoId,
+    #[error("the thin event's `snapshot_event` is not a non-empty string")]
+    BadSnapshotEvent,
+}
+
+impl<'a> StripeEventHead<'a> {
+    /// Reads the head of a Stripe event (snapshot or thin); an object with a non-empty `id`.
+    pub fn read(body: &'a [u8]) -> Result<Self, StripeShapeError> {
+        // An object only: serde would read `["evt_1"]` into the struct, as a sequence.
+        if body.trim_ascii_start().first() != Some(&b'{') {
+            return Err(StripeShapeError::NotJson(serde::de::Error::custom(
+                "expected a JSON object",
+            )));
+        }
+        let head: StripeEventHead =
+            serde_json::from_slice(body).map_err(StripeShapeError::NotJson)?;
+        if head.id.as_deref().map_or(true, str::is_empty) {
+            return Err(StripeShapeError::NoId);
+        }
+        if head.is_thin() && head.snapshot_event.as_deref() == Some("") {
+            return Err(StripeShapeError::BadSnapshotEvent);
+        }
+        Ok(head)
+    }
+
+    /// Whether this is a thin event (an event notification).
+    pub fn is_thin(&self) -> bool {
+        self.object.as_deref() == Some(THIN_EVENT_OBJECT)
+    }
+
+    /// The event's own id (non-empty after [`Self::read`]).
+    pub fn own_id(&self) -> &str {
+        self.id.as_deref().unwrap_or_default()
+    }
+
+    /// The dedup key's id: a thin event's `snapshot_event` when it has one, else its own id.
+    pub fn dedup_id(&self) -> &str {
+        match (&self.snapshot_event, self.is_thin()) {
+            (Some(snapshot), true) => snapshot,
+            _ => self.own_id(),
+        }
+    }
+}
+
+/// Why a body is not an EventBridge envelope of a Stripe event.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("the message is not an EventBridge envelope (a JSON object with `detail`): {0}")]
+    NotEnvelope(#[source] serde_json::Error),
+    #[error("the EventBridge envelope has no `detail` object")]
+    NoDetail,
+    #[error("the EventBridge envelope's source {0:?} is not a Stripe partner event source ({EVENTBRIDGE_SOURCE_PREFIX}/…)")]
+    NotStripe(String),
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    source: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    detail: Option<&'a RawValue>,
+}
+
+/// Whether `body` looks like an EventBridge envelope rather than a Stripe event: a JSON object
+/// with a top-level `detail` (Stripe events have none). Cheap: one parse that skips values.
+pub fn is_eventbridge_envelope(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow, default)]
+        detail: Option<&'a RawValue>,
+    }
+    body.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.detail.is_some())
+}
+
+/// The Stripe event inside an EventBridge envelope, as the exact bytes of its `detail` (no
+/// copy). The envelope's `source` must be Stripe's partner event source.
+pub fn unwrap_eventbridge(body: &Bytes) -> Result<Bytes, EnvelopeError> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(EnvelopeError::NotEnvelope(serde::de::Error::custom(
+            "expected a JSON object",
+        )));
+    }
+    let envelope: Envelope = serde_json::from_slice(body).map_err(EnvelopeError::NotEnvelope)?;
+    let source = envelope.source.unwrap_or_default();
+    if !source.starts_with(EVENTBRIDGE_SOURCE_PREFIX) {
+        return Err(EnvelopeError::NotStripe(
+            crate::event::printable(&source, 80).into_owned(),
+        ));
+    }
+    let detail = envelope
+        .detail
+        .filter(|d| d.get().starts_with('{'))
+        .ok_or(EnvelopeError::NoDetail)?;
+    Ok(body.slice_ref(detail.get().as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_of_a_thin_event_is_its_snapshot_event() {
+        let thin = br#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_A","created":"2026-11-30T10:00:00.000Z"}"#;
+        let head = StripeEventHead::read(thin).unwrap();
+        assert!(head.is_thin());
+        assert_eq!((head.own_id(), head.dedup_id()), ("evt_thin", "evt_A"));
+        let v2 = br#"{"id":"evt_v2","object":"v2.core.event","type":"v2.core.account.updated"}"#;
+        assert_eq!(StripeEventHead::read(v2).unwrap().dedup_id(), "evt_v2");
+        // A snapshot event keeps its own id, whatever else it carries.
+        let snapshot =
+            br#"{"id":"evt_A","object":"event","snapshot_event":"evt_X","type":"invoice.paid"}"#;
+        assert_eq!(StripeEventHead::read(snapshot).unwrap().dedup_id(), "evt_A");
+    }
+
+    #[test]
+    fn what_cannot_be_keyed_says_why() {
+        for (body, expected) in [
+            (&b"[1]"[..], "not a JSON object"),
+            (b"nope", "not a JSON object"),
+            (br#"{"id":""}"#, "no string `id`"),
+            (br#"{"id":7}"#, "not a JSON object"),
+            (br#"{"object":"v2.core.event"}"#, "no string `id`"),
+            (
+                br#"{"id":"evt_1","object":"v2.core.event","snapshot_event":""}"#,
+                "snapshot_event",
+            ),
+            (
+                br#"{"id":"evt_1","object":"v2.core.event","snapshot_event":3}"#,
+                "not a JSON object",
+            ),
+        ] {
+            let error = StripeEventHead::read(body).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_eventbridge_envelope_yields_its_detail_byte_for_byte() {
+        let detail = r#"{"id": "evt_1", "object": "event", "type": "invoice.paid"}"#;
+        let body = Bytes::from(format!(
+            r#"{{"version":"0","id":"6a7e8feb-b491-4cf7-a9f1-bf3703467718","detail-type":"invoice.paid","source":"aws.partner/stripe.com/ed_test_61abc","account":"123456789012","time":"2026-11-30T10:00:00Z","region":"us-east-1","resources":[],"detail":{detail}}}"#
+        ));
+        assert!(is_eventbridge_envelope(&body));
+        assert_eq!(unwrap_eventbridge(&body).unwrap(), detail.as_bytes());
+        assert!(!is_eventbridge_envelope(detail.as_bytes()));
+        let foreign = Bytes::from_static(br#"{"source":"aws.ec2","detail":{"id":"i-1"}}"#);
+        assert!(matches!(
+            unwrap_eventbridge(&foreign),
+            Err(EnvelopeError::NotStripe(_))
+        ));
+        let no_detail =
+            Bytes::from_static(br#"{"source":"aws.partner/stripe.com/x","detail":"evt"}"#);
+        assert!(matches!(
+            unwrap_eventbridge(&no_detail),
+            Err(EnvelopeError::NoDetail)
+        ));
+        assert!(matches!(
+            unwrap_eventbridge(&Bytes::from_static(b"[]")),
+            Err(EnvelopeError::NotEnvelope(_))
+        ));
+    }
+}
