@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, Settings, TransportKind};
 use crate::consumer::{
-    Consumer, ConsumerOptions, ForwardHandler, Handler, LedgerHandler, StaleGuard,
+    Consumer, ConsumerOptions, ForwardHandler, FullEventFetch, Handler, LedgerHandler, StaleGuard,
 };
 use crate::http::{ops, serve, ServerLimits};
 use crate::outbox::relay::{Relay, RelayOptions};
@@ -28,6 +28,7 @@ use crate::queue::rabbitmq::RabbitOptions;
 use crate::queue::{DatabaseQueue, RabbitMqQueue, SqsQueue, Transport};
 use crate::retention::{run_retention, RetentionOptions};
 use crate::store::{Store, StoreError, Wakeups};
+use crate::stripe::StripeApi;
 use crate::webhook::{Clock, IngressState, StandardProvider, StripeProvider};
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +42,8 @@ pub enum StartupError {
     },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("cannot build the client for Stripe's API (stripe.fetch_thin_events): {0}")]
+    StripeApi(#[source] reqwest::Error),
 }
 
 /// Things library users and tests may replace.
@@ -163,8 +166,10 @@ impl Application {
                 max_message_bytes: c.max_message_bytes,
                 lease: Duration::from_secs(c.lease_secs),
                 step_timeout: Duration::from_millis(c.step_timeout_ms),
+                envelope: c.envelope,
             };
             let workers = if store.single_writer() { 1 } else { c.workers };
+            let fetch = full_event_fetch(&settings)?;
             for _ in 0..workers {
                 let consumer = Consumer::new(
                     store.clone(),
@@ -173,7 +178,8 @@ impl Application {
                     wakeups.clone(),
                     options.clone(),
                 )
-                .with_stale_guard(StaleGuard::from_settings(&c.stale_guard));
+                .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
+                .with_full_event_fetch(fetch.clone());
                 let (token, abandon) = (shutdown.clone(), abandon.clone());
                 tasks.spawn(async move {
                     consumer.run(token, abandon).await;
@@ -332,4 +338,24 @@ fn flatten(
             error.to_string(),
         ))),
     }
+}
+
+/// The consumer's thin-event fetch, when `stripe.fetch_thin_events` is on (validated: a key, a
+/// request timeout inside the step's).
+fn full_event_fetch(settings: &Settings) -> Result<Option<FullEventFetch>, StartupError> {
+    let stripe = &settings.stripe;
+    if !stripe.fetch_thin_events {
+        return Ok(None);
+    }
+    let api = StripeApi::new(
+        &stripe.api_base,
+        stripe.api_key.clone(),
+        &stripe.api_version,
+        Duration::from_millis(stripe.api_timeout_ms),
+    )
+    .map_err(StartupError::StripeApi)?;
+    Ok(Some(FullEventFetch::new(
+        api,
+        settings.consumer.max_message_bytes,
+    )))
 }

@@ -1,12 +1,42 @@
-//! The dead letter rows the consumer writes: what is kept of a delivery it gives up on.
+//! The dead letter rows the consumer writes: what is kept of a delivery it gives up on, and the
+//! deliveries the database refused on their own.
 
+use super::settle::Settlement;
+use super::{decode_delivery, Consumer, ConsumerError, StepOutcome, MAX_DEAD_LETTER_ERROR_CHARS};
 use crate::event::{check_event_field, printable, Event, EventField};
 use crate::queue::Delivery;
-use crate::store::NewDeadLetter;
-
-use super::{Consumer, MAX_DEAD_LETTER_ERROR_CHARS};
+use crate::store::{NewDeadLetter, StoreError};
 
 impl Consumer {
+    /// Dead-letters deliveries whose own transaction the database refused for their data
+    /// (with nothing else in it), to be acked: retrying could only fail again.
+    pub(super) async fn dead_letter_refused<'d>(
+        &self,
+        deliveries: &'d [Delivery],
+        error: &StoreError,
+    ) -> Result<Settlement<'d>, ConsumerError> {
+        let reason = format!("the database refused this event's data: {error}");
+        let mut tx = self.store.begin().await?;
+        for delivery in deliveries {
+            tracing::warn!(%reason, "dead-lettering a delivery the database refused");
+            let row = match decode_delivery(delivery, &self.options) {
+                Ok(event) => self.dead_letter(&event, delivery, &reason),
+                Err(_) => self.undecodable_dead_letter(delivery, &reason),
+            };
+            tx.insert_dead_letter(&row).await?;
+        }
+        tx.commit().await?;
+        Ok(Settlement {
+            outcome: StepOutcome {
+                received: deliveries.len(),
+                dead_lettered: deliveries.len(),
+                ..StepOutcome::default()
+            },
+            ack: deliveries.iter().map(|d| d.tag.clone()).collect(),
+            ..Settlement::default()
+        })
+    }
+
     /// The dead letter of an event the consumer gives up on (its handler failed, or its
     /// transport gave up on the delivery): its fields passed [`super::decode_delivery`], so they
     /// are stored as they are (a redrive dedups on them); only the error, which a handler may

@@ -7,12 +7,22 @@
 //! and the consumer dead-letters it: it never reaches the batch's shared statements, where it
 //! would fail its neighbours, and it never comes back to fail again.
 //!
+//! Stripe's shapes ([`crate::stripe::shape`]) are keyed as Stripe keys them, whichever way they
+//! arrive: a thin event under its `snapshot_event`, so that a change delivered as a snapshot
+//! event and as a thin one is handled once; and with `consumer.envelope = "eventbridge"`, an
+//! Amazon EventBridge envelope is unwrapped: its `detail` is the event (what the handler gets),
+//! keyed as a Stripe event under source `stripe`, the key space of the webhook ingress.
+//!
 //! Bounded work whatever the message: one size check first ([`ConsumerOptions`]'s
 //! `max_message_bytes`), then at most one JSON parse, only when the transport carried no id or
-//! no type, under serde_json's recursion limit (128 levels).
+//! no type, under serde_json's recursion limit (128 levels); an envelope costs one parse of the
+//! envelope and one of its `detail`'s head.
 
+use crate::config::EnvelopeKind;
 use crate::event::{check_event_field, Event, EventField, InvalidEventField};
 use crate::queue::Delivery;
+use crate::stripe::shape::THIN_EVENT_OBJECT;
+use crate::stripe::{eventbridge_detail, EnvelopeError, StripeEventHead, StripeShapeError};
 
 use super::ConsumerOptions;
 
@@ -34,12 +44,20 @@ pub enum DecodeError {
     /// An id, type or source the store cannot hold.
     #[error(transparent)]
     Field(#[from] InvalidEventField),
+    /// `consumer.envelope = "eventbridge"`: an envelope that is not one of Stripe's.
+    #[error("EventBridge envelope: {0}")]
+    Envelope(#[from] EnvelopeError),
+    /// The `detail` of a Stripe EventBridge envelope is not a Stripe event that can be keyed.
+    #[error("the EventBridge envelope's detail: {0}")]
+    Detail(#[source] StripeShapeError),
 }
 
 /// The event a delivery carries: the dedup key is the transport's message id when it has one,
-/// else the string at `options.dedup_key_pointer` in the JSON payload; the type is the
+/// else the string at `options.dedup_key_pointer` in the JSON payload (for a Stripe thin event
+/// and the default pointer `/id`, its `snapshot_event` when it has one); the type is the
 /// transport's, else the payload's `type`; the source is the producer's, else
-/// `options.source`. Each of them must pass [`check_event_field`].
+/// `options.source`. An EventBridge envelope (when `options.envelope` says so) is keyed by its
+/// `detail` alone ([`decode_eventbridge`]). Each of them must pass [`check_event_field`].
 pub fn decode_delivery(
     delivery: &Delivery,
     options: &ConsumerOptions,
@@ -52,6 +70,11 @@ pub fn decode_delivery(
             len: delivery.payload.len(),
             max: options.max_message_bytes,
         });
+    }
+    if options.envelope == EnvelopeKind::Eventbridge {
+        if let Some(detail) = eventbridge_detail(&delivery.payload)? {
+            return decode_eventbridge(delivery, detail);
+        }
     }
     let source = delivery
         .source
@@ -75,9 +98,8 @@ pub fn decode_delivery(
     };
     let id = match (message_id, &json) {
         (Some(id), _) => id.to_owned(),
-        (None, Some(value)) => value
-            .pointer(&options.dedup_key_pointer)
-            .and_then(serde_json::Value::as_str)
+        (None, Some(value)) => thin_event_snapshot(value, &source, options)
+            .or_else(|| value.pointer(&options.dedup_key_pointer)?.as_str())
             .filter(|id| !id.is_empty())
             .map(str::to_owned)
             .ok_or_else(no_id)?,
@@ -99,6 +121,41 @@ pub fn decode_delivery(
         id,
         event_type,
         payload: delivery.payload.clone(),
+        delivery_attempt: delivery.attempts,
+    })
+}
+
+/// The `snapshot_event` of a Stripe thin event keyed by the default pointer: the key its
+/// snapshot event has, so the pair is one change (the ingress keys it the same way, through the
+/// message id; this is for producers that publish Stripe's thin events without one).
+fn thin_event_snapshot<'v>(
+    value: &'v serde_json::Value,
+    source: &str,
+    options: &ConsumerOptions,
+) -> Option<&'v str> {
+    let keyed_as_stripe = source == crate::stripe::SOURCE && options.dedup_key_pointer == "/id";
+    let thin = value.get("object").and_then(serde_json::Value::as_str) == Some(THIN_EVENT_OBJECT);
+    (keyed_as_stripe && thin)
+        .then(|| value.get("snapshot_event")?.as_str())
+        .flatten()
+        .filter(|id| !id.is_empty())
+}
+
+/// The Stripe event in an EventBridge envelope's `detail`: source `stripe`, the key Stripe's
+/// shape gives ([`StripeEventHead::dedup_id`]), its type, and the `detail` as the payload. The
+/// transport's own id and type are not used: on SQS they are EventBridge's, not Stripe's.
+fn decode_eventbridge(delivery: &Delivery, detail: bytes::Bytes) -> Result<Event, DecodeError> {
+    let head = StripeEventHead::read(&detail).map_err(DecodeError::Detail)?;
+    let id = head.dedup_id().to_owned();
+    check_event_field(EventField::Id, &id)?;
+    let event_type = head.event_type.as_deref().unwrap_or_default().to_owned();
+    check_event_field(EventField::Type, &event_type)?;
+    drop(head);
+    Ok(Event {
+        source: crate::stripe::SOURCE.to_owned(),
+        id,
+        event_type,
+        payload: detail,
         delivery_attempt: delivery.attempts,
     })
 }
@@ -127,6 +184,7 @@ mod tests {
             max_message_bytes: 1024,
             lease: Duration::from_secs(10),
             step_timeout: Duration::from_secs(30),
+            envelope: EnvelopeKind::None,
         }
     }
 
@@ -189,6 +247,98 @@ mod tests {
         let mut bad_source = delivery(Some("evt_1"), b"{}");
         bad_source.source = Some(String::new());
         assert!(reason(&bad_source).contains("event source is empty"));
+    }
+
+    #[test]
+    fn a_thin_event_without_a_message_id_is_keyed_by_its_snapshot_event() {
+        let thin = br#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_A"}"#;
+        let event = decode_delivery(&delivery(None, thin), &options()).expect("decodes");
+        assert_eq!(
+            (event.id.as_str(), event.source.as_str()),
+            ("evt_A", "stripe")
+        );
+        // Only as Stripe keys it: another source, or a pointer of the user's, keeps its own rule.
+        let mut other = delivery(None, thin);
+        other.source = Some("github".into());
+        assert_eq!(decode_delivery(&other, &options()).unwrap().id, "evt_thin");
+        let nested = ConsumerOptions {
+            dedup_key_pointer: "/related_object/id".into(),
+            ..options()
+        };
+        let with_object = br#"{"id":"evt_thin","object":"v2.core.event","snapshot_event":"evt_A","related_object":{"id":"in_1"}}"#;
+        assert_eq!(
+            decode_delivery(&delivery(None, with_object), &nested)
+                .unwrap()
+                .id,
+            "in_1"
+        );
+        // A v2 thin event (no snapshot) and a snapshot event keep their own ids.
+        let v2 = br#"{"id":"evt_v2","object":"v2.core.event","snapshot_event":""}"#;
+        assert_eq!(
+            decode_delivery(&delivery(None, v2), &options()).unwrap().id,
+            "evt_v2"
+        );
+        let snapshot = br#"{"id":"evt_A","object":"event","snapshot_event":"evt_B"}"#;
+        assert_eq!(
+            decode_delivery(&delivery(None, snapshot), &options())
+                .unwrap()
+                .id,
+            "evt_A"
+        );
+    }
+
+    #[test]
+    fn an_eventbridge_envelope_is_its_stripe_event() {
+        let eventbridge = ConsumerOptions {
+            envelope: EnvelopeKind::Eventbridge,
+            source: "queue-default".into(),
+            ..options()
+        };
+        let detail = r#"{"id":"evt_1","object":"event","type":"invoice.paid"}"#;
+        let envelope = |detail: &str| {
+            format!(
+                r#"{{"version":"0","id":"6a7e8feb-b491","detail-type":"x","source":"aws.partner/stripe.com/ed_1","detail":{detail}}}"#
+            )
+        };
+        // EventBridge's own id and a transport id are not the key; the detail is the payload.
+        let mut d = delivery(Some("sqs-message-id"), envelope(detail).as_bytes());
+        d.message_type = Some("sqs-type".into());
+        let event = decode_delivery(&d, &eventbridge).expect("decodes");
+        assert_eq!(
+            (
+                event.source.as_str(),
+                event.id.as_str(),
+                event.event_type.as_str()
+            ),
+            ("stripe", "evt_1", "invoice.paid")
+        );
+        assert_eq!(event.payload, detail.as_bytes());
+        let thin = r#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_1"}"#;
+        let event =
+            decode_delivery(&delivery(None, envelope(thin).as_bytes()), &eventbridge).unwrap();
+        assert_eq!(event.id, "evt_1");
+        // Without the setting an envelope is a plain message; a plain event passes either way.
+        let plain =
+            decode_delivery(&delivery(None, envelope(detail).as_bytes()), &options()).unwrap();
+        assert_eq!(plain.id, "6a7e8feb-b491");
+        assert_eq!(
+            decode_delivery(&delivery(None, detail.as_bytes()), &eventbridge)
+                .unwrap()
+                .id,
+            "evt_1"
+        );
+        // What cannot be keyed is refused with its reason (and dead-lettered).
+        let refuse = |body: String| {
+            decode_delivery(&delivery(None, body.as_bytes()), &eventbridge)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refuse(envelope(r#"{"object":"event"}"#)).contains("no string `id`"));
+        assert!(refuse(envelope(r#""evt_1""#)).contains("not a JSON object"));
+        let nul = r#"{"id":"evt_\u0000","object":"event"}"#;
+        assert!(refuse(envelope(nul)).contains("U+0000"));
+        let foreign = r#"{"source":"aws.ec2","detail":{"id":"i-1"}}"#.to_owned();
+        assert!(refuse(foreign).contains("not a Stripe partner event source"));
     }
 
     proptest! {

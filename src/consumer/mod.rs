@@ -27,6 +27,7 @@
 
 mod dead_letter;
 pub mod decode;
+mod full_event;
 pub mod handler;
 mod record;
 mod run;
@@ -40,11 +41,13 @@ use std::time::{Duration, Instant};
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
 pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
+pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler};
 use record::record_new;
 use settle::Settlement;
 pub use stale::StaleGuard;
 
+use crate::config::EnvelopeKind;
 use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
@@ -76,6 +79,9 @@ pub struct ConsumerOptions {
     /// answering mid-transaction would hold the batch, and on RabbitMQ its unacked deliveries,
     /// for as long as the connection stays open.
     pub step_timeout: Duration,
+    /// What wraps the events in the queue's messages (`consumer.envelope`): nothing, or
+    /// EventBridge envelopes, unwrapped by [`decode_delivery`].
+    pub envelope: EnvelopeKind,
 }
 
 /// A step failed as a whole; nothing was acked, so the transport redelivers.
@@ -132,6 +138,9 @@ pub struct Consumer {
     options: ConsumerOptions,
     /// Holds back events older than what was handled for their object (`stale.rs`); off: `None`.
     stale_guard: Option<StaleGuard>,
+    /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
+    /// `None`.
+    full_events: Option<FullEventFetch>,
 }
 
 impl Consumer {
@@ -149,12 +158,19 @@ impl Consumer {
             wakeups,
             options,
             stale_guard: None,
+            full_events: None,
         }
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
     pub fn with_stale_guard(mut self, guard: Option<StaleGuard>) -> Self {
         self.stale_guard = guard;
+        self
+    }
+
+    /// Turns fetching thin events' full events on (`None`: off, the default).
+    pub fn with_full_event_fetch(mut self, fetch: Option<FullEventFetch>) -> Self {
+        self.full_events = fetch;
         self
     }
 
@@ -231,35 +247,6 @@ impl Consumer {
         Ok(settlement)
     }
 
-    /// Dead-letters deliveries whose own transaction the database refused for their data
-    /// (with nothing else in it), to be acked: retrying could only fail again.
-    async fn dead_letter_refused<'d>(
-        &self,
-        deliveries: &'d [Delivery],
-        error: &StoreError,
-    ) -> Result<Settlement<'d>, ConsumerError> {
-        let reason = format!("the database refused this event's data: {error}");
-        let mut tx = self.store.begin().await?;
-        for delivery in deliveries {
-            tracing::warn!(%reason, "dead-lettering a delivery the database refused");
-            let row = match decode_delivery(delivery, &self.options) {
-                Ok(event) => self.dead_letter(&event, delivery, &reason),
-                Err(_) => self.undecodable_dead_letter(delivery, &reason),
-            };
-            tx.insert_dead_letter(&row).await?;
-        }
-        tx.commit().await?;
-        Ok(Settlement {
-            outcome: StepOutcome {
-                received: deliveries.len(),
-                dead_lettered: deliveries.len(),
-                ..StepOutcome::default()
-            },
-            ack: deliveries.iter().map(|d| d.tag.clone()).collect(),
-            ..Settlement::default()
-        })
-    }
-
     /// Commits one received batch: dedup, handlers, outbox, dead letters. Acks and retries are
     /// left to [`Self::settle`].
     async fn commit_batch<'d>(
@@ -293,6 +280,21 @@ impl Consumer {
                 Err(reason) => undecodable.push((delivery, reason)),
             }
         }
+        // Thin events' full events, before the transaction opens (no lock held while Stripe
+        // answers); an event whose fetch failed is not recorded, and fails as a handler would.
+        let mut unfetched = Vec::new();
+        let events: Vec<(Event, &'d Delivery)> = self
+            .fetch_full_events(events)
+            .await?
+            .into_iter()
+            .filter_map(|(event, delivery, fetched)| match fetched {
+                Ok(()) => Some((event, delivery)),
+                Err(error) => {
+                    unfetched.push((event, delivery, error));
+                    None
+                }
+            })
+            .collect();
 
         let mut tx = self.store.begin().await?;
         let candidates: Vec<&(Event, &Delivery)> = events.iter().collect();
@@ -338,6 +340,7 @@ impl Consumer {
 
         let mut outbox_rows = Vec::new();
         let mut retries: Vec<(&'d Delivery, Duration)> = Vec::new();
+        let mut failed = Vec::new();
         for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
             match verdict {
                 Verdict::Handled(messages) => {
@@ -352,29 +355,31 @@ impl Consumer {
                         payload: m.payload.to_vec(),
                     }));
                 }
-                Verdict::Failed(error) => {
-                    let exhausted = delivery.attempts >= self.options.max_attempts;
-                    if matches!(error, HandlerError::Fatal(_)) || exhausted {
-                        tracing::warn!(event_id = %event.id, attempts = delivery.attempts, %error, "dead-lettering event");
-                        tx.insert_dead_letter(&self.dead_letter(
-                            event,
-                            delivery,
-                            &error.to_string(),
-                        ))
-                        .await?;
-                        outcome.dead_lettered += 1;
-                        to_ack.push(delivery.tag.clone());
-                    } else {
-                        let delay = backoff_delay(
-                            self.options.retry_base,
-                            self.options.retry_max,
-                            delivery.attempts,
-                        );
-                        tracing::info!(event_id = %event.id, attempts = delivery.attempts, %error, ?delay, "handler failed; will retry");
-                        outcome.retried += 1;
-                        retries.push((delivery, delay));
-                    }
-                }
+                Verdict::Failed(error) => failed.push((event, *delivery, error)),
+            }
+        }
+        let failed = failed
+            .iter()
+            .map(|(event, delivery, error)| (*event, *delivery, error));
+        for (event, delivery, error) in
+            failed.chain(unfetched.iter().map(|(e, d, error)| (e, *d, error)))
+        {
+            let exhausted = delivery.attempts >= self.options.max_attempts;
+            if matches!(error, HandlerError::Fatal(_)) || exhausted {
+                tracing::warn!(event_id = %event.id, attempts = delivery.attempts, %error, "dead-lettering event");
+                tx.insert_dead_letter(&self.dead_letter(event, delivery, &error.to_string()))
+                    .await?;
+                outcome.dead_lettered += 1;
+                to_ack.push(delivery.tag.clone());
+            } else {
+                let delay = backoff_delay(
+                    self.options.retry_base,
+                    self.options.retry_max,
+                    delivery.attempts,
+                );
+                tracing::info!(event_id = %event.id, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
+                outcome.retried += 1;
+                retries.push((delivery, delay));
             }
         }
         for (event, delivery) in &given_up {

@@ -25,7 +25,8 @@ pub struct RetryPolicy {
     pub max_wait: Duration,
 }
 
-/// Stripe's API with one key.
+/// Stripe's API with one key; cheap to clone (the HTTP client is shared).
+#[derive(Clone)]
 pub struct StripeApi {
     client: reqwest::Client,
     /// `stripe.api_base`, without a trailing slash.

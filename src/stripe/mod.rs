@@ -7,7 +7,4 @@ pub mod api;
 pub mod shape;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
-pub use shape::{
-    is_eventbridge_envelope, unwrap_eventbridge, EnvelopeError, StripeEventHead, StripeShapeError,
-    SOURCE,
-};
+pub use shape::{eventbridge_detail, EnvelopeError, StripeEventHead, StripeShapeError, SOURCE};

@@ -100,9 +100,7 @@ impl<'a> StripeEventHead<'a> {
 /// Why a body is not an EventBridge envelope of a Stripe event.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvelopeError {
-    #[error("the message is not an EventBridge envelope (a JSON object with `detail`): {0}")]
-    NotEnvelope(#[source] serde_json::Error),
-    #[error("the EventBridge envelope has no `detail` object")]
+    #[error("the EventBridge envelope's `detail` is not a JSON object")]
     NoDetail,
     #[error("the EventBridge envelope's source {0:?} is not a Stripe partner event source ({EVENTBRIDGE_SOURCE_PREFIX}/…)")]
     NotStripe(String),
@@ -112,42 +110,42 @@ pub enum EnvelopeError {
 struct Envelope<'a> {
     #[serde(borrow, default)]
     source: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    /// Present whatever its value (`null` included): a `detail` key makes the message an
+    /// envelope, never an event keyed on EventBridge's own `id`.
+    #[serde(borrow, default, deserialize_with = "present")]
     detail: Option<&'a RawValue>,
 }
 
-/// Whether `body` looks like an EventBridge envelope rather than a Stripe event: a JSON object
-/// with a top-level `detail` (Stripe events have none). Cheap: one parse that skips values.
-pub fn is_eventbridge_envelope(body: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Probe<'a> {
-        #[serde(borrow, default)]
-        detail: Option<&'a RawValue>,
-    }
-    body.trim_ascii_start().first() == Some(&b'{')
-        && serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.detail.is_some())
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 /// The Stripe event inside an EventBridge envelope, as the exact bytes of its `detail` (no
-/// copy). The envelope's `source` must be Stripe's partner event source.
-pub fn unwrap_eventbridge(body: &Bytes) -> Result<Bytes, EnvelopeError> {
+/// copy), in one parse that borrows from the body. `Ok(None)`: not an envelope (not a JSON
+/// object, or neither a top-level `detail`, which a Stripe event never has, nor Stripe's
+/// partner event `source`), so the message is read as a plain event: a dead letter redriven,
+/// or a webhook this service's ingress published onto the same queue. An envelope must come
+/// from Stripe's partner event source and carry an object as its `detail`.
+pub fn eventbridge_detail(body: &Bytes) -> Result<Option<Bytes>, EnvelopeError> {
+    // An object only: serde would read `[null, {..}]` into the struct, as a sequence.
     if body.trim_ascii_start().first() != Some(&b'{') {
-        return Err(EnvelopeError::NotEnvelope(serde::de::Error::custom(
-            "expected a JSON object",
-        )));
+        return Ok(None);
     }
-    let envelope: Envelope = serde_json::from_slice(body).map_err(EnvelopeError::NotEnvelope)?;
+    let Ok(envelope) = serde_json::from_slice::<Envelope>(body) else {
+        return Ok(None);
+    };
     let source = envelope.source.unwrap_or_default();
-    if !source.starts_with(EVENTBRIDGE_SOURCE_PREFIX) {
-        return Err(EnvelopeError::NotStripe(
+    let from_stripe = source.starts_with(EVENTBRIDGE_SOURCE_PREFIX);
+    match envelope.detail {
+        None if !from_stripe => Ok(None),
+        _ if !from_stripe => Err(EnvelopeError::NotStripe(
             crate::event::printable(&source, 80).into_owned(),
-        ));
+        )),
+        Some(detail) if detail.get().starts_with('{') => {
+            Ok(Some(body.slice_ref(detail.get().as_bytes())))
+        }
+        _ => Err(EnvelopeError::NoDetail),
     }
-    let detail = envelope
-        .detail
-        .filter(|d| d.get().starts_with('{'))
-        .ok_or(EnvelopeError::NoDetail)?;
-    Ok(body.slice_ref(detail.get().as_bytes()))
 }
 
 #[cfg(test)]
@@ -196,23 +194,33 @@ mod tests {
         let body = Bytes::from(format!(
             r#"{{"version":"0","id":"6a7e8feb-b491-4cf7-a9f1-bf3703467718","detail-type":"invoice.paid","source":"aws.partner/stripe.com/ed_test_61abc","account":"123456789012","time":"2026-11-30T10:00:00Z","region":"us-east-1","resources":[],"detail":{detail}}}"#
         ));
-        assert!(is_eventbridge_envelope(&body));
-        assert_eq!(unwrap_eventbridge(&body).unwrap(), detail.as_bytes());
-        assert!(!is_eventbridge_envelope(detail.as_bytes()));
-        let foreign = Bytes::from_static(br#"{"source":"aws.ec2","detail":{"id":"i-1"}}"#);
-        assert!(matches!(
-            unwrap_eventbridge(&foreign),
-            Err(EnvelopeError::NotStripe(_))
-        ));
-        let no_detail =
-            Bytes::from_static(br#"{"source":"aws.partner/stripe.com/x","detail":"evt"}"#);
-        assert!(matches!(
-            unwrap_eventbridge(&no_detail),
-            Err(EnvelopeError::NoDetail)
-        ));
-        assert!(matches!(
-            unwrap_eventbridge(&Bytes::from_static(b"[]")),
-            Err(EnvelopeError::NotEnvelope(_))
-        ));
+        assert_eq!(
+            eventbridge_detail(&body).unwrap().as_deref(),
+            Some(detail.as_bytes())
+        );
+        // Not envelopes: read as plain events.
+        for plain in [detail, "[]", "not json", r#"{"id":"evt_1","detail":"#] {
+            let plain = Bytes::copy_from_slice(plain.as_bytes());
+            assert!(eventbridge_detail(&plain).unwrap().is_none(), "{plain:?}");
+        }
+        for foreign in [
+            &br#"{"source":"aws.ec2","detail":{"id":"i-1"}}"#[..],
+            br#"{"detail":null}"#,
+        ] {
+            assert!(matches!(
+                eventbridge_detail(&Bytes::copy_from_slice(foreign)),
+                Err(EnvelopeError::NotStripe(_))
+            ));
+        }
+        for odd in [
+            &br#"{"source":"aws.partner/stripe.com/x","detail":"evt"}"#[..],
+            br#"{"source":"aws.partner/stripe.com/x","detail":null}"#,
+            br#"{"source":"aws.partner/stripe.com/x","id":"6a7e8feb"}"#,
+        ] {
+            assert!(matches!(
+                eventbridge_detail(&Bytes::copy_from_slice(odd)),
+                Err(EnvelopeError::NoDetail)
+            ));
+        }
     }
 }

@@ -36,6 +36,9 @@
 //! * [`standard_ingress`]: Standard Webhooks: the official vector, failed checks, `webhook-id`
 //!   dedup under its own source;
 //! * [`store_contract`]: one contract for both stores (dedup, outbox, queue leases, retention);
+//! * [`stripe_channels`]: a thin event and its snapshot event handled once in any order; thin
+//!   events replaced by their full events from a stand-in API that fails and hangs; EventBridge
+//!   envelopes on SQS handled once, in the webhooks' key space;
 //! * [`stripe_ingress`]: signatures of the official `stripe` library verify; every failed check
 //!   is a 400 naming it; invalid configuration stops the start;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
@@ -67,6 +70,7 @@ mod sinks;
 mod stale;
 mod standard_ingress;
 mod store_contract;
+mod stripe_channels;
 mod stripe_ingress;
 mod transport_contract;
 mod wakeup;

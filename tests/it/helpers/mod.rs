@@ -6,6 +6,8 @@
 //! * [`app`]: the application in this process on port 0, the real binary started on port 0
 //!   (killed on drop), and its CLI;
 //! * [`signing`]: Stripe events, signed with our code or with the official `stripe` library;
+//! * [`stripe_channels`]: thin events, EventBridge envelopes, the official library's reading of
+//!   them, and a stand-in for Stripe's `GET /v2/core/events/{id}`;
 //! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
 //! * [`queue`]: a queue of the test's own on every transport, and the turns the tests take on
 //!   the SQS emulator;
@@ -26,6 +28,7 @@ pub mod idempotency;
 pub mod queue;
 pub mod receiver;
 pub mod signing;
+pub mod stripe_channels;
 
 pub use app::{
     cli_json_lines, counter_value, run_cli, test_settings, without_colours, RunningBinary, TestApp,

@@ -82,7 +82,7 @@ json.dump(out, sys.stdout)
 
 /// Runs `script` with `request` as JSON on its stdin; its stdout. The test command installs the
 /// packages the scripts import (`stripe`, `standardwebhooks`).
-fn run_python(script: &str, request: &serde_json::Value, what: &str) -> Vec<u8> {
+pub(super) fn run_python(script: &str, request: &serde_json::Value, what: &str) -> Vec<u8> {
     let mut child = Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
         .arg("-c")
         .arg(script)
