@@ -15,7 +15,8 @@
 //! not the event asked for) is the event's failure, never the batch's: the event is not recorded
 //! as processed, and its delivery comes back after the consumer's backoff, then is dead-lettered
 //! after `consumer.max_attempts` like a handler that keeps failing (`dlq redrive` replays it).
-//! What can never succeed (an id that is not a Stripe id, an answer over the size limit) is
+//! What can never succeed (an id that is not a Stripe id, a context that cannot be a header, an
+//! answer over the size limit) is
 //! dead-lettered at once. The event's other fields (source, dedup key, type) stay as decoded.
 //!
 //! Bounded: each request within `stripe.api_timeout_ms`, [`FETCH_TRIES`] tries within one step,
@@ -76,7 +77,10 @@ impl FullEventFetch {
             .fetch_v2_event(own_id, context, self.max_bytes, FETCH_TRIES)
             .await
             .map_err(|error| {
-                let fatal = matches!(error, ApiError::InvalidId | ApiError::TooLarge { .. });
+                let fatal = matches!(
+                    error,
+                    ApiError::InvalidId | ApiError::InvalidContext | ApiError::TooLarge { .. }
+                );
                 let cause = crate::error::Cause::new(
                     format!("fetching the full event of thin event {own_id}: {error}"),
                     error,

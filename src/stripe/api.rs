@@ -56,6 +56,9 @@ pub enum ApiError {
     /// An id that is not made of what Stripe's ids are made of (never sent).
     #[error("the event id is not a Stripe id (letters, digits, `_`, `-`)")]
     InvalidId,
+    /// A `context` that cannot be an HTTP header value (never sent).
+    #[error("the event's context is not a Stripe account context (visible ASCII)")]
+    InvalidContext,
     /// The answer's body could not be read (the connection broke, a timeout while reading).
     #[error("Stripe's answer could not be read: {0}")]
     Read(#[source] reqwest::Error),
@@ -161,6 +164,11 @@ impl StripeApi {
         let path = format!("/v2/core/events/{id}");
         let mut headers = Vec::with_capacity(1);
         if let Some(context) = context.filter(|c| !c.is_empty()) {
+            // `acct_…` or a path of them (`acct_1/acct_2`): a value with a line break or a
+            // control character would fail the request on every try, or split the header.
+            if !context.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ApiError::InvalidContext);
+            }
             headers.push(("Stripe-Context", context));
         }
         let response = self.get(&path, &[], &headers, policy).await?;

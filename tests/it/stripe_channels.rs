@@ -281,6 +281,25 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
             },
         );
     }
+    // Hostile ones, each a dead letter: an answer over consumer.max_message_bytes (at once), an
+    // id that would leave its path segment and a context that cannot be a header (never sent),
+    // another event answered for this one (retried, then dead-lettered).
+    let huge = thin("evt_thin_huge", "evt_snap_huge", None);
+    let mut huge_body = full_event(&huge);
+    huge_body["padding"] = json!("x".repeat(1_100_000));
+    api.insert("evt_thin_huge", FullEvent::answering(huge_body));
+    let escaping = thin("evt_thin_..%2F..%2Fv1%2Fcharges", "evt_snap_path", None);
+    let bad_context = thin(
+        "evt_thin_context",
+        "evt_snap_context",
+        Some("acct_1\r\nX-Injected: 1"),
+    );
+    let wrong = thin("evt_thin_wrong", "evt_snap_wrong", None);
+    api.insert(
+        "evt_thin_wrong",
+        FullEvent::answering(full_event(&thin("evt_thin_other", "evt_snap_other", None))),
+    );
+    let hostile = [huge, escaping, bad_context, wrong];
     let dup = thin("evt_thin_dup", "evt_snap_dup", None);
     api.insert("evt_thin_dup", FullEvent::answering(full_event(&dup)));
     // The official library, fetching a thin event of its own, shows how Stripe is asked.
@@ -306,7 +325,7 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
         200
     );
     wait_processed(&bin, &db, "evt_snap_dup").await;
-    for event in cases.iter().map(|c| &c.1).chain([&dup]) {
+    for event in cases.iter().map(|c| &c.1).chain(&hostile).chain([&dup]) {
         let body = serde_json::to_vec(event).unwrap();
         assert_eq!(
             post_signed(&client, &url, SECRET, body)
@@ -333,7 +352,7 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
             async move {
                 let at_sink: HashSet<String> = sink_events(&sink).iter().map(change_key).collect();
                 let dead = store.dead_letters(10).await.ok()?.len();
-                let done = handled.iter().all(|k| at_sink.contains(*k)) && dead == 1;
+                let done = handled.iter().all(|k| at_sink.contains(*k)) && dead == 5;
                 (done && pipeline_drained(&store, "dedup.events").await).then_some(())
             }
         },
@@ -372,16 +391,34 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
         "two tries in each of three deliveries"
     );
     let env = [("DATABASE_URL", db.url.clone())];
-    let dead = cli_json_lines(&env, &["dlq", "list"]);
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0]["event_id"], "evt_snap_down");
-    assert_eq!(dead[0]["attempts"], 3);
-    let error = dead[0]["error"].as_str().unwrap();
-    assert!(
-        error.contains("fetching the full event of thin event evt_thin_down")
-            && error.contains("500"),
-        "{error}"
-    );
+    let dead: HashMap<String, Value> = cli_json_lines(&env, &["dlq", "list"])
+        .into_iter()
+        .map(|d| (d["event_id"].as_str().unwrap().to_owned(), d))
+        .collect();
+    let expected = [
+        (
+            "evt_snap_down",
+            3,
+            "fetching the full event of thin event evt_thin_down: Stripe answered 500",
+        ),
+        ("evt_snap_huge", 1, "larger than 1048576 bytes"),
+        ("evt_snap_path", 1, "not a Stripe id"),
+        ("evt_snap_context", 1, "not a Stripe account context"),
+        ("evt_snap_wrong", 3, "the answer is not that event"),
+    ];
+    assert_eq!(dead.len(), expected.len(), "{dead:#?}");
+    for (key, attempts, error) in expected {
+        let letter = &dead[key];
+        assert_eq!(letter["attempts"], attempts, "{letter}");
+        assert!(
+            letter["error"].as_str().unwrap().contains(error),
+            "{letter}"
+        );
+    }
+    assert!(api
+        .requests()
+        .iter()
+        .all(|r| !r.id.contains("..") && r.id != "evt_thin_context"));
 
     // Asked as the official library asks: the same path, key and account context.
     let requests = api.requests();
