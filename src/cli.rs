@@ -51,6 +51,10 @@ enum Command {
         /// Unix seconds to sign at (default: now).
         #[arg(long)]
         timestamp: Option<i64>,
+        /// FILE is a snapshot event: write the thin event (event notification) Stripe sends
+        /// beside it to this path, and print the header for that thin event instead.
+        #[arg(long, value_name = "OUT")]
+        thin_event: Option<PathBuf>,
         /// The payload file, signed byte for byte.
         file: PathBuf,
     },
@@ -151,8 +155,9 @@ pub async fn run() -> anyhow::Result<()> {
         Command::Sign {
             secret,
             timestamp,
+            thin_event,
             file,
-        } => sign(&secret, timestamp, &file),
+        } => sign(&secret, timestamp, thin_event.as_deref(), &file),
         Command::Serve => serve(cli.config, None).await,
         Command::Ingest => serve(cli.config, Some((true, false, false))).await,
         Command::Consume => serve(cli.config, Some((false, true, false))).await,
@@ -280,8 +285,13 @@ pub async fn run() -> anyhow::Result<()> {
     }
 }
 
-fn sign(secret: &str, timestamp: Option<i64>, file: &PathBuf) -> anyhow::Result<()> {
-    let payload = if file.as_os_str() == "-" {
+fn sign(
+    secret: &str,
+    timestamp: Option<i64>,
+    thin_event: Option<&std::path::Path>,
+    file: &PathBuf,
+) -> anyhow::Result<()> {
+    let mut payload = if file.as_os_str() == "-" {
         let mut buf = Vec::new();
         std::io::stdin()
             .read_to_end(&mut buf)
@@ -290,6 +300,11 @@ fn sign(secret: &str, timestamp: Option<i64>, file: &PathBuf) -> anyhow::Result<
     } else {
         std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
     };
+    if let Some(out) = thin_event {
+        payload = dedup_worker::stripe::thin_event_beside(&payload)
+            .context("--thin-event: FILE must be a Stripe snapshot event")?;
+        std::fs::write(out, &payload).with_context(|| format!("writing {}", out.display()))?;
+    }
     let t = timestamp.unwrap_or_else(|| chrono::Utc::now().timestamp());
     println!("{}", signature_header(secret, t, &payload));
     Ok(())

@@ -7,4 +7,7 @@ pub mod api;
 pub mod shape;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
-pub use shape::{eventbridge_detail, EnvelopeError, StripeEventHead, StripeShapeError, SOURCE};
+pub use shape::{
+    eventbridge_detail, thin_event_beside, EnvelopeError, StripeEventHead, StripeShapeError,
+    ThinEventError, SOURCE,
+};

@@ -148,6 +148,57 @@ pub fn eventbridge_detail(body: &Bytes) -> Result<Option<Bytes>, EnvelopeError> 
     }
 }
 
+/// Why [`thin_event_beside`] cannot make a thin event of a body.
+#[derive(Debug, thiserror::Error)]
+pub enum ThinEventError {
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error(
+        "not a snapshot event (an object with \"object\": \"event\", a string `id` and `type`)"
+    )]
+    NotSnapshot,
+}
+
+/// The thin event (event notification) Stripe's event destinations with the thin payload send
+/// beside the snapshot event `snapshot`, for local tests (`dedup-worker sign --thin-event`): its
+/// own id (`evt_…` with `_thin` appended), `v1.` before the type, `created` as RFC 3339, the
+/// related object (`data.object`'s id, object, and URL), and `snapshot_event` naming the
+/// snapshot, so the two are one change.
+pub fn thin_event_beside(snapshot: &[u8]) -> Result<Vec<u8>, ThinEventError> {
+    use serde_json::{json, Value};
+    let event: Value = serde_json::from_slice(snapshot).map_err(ThinEventError::NotJson)?;
+    let (Some("event"), Some(id), Some(event_type)) = (
+        event["object"].as_str(),
+        event["id"].as_str(),
+        event["type"].as_str(),
+    ) else {
+        return Err(ThinEventError::NotSnapshot);
+    };
+    let created = event["created"]
+        .as_i64()
+        .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+        .unwrap_or_else(chrono::Utc::now)
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let object = &event["data"]["object"];
+    let mut thin = json!({
+        "id": format!("{id}_thin"),
+        "object": THIN_EVENT_OBJECT,
+        "type": format!("v1.{event_type}"),
+        "livemode": event["livemode"].as_bool().unwrap_or(false),
+        "created": created,
+        "snapshot_event": id,
+    });
+    if let (Some(object_id), Some(kind)) = (object["id"].as_str(), object["object"].as_str()) {
+        // `invoice` → /v1/invoices/in_1; `checkout.session` → /v1/checkout/sessions/cs_1.
+        let url = format!("/v1/{}s/{object_id}", kind.replace('.', "/"));
+        thin["related_object"] = json!({"id": object_id, "type": kind, "url": url});
+    }
+    if let Some(account) = event["account"].as_str() {
+        thin["context"] = json!(account);
+    }
+    serde_json::to_vec_pretty(&thin).map_err(ThinEventError::NotJson)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +215,30 @@ mod tests {
         let snapshot =
             br#"{"id":"evt_A","object":"event","snapshot_event":"evt_X","type":"invoice.paid"}"#;
         assert_eq!(StripeEventHead::read(snapshot).unwrap().dedup_id(), "evt_A");
+    }
+
+    #[test]
+    fn the_thin_event_beside_a_snapshot_event_is_keyed_by_it() {
+        let snapshot = br#"{"id":"evt_1","object":"event","type":"checkout.session.completed","created":1764547200,"account":"acct_9","data":{"object":{"id":"cs_1","object":"checkout.session"}}}"#;
+        let thin = thin_event_beside(snapshot).unwrap();
+        let head = StripeEventHead::read(&thin).unwrap();
+        assert!(head.is_thin());
+        assert_eq!((head.own_id(), head.dedup_id()), ("evt_1_thin", "evt_1"));
+        assert_eq!(
+            head.event_type.as_deref(),
+            Some("v1.checkout.session.completed")
+        );
+        assert_eq!(head.context.as_deref(), Some("acct_9"));
+        let value: serde_json::Value = serde_json::from_slice(&thin).unwrap();
+        assert_eq!(value["created"], "2025-12-01T00:00:00.000Z");
+        assert_eq!(value["related_object"]["url"], "/v1/checkout/sessions/cs_1");
+        for refused in [
+            &b"nope"[..],
+            br#"{"id":"evt_1","object":"v2.core.event","type":"x"}"#,
+            br#"{"object":"event"}"#,
+        ] {
+            assert!(thin_event_beside(refused).is_err());
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::helpers::stripe_channels::{
     thin_event, EventsApi, FullEvent,
 };
 use crate::helpers::{
-    cli_json_lines, ledger_counts, now, pipeline_drained, post_signed, sqs_turn,
+    cli_json_lines, ledger_counts, now, pipeline_drained, post_signed, run_cli, sqs_turn,
     stripe_python_sign, Backend, RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
 };
 
@@ -157,9 +157,47 @@ async fn thin_and_snapshot_are_handled_once(backend: Backend) {
     }
     let (v2_body, v2_header) = &signed[18];
     post_with(&bin, v2_body, v2_header).await;
+    // And a pair made by `dedup-worker sign --thin-event` from a snapshot event, as README's
+    // local test does: the official library verifies both, and they are one change too.
+    let snapshot_path = work.path().join("snapshot.json");
+    let thin_path = work.path().join("thin.json");
+    std::fs::write(
+        &snapshot_path,
+        serde_json::to_vec(&snapshot_event("evt_cli", "in_cli")).unwrap(),
+    )
+    .unwrap();
+    let (snapshot_file, thin_file) = (snapshot_path.to_str().unwrap(), thin_path.to_str().unwrap());
+    let thin_header = run_cli(
+        &[],
+        &[
+            "sign",
+            "--secret",
+            SECRET,
+            "--thin-event",
+            thin_file,
+            snapshot_file,
+        ],
+    );
+    let snapshot_header = run_cli(&[], &["sign", "--secret", SECRET, snapshot_file]);
+    let cli_pair = [
+        (
+            std::fs::read(&thin_path).unwrap(),
+            thin_header.trim().to_owned(),
+        ),
+        (
+            std::fs::read(&snapshot_path).unwrap(),
+            snapshot_header.trim().to_owned(),
+        ),
+    ];
+    assert_eq!(
+        stripe_python_parse(SECRET, &cli_pair),
+        ["V1InvoicePaidEventNotification", "Event"]
+    );
+    futures::future::join_all(cli_pair.iter().map(|(p, h)| post_with(&bin, p, h))).await;
 
     let mut keys: HashSet<String> = (0..9).map(|i| format!("evt_snap_{i}")).collect();
     keys.insert("evt_thin_v2".into());
+    keys.insert("evt_cli".into());
     let store = db.store().await;
     bin.wait_for(
         "every change at the sink, the queue drained",
