@@ -15,6 +15,9 @@
 //!   unless its event was handled already;
 //! * a message that cannot become an event (not JSON, no id, an id the store cannot hold: see
 //!   [`decode`]) is dead-lettered with the reason and acked, never retried;
+//! * with `stripe.fetch_thin_events`, a new thin event is replaced by its full event before the
+//!   transaction opens (`full_event.rs`); a fetch that fails is that event's failure, retried
+//!   with backoff like a handler's, never the batch's;
 //! * no shared fate: if the database refuses the batch's transaction for one row's data (a
 //!   handler's outbox message with a NUL, say), the batch is processed again one delivery at a
 //!   time, and the delivery that is refused on its own is dead-lettered with the database's

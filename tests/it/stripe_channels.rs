@@ -7,7 +7,9 @@
 //!   `GET /v2/core/events/{id}`, asked the way the official library asks it; a 5xx or a hang
 //!   retries the message, never drops or doubles it, and one that keeps failing is a dead letter;
 //! * an SQS queue fed with Amazon EventBridge envelopes: each Stripe event handled once, in the
-//!   key space of the webhooks, and the sink gets the Stripe event, not the envelope.
+//!   key space of the webhooks, and the sink gets the Stripe event, not the envelope;
+//! * a thin event whose `snapshot_event` cannot be a key is a 400 naming the check, and nothing
+//!   of it is enqueued.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -21,7 +23,8 @@ use crate::helpers::stripe_channels::{
 };
 use crate::helpers::{
     cli_json_lines, ledger_counts, now, pipeline_drained, post_signed, run_cli, sqs_turn,
-    stripe_python_sign, Backend, RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+    stripe_python_sign, test_settings, Backend, RunningBinary, SqsLoad, TestApp, TestDb, TestQueue,
+    Transport,
 };
 
 const SECRET: &str = "whsec_channels_test";
@@ -608,5 +611,49 @@ async fn eventbridge_envelopes_on_sqs_are_handled_once_in_the_webhooks_key_space
     );
     drop(bin);
     queue.cleanup().await;
+    db.remove().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_event_whose_snapshot_event_cannot_be_a_key_is_400_and_not_enqueued() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("roles.consumer", json!(false)),
+            ("roles.relay", json!(false)),
+            ("stripe.secrets", json!(SECRET)),
+        ],
+    );
+    let app = TestApp::spawn(settings, Default::default()).await;
+    let client = reqwest::Client::new();
+    let url = app.url("/webhooks/stripe");
+    let thin_with = |snapshot: Value| {
+        let mut event = thin_event("evt_thin_h", "in_h", None, None);
+        event["snapshot_event"] = snapshot;
+        serde_json::to_vec(&event).unwrap()
+    };
+    for (snapshot, check) in [
+        (json!("evt_\u{0}nul"), "payload_snapshot_event"),
+        (json!("e".repeat(5000)), "payload_snapshot_event"),
+        (json!(""), "payload_snapshot_event"),
+        (json!(7), "payload_json"),
+        (json!(["evt_A"]), "payload_json"),
+    ] {
+        let response = post_signed(&client, &url, SECRET, thin_with(snapshot.clone()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{snapshot}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["check"], check, "{snapshot}: {problem}");
+    }
+    // Beside them, a good one is keyed by its snapshot event; only it is on the queue.
+    let response = post_signed(&client, &url, SECRET, thin_with(json!("evt_A")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.json::<Value>().await.unwrap()["id"], "evt_A");
+    assert_eq!(app.store.queue_depth("dedup.events").await.unwrap(), 1);
+    app.stop().await;
     db.remove().await;
 }
