@@ -66,6 +66,7 @@ mod relay;
 mod sinks;
 mod stale;
 mod standard_ingress;
+mod standard_v1a;
 mod store_contract;
 mod stripe_ingress;
 mod transport_contract;
