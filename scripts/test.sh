@@ -2,8 +2,9 @@
 # Runs the whole test suite on this machine: PostgreSQL, RabbitMQ and Redis are expected on their
 # standard local ports (started if they are installed but stopped); the Python packages the
 # tests use (the official `stripe` library as an independent signer, the official `standardwebhooks`
-# library as an independent verifier of what the HTTP sink signs, `moto[server]` as the SQS
-# emulator) are installed, moto_server is started on a free port for the run and stopped after.
+# library as an independent verifier of what the HTTP sink signs, `cryptography` as an independent
+# ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
+# installed, moto_server is started on a free port for the run and stopped after.
 # Then a fuzz smoke run: every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each,
 # through scripts/fuzz.sh (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
 set -euo pipefail
@@ -38,7 +39,7 @@ fi
 PYTHON=${PYTHON:-python3}
 export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-  'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2'
+  'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40'
 
 MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/moto-$MOTO_PORT.log" 2>&1 &

@@ -14,11 +14,19 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
+mod ed25519;
 mod secrets;
 mod sink;
 mod validate;
 
-pub use secrets::{standard_mac, InvalidStandardSecret, Secret, StandardSecret};
+pub use ed25519::{
+    signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS,
+    PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
+};
+pub use secrets::{
+    standard_mac, webhook_signature, InvalidSigningSecret, InvalidStandardSecret, Secret,
+    SigningSecret, StandardSecret,
+};
 pub use sink::{InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
@@ -188,10 +196,14 @@ pub struct StripeSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StandardWebhookSettings {
-    /// `whsec_<base64>` secrets, decoded while loading, each tried; empty: `/webhooks/standard`
-    /// is not served.
+    /// `whsec_<base64>` secrets (`v1` HMAC signatures), decoded while loading, each tried.
     #[serde(deserialize_with = "secrets::comma_separated_standard")]
     pub secrets: Vec<StandardSecret>,
+    /// `whpk_<base64>` ed25519 public keys (`v1a` signatures), checked while loading, each
+    /// tried; at most [`MAX_PUBLIC_KEYS`]. With neither these nor `secrets`,
+    /// `/webhooks/standard` is not served.
+    #[serde(deserialize_with = "secrets::comma_separated_public_keys")]
+    pub public_keys: Vec<StandardPublicKey>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
     /// Source half of the dedup key for these events (the id is `webhook-id`).
@@ -322,10 +334,11 @@ pub struct OutboxSettings {
     /// `log`, `file:PATH`, an http(s) URL, `amqp://…?exchange=NAME` or an SQS queue URL; parsed
     /// while loading.
     pub sink: SinkSpec,
-    /// Standard Webhooks secrets, decoded while loading, each signing every HTTP sink delivery;
-    /// empty: deliveries are not signed.
-    #[serde(deserialize_with = "secrets::comma_separated_standard")]
-    pub signing_secret: Vec<StandardSecret>,
+    /// Standard Webhooks secrets, decoded while loading, each signing every HTTP sink delivery:
+    /// `whsec_` secrets with a `v1` item, `whsk_` ed25519 keys with a `v1a` item; empty:
+    /// deliveries are not signed.
+    #[serde(deserialize_with = "secrets::comma_separated_signing")]
+    pub signing_secret: Vec<SigningSecret>,
     pub batch_size: usize,
     pub concurrency: usize,
     pub poll_interval_ms: u64,

@@ -9,6 +9,11 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Deserializer};
 use sha2::Sha256;
 
+use super::ed25519::{
+    signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, PUBLIC_KEY_PREFIX,
+    SECRET_KEY_PREFIX,
+};
+
 /// A secret string whose `Debug` form does not reveal it (Stripe's `whsec_…` signing secrets are
 /// used as given: Stripe signs with the string itself).
 #[derive(Clone, Deserialize)]
@@ -88,6 +93,58 @@ impl std::fmt::Debug for StandardSecret {
 #[error("a Standard Webhooks secret must be base64 (optionally prefixed whsec_): {0}")]
 pub struct InvalidStandardSecret(String);
 
+/// One entry of `outbox.signing_secret`: a `whsec_` secret signs with a `v1,` HMAC item, a
+/// `whsk_` ed25519 secret key with a `v1a,` item. Neither shows in `Debug` output.
+#[derive(Clone, Debug)]
+pub enum SigningSecret {
+    Hmac(StandardSecret),
+    Ed25519(StandardSigningKey),
+}
+
+/// An `outbox.signing_secret` entry that is neither kind (reported at start-up, naming the key).
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidSigningSecret {
+    #[error(transparent)]
+    Hmac(#[from] InvalidStandardSecret),
+    #[error(transparent)]
+    Ed25519(#[from] InvalidEd25519Key),
+}
+
+impl SigningSecret {
+    /// `whsk_…` is an ed25519 key; anything else is read as a `whsec_` secret (whose prefix is
+    /// optional, as in the official libraries).
+    pub fn parse(secret: &str) -> Result<Self, InvalidSigningSecret> {
+        Ok(if secret.starts_with(SECRET_KEY_PREFIX) {
+            SigningSecret::Ed25519(StandardSigningKey::parse(secret)?)
+        } else {
+            SigningSecret::Hmac(StandardSecret::parse(secret)?)
+        })
+    }
+}
+
+/// The `webhook-signature` value for one message: one item per secret, in their order,
+/// space-separated, so a receiver holding any one of the secrets, or the public key of any one of
+/// the ed25519 keys, verifies it.
+pub fn webhook_signature(
+    secrets: &[SigningSecret],
+    id: &str,
+    timestamp: i64,
+    payload: &[u8],
+) -> String {
+    // Built once for every ed25519 key, and only if there is one (it copies the payload).
+    let mut content: Option<Vec<u8>> = None;
+    secrets
+        .iter()
+        .map(|secret| match secret {
+            SigningSecret::Hmac(secret) => secret.sign(id, timestamp, payload),
+            SigningSecret::Ed25519(key) => {
+                key.item(content.get_or_insert_with(|| signed_content(id, timestamp, payload)))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Accepts a list or one comma-separated string (`STRIPE_WEBHOOK_SECRET=whsec_a,whsec_b`);
 /// blanks around and between the commas are dropped.
 fn comma_separated_strings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -124,6 +181,45 @@ pub(super) fn comma_separated_standard<'de, D: Deserializer<'de>>(
     comma_separated_strings(d)?
         .iter()
         .map(|s| StandardSecret::parse(s).map_err(serde::de::Error::custom))
+        .collect()
+}
+
+/// `outbox.signing_secret`: as [`comma_separated`], each parsed as a [`SigningSecret`]; one that
+/// does not parse refuses the configuration, naming the key and the entry's position (never the
+/// entry: it is a secret).
+pub(super) fn comma_separated_signing<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<SigningSecret>, D::Error> {
+    comma_separated_strings(d)?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            SigningSecret::parse(s)
+                .map_err(|e| serde::de::Error::custom(format!("entry {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+/// `standard_webhooks.public_keys`: as [`comma_separated`], each parsed as a `whpk_` key; one
+/// that does not parse refuses the configuration, naming the key and the entry: its text when it
+/// is `whpk_`-prefixed (public), only its position otherwise (a secret pasted in the wrong place
+/// must not reach the logs).
+pub(super) fn comma_separated_public_keys<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<StandardPublicKey>, D::Error> {
+    comma_separated_strings(d)?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            StandardPublicKey::parse(s).map_err(|e| {
+                let entry = if s.starts_with(PUBLIC_KEY_PREFIX) {
+                    format!("{:?}", crate::event::printable(s, 80))
+                } else {
+                    format!("entry {}", i + 1)
+                };
+                serde::de::Error::custom(format!("{entry}: {e}"))
+            })
+        })
         .collect()
 }
 

@@ -160,3 +160,88 @@ fn fetching_thin_events_needs_a_key_and_a_timeout_inside_the_batch() {
     let err = Settings::from_figment(with("consumer.envelope", "sns")).expect_err("unknown");
     assert!(err.to_string().contains("envelope"), "{err}");
 }
+
+/// RFC 8032 section 7.1 TEST 1's key pair, as `whsk_` (seed) and `whpk_`.
+const WHSK: &str = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=";
+const WHPK: &str = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+
+#[test]
+fn standard_public_keys_parse_and_a_bad_one_names_its_key_and_entry() {
+    let whpk = WHPK.to_owned();
+    let s = Settings::from_figment(with(
+        "standard_webhooks.public_keys",
+        format!("{whpk}, {whpk}"),
+    ))
+    .expect("valid");
+    assert_eq!(s.standard_webhooks.public_keys.len(), 2);
+    assert_eq!(s.standard_webhooks.public_keys[0].to_string(), whpk);
+    let listed = Settings::from_figment(with("standard_webhooks.public_keys", vec![whpk.clone()]))
+        .expect("a list");
+    assert_eq!(listed.standard_webhooks.public_keys.len(), 1);
+    assert!(Settings::from_figment(with("http.listen", "127.0.0.1:0"))
+        .expect("valid")
+        .standard_webhooks
+        .public_keys
+        .is_empty());
+    let short = format!("whpk_{}", "A".repeat(40));
+    for (value, wanted) in [
+        (
+            short.clone(),
+            format!("{short:?}: the public key decodes to 30 bytes"),
+        ),
+        (
+            WHSK.to_owned(),
+            "entry 1: a Standard Webhooks ed25519 public key starts with whpk_".to_owned(),
+        ),
+    ] {
+        let err = Settings::from_figment(with("standard_webhooks.public_keys", &value))
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("standard_webhooks.public_keys"), "{text}");
+        assert!(text.contains(&wanted), "{wanted:?} missing from: {text}");
+        // A secret key pasted in the wrong place is not repeated into the logs.
+        assert!(!text.contains(&WHSK[5..]), "{text}");
+    }
+    let nine = vec![whpk; MAX_PUBLIC_KEYS + 1];
+    let err = Settings::from_figment(with("standard_webhooks.public_keys", nine)).expect_err("9");
+    assert!(
+        err.to_string().contains("standard_webhooks.public_keys")
+            && err.to_string().contains("more than 8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn signing_secrets_take_whsk_keys_beside_whsec_and_never_show_them() {
+    let s = Settings::from_figment(with(
+        "outbox.signing_secret",
+        format!("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, {WHSK}"),
+    ))
+    .expect("valid");
+    assert!(matches!(
+        s.outbox.signing_secret[..],
+        [SigningSecret::Hmac(_), SigningSecret::Ed25519(_)]
+    ));
+    let shown = format!("{s:?}");
+    assert!(shown.contains("StandardSigningKey(***)"), "{shown}");
+    assert!(!shown.contains(&WHSK[5..15]), "{shown}");
+    let signature = webhook_signature(&s.outbox.signing_secret, "msg_1", 1_614_265_330, b"{}");
+    let items: Vec<&str> = signature.split(' ').collect();
+    assert_eq!(items.len(), 2, "{signature}");
+    assert!(
+        items[0].starts_with("v1,") && items[1].starts_with("v1a,"),
+        "{signature}"
+    );
+    let bad = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A";
+    let err = Settings::from_figment(with(
+        "outbox.signing_secret",
+        format!("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw,{bad}"),
+    ))
+    .expect_err("unpadded base64");
+    let text = err.to_string();
+    assert!(
+        text.contains("outbox.signing_secret") && text.contains("entry 2"),
+        "{text}"
+    );
+    assert!(!text.contains(&bad[5..]), "{text}");
+}

@@ -2,7 +2,8 @@
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
 use super::{
-    invalid, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS, MIN_LEASE_SECS,
+    invalid, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS, MIN_DEDUP_RETENTION_DAYS,
+    MIN_LEASE_SECS,
 };
 use crate::event::{check_event_field, EventField};
 
@@ -23,6 +24,16 @@ impl Settings {
                 "stripe.secrets",
                 "no Stripe webhook secret configured: set STRIPE_WEBHOOK_SECRET (comma-separated \
                  for rotation); ingress refuses to start without one",
+            ));
+        }
+        let public_keys = self.standard_webhooks.public_keys.len();
+        if public_keys > MAX_PUBLIC_KEYS {
+            return Err(invalid(
+                "standard_webhooks.public_keys",
+                format!(
+                    "has {public_keys} keys, more than {MAX_PUBLIC_KEYS}: each v1a signature of a \
+                     delivery is checked against every key, and that work is bounded per delivery"
+                ),
             ));
         }
         for (key, source) in [

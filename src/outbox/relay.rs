@@ -9,7 +9,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::sink::{build_sink, Sink, SinkError};
-use crate::config::{SinkSpec, StandardSecret};
+use crate::config::{SigningSecret, SinkSpec};
 use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
 use crate::store::{bounded, OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
@@ -32,9 +32,9 @@ pub struct RelayOptions {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub http_timeout: Duration,
-    /// Standard Webhooks secrets signing every HTTP delivery (`outbox.signing_secret`); empty:
-    /// unsigned.
-    pub signing_secrets: Arc<[StandardSecret]>,
+    /// Standard Webhooks secrets and ed25519 keys signing every HTTP delivery
+    /// (`outbox.signing_secret`); empty: unsigned.
+    pub signing_secrets: Arc<[SigningSecret]>,
     /// The longest a claim or a mark waits for the store (`database.statement_timeout_ms`): a
     /// database that stops answering fails the step, which backs off and tries again.
     pub statement_timeout: Duration,

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::config::{SinkSpec, StandardSecret};
+use crate::config::{webhook_signature, SigningSecret, SinkSpec};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
 use crate::store::OutboxRow;
@@ -69,7 +69,7 @@ pub async fn build_sink(
     spec: &SinkSpec,
     http_timeout: Duration,
     concurrency: usize,
-    signing_secrets: &Arc<[StandardSecret]>,
+    signing_secrets: &Arc<[SigningSecret]>,
 ) -> Result<Box<dyn Sink>, SinkError> {
     Ok(match spec {
         SinkSpec::Log => Box::new(LogSink),
@@ -260,9 +260,10 @@ pub struct HttpSink {
     client: reqwest::Client,
     /// Most requests in flight from one batch.
     concurrency: usize,
-    /// Standard Webhooks secrets, each adding a `v1,` signature to every request, so the
-    /// receiving app can check that a delivery came from this relay; empty: unsigned.
-    signing_secrets: Arc<[StandardSecret]>,
+    /// Standard Webhooks secrets, each adding a signature to every request (`v1,` for a `whsec_`
+    /// secret, `v1a,` for a `whsk_` ed25519 key), so the receiving app can check that a delivery
+    /// came from this relay; empty: unsigned.
+    signing_secrets: Arc<[SigningSecret]>,
 }
 
 impl HttpSink {
@@ -270,7 +271,7 @@ impl HttpSink {
         url: String,
         timeout: Duration,
         concurrency: usize,
-        signing_secrets: Arc<[StandardSecret]>,
+        signing_secrets: Arc<[SigningSecret]>,
     ) -> Result<Self, SinkError> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -299,15 +300,16 @@ impl HttpSink {
             // signatures are made anew for each attempt, so a retry days later is not refused
             // as a replay outside the receiver's tolerance.
             let timestamp = chrono::Utc::now().timestamp();
-            let signatures: Vec<String> = self
-                .signing_secrets
-                .iter()
-                .map(|secret| secret.sign(&row.idempotency_key, timestamp, &row.payload))
-                .collect();
+            let signature = webhook_signature(
+                &self.signing_secrets,
+                &row.idempotency_key,
+                timestamp,
+                &row.payload,
+            );
             request = request
                 .header("webhook-id", &row.idempotency_key)
                 .header("webhook-timestamp", timestamp.to_string())
-                .header("webhook-signature", signatures.join(" "));
+                .header("webhook-signature", signature);
         }
         let response = request.body(row.payload.clone()).send().await?;
         let status = response.status();

@@ -38,7 +38,7 @@ pub struct IngressState {
     pub transport: Arc<dyn Transport>,
     /// `/webhooks/stripe`: Stripe's signing secrets and tolerance.
     pub stripe: StripeProvider,
-    /// `/webhooks/standard`, when Standard Webhooks secrets are configured.
+    /// `/webhooks/standard`, when Standard Webhooks secrets or public keys are configured.
     pub standard: Option<StandardProvider>,
     /// The longest a publish may wait on the transport before the sender is told to retry.
     pub publish_timeout: Duration,
@@ -245,7 +245,7 @@ async fn receive_standard(
             StatusCode::NOT_FOUND,
             "urn:dedup-worker:problem:not-configured",
             "Not configured",
-            "no Standard Webhooks secret is configured",
+            "no Standard Webhooks secret or public key is configured",
         ));
     };
     let body = read_body(body)?;
@@ -257,7 +257,7 @@ async fn receive_standard(
     verify_standard_signature(
         received,
         &body,
-        &provider.keys,
+        provider.verifying_keys(),
         provider.tolerance_secs,
         (state.clock)(),
     )

@@ -2,31 +2,46 @@
 //! provider at `POST /webhooks/standard`.
 //!
 //! Rules (see shared/conformance.md): headers `webhook-id`, `webhook-timestamp` (integer
-//! seconds) and `webhook-signature` (space-separated `v1,<base64>` items, several during
-//! rotation). Signed string `"{id}.{timestamp}.{raw body}"`, HMAC-SHA256 keyed with the
-//! base64-decoded secret (after stripping `whsec_`), compared in constant time; ±tolerance.
+//! seconds) and `webhook-signature`: space-separated items, `v1,<base64>` (HMAC-SHA256 keyed
+//! with a base64-decoded `whsec_` secret, compared in constant time) and `v1a,<base64>` (ed25519
+//! under a `whpk_` public key, checked with `verify_strict`), several during a rotation. Both
+//! sign `"{id}.{timestamp}.{raw body}"`; any one valid item verifies the delivery; ±tolerance.
 //! The dedup key is `webhook-id`.
 //!
 //! Work is bounded whatever a client sends: a `webhook-signature` longer than
-//! [`MAX_SIGNATURE_HEADER_BYTES`] or with more than [`MAX_V1_SIGNATURES`] `v1,` candidates, and a
-//! `webhook-timestamp` longer than [`MAX_TIMESTAMP_HEADER_BYTES`], are refused before any HMAC
-//! is computed.
+//! [`MAX_SIGNATURE_HEADER_BYTES`], with more than [`MAX_SIGNATURES`] `v1,` and `v1a,` items,
+//! or with more `v1a,` items × public keys than [`MAX_ED25519_VERIFICATIONS`], and a
+//! `webhook-timestamp` longer than [`MAX_TIMESTAMP_HEADER_BYTES`], are refused before any
+//! signature is decoded or checked.
 
 use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::Mac;
 
-use crate::config::{standard_mac, StandardSecret, StandardWebhookSettings};
+use crate::config::{
+    signed_content, standard_mac, StandardPublicKey, StandardSecret, StandardWebhookSettings,
+    MAX_PUBLIC_KEYS,
+};
 
-/// Longest `webhook-signature` header accepted: a `v1,` candidate is 47 bytes, so this covers
-/// any real rotation with room to spare.
+/// Longest `webhook-signature` header accepted: a `v1,` item is 47 bytes, a `v1a,` item 92, so
+/// this covers any real rotation with room to spare.
 pub const MAX_SIGNATURE_HEADER_BYTES: usize = 8192;
 
-/// Most `v1,` candidates accepted in one `webhook-signature` (one per active secret). Each
-/// costs a base64 decode and a constant-time comparison per key.
-pub const MAX_V1_SIGNATURES: usize = 16;
+/// Most `v1,` and `v1a,` items, counted together, accepted in one `webhook-signature` (one per
+/// active key). Each costs a base64 decode, and a constant-time comparison per secret or an
+/// ed25519 verification per public key.
+pub const MAX_SIGNATURES: usize = 16;
+
+/// Most ed25519 verifications one delivery may cost: its `v1a,` items × the configured public
+/// keys. One is about 50 µs plus hashing the whole body (a few hundred µs per 100 KiB), far more
+/// than an HMAC comparison, so the product is bounded, not just the items.
+pub const MAX_ED25519_VERIFICATIONS: usize = 16;
+
+// With the most public keys the configuration accepts, a rotation's two signatures still fit.
+const _: () = assert!(MAX_ED25519_VERIFICATIONS >= 2 * MAX_PUBLIC_KEYS);
 
 /// Longest `webhook-timestamp` accepted: an `i64` takes at most 20 characters, the rest is
 /// room for surrounding whitespace.
@@ -43,14 +58,38 @@ pub enum StandardSignatureError {
     TimestampTooLong,
     #[error("the webhook-signature header is longer than {MAX_SIGNATURE_HEADER_BYTES} bytes")]
     SignatureHeaderTooLong,
-    #[error("the webhook-signature header has more than {MAX_V1_SIGNATURES} v1 signatures")]
+    #[error("the webhook-signature header has more than {MAX_SIGNATURES} v1 and v1a signatures")]
     TooManySignatures,
-    #[error("no signatures found with expected scheme v1")]
+    #[error(
+        "the webhook-signature header has {signatures} v1a signatures and {public_keys} public \
+         keys are configured: more than the {MAX_ED25519_VERIFICATIONS} ed25519 verifications \
+         one delivery may cost"
+    )]
+    TooManyEd25519Checks {
+        signatures: usize,
+        public_keys: usize,
+    },
+    #[error("no signatures found with expected scheme v1 or v1a")]
     NoV1Signature,
     #[error("timestamp outside the tolerance zone ({skew_secs} s from now, tolerance {tolerance_secs} s)")]
     TimestampOutsideTolerance { skew_secs: i64, tolerance_secs: u64 },
-    #[error("no signatures found matching the expected signature for payload")]
-    NoMatchingSignature,
+    /// `malformed`: items that are not base64 of a 32-byte (`v1`) or 64-byte (`v1a`)
+    /// signature. They never match, and never stop another item from matching (a sender in
+    /// the middle of a rotation may list one the receiver cannot read).
+    #[error(
+        "no signatures found matching the expected signature for payload{}",
+        malformed_note(*malformed)
+    )]
+    NoMatchingSignature { malformed: usize },
+}
+
+fn malformed_note(malformed: usize) -> String {
+    match malformed {
+        0 => String::new(),
+        n => format!(
+            " ({n} of the signatures is not base64 of a 32-byte v1 or a 64-byte v1a signature)"
+        ),
+    }
 }
 
 impl StandardSignatureError {
@@ -60,10 +99,12 @@ impl StandardSignatureError {
             StandardSignatureError::MalformedTimestamp
             | StandardSignatureError::TimestampTooLong
             | StandardSignatureError::SignatureHeaderTooLong
-            | StandardSignatureError::TooManySignatures => "malformed_header",
+            | StandardSignatureError::TooManySignatures
+            | StandardSignatureError::TooManyEd25519Checks { .. } => "malformed_header",
+            // The name predates v1a; it now means that neither a v1 nor a v1a item was found.
             StandardSignatureError::NoV1Signature => "no_v1_signature",
             StandardSignatureError::TimestampOutsideTolerance { .. } => "timestamp_tolerance",
-            StandardSignatureError::NoMatchingSignature => "signature_mismatch",
+            StandardSignatureError::NoMatchingSignature { .. } => "signature_mismatch",
         }
     }
 }
@@ -71,8 +112,10 @@ impl StandardSignatureError {
 /// `/webhooks/standard`'s configuration, secrets already decoded.
 #[derive(Clone)]
 pub struct StandardProvider {
-    /// HMAC keys, each tried (rotation).
+    /// HMAC keys (`v1`), each tried (rotation).
     pub keys: Arc<Vec<Vec<u8>>>,
+    /// Ed25519 public keys (`v1a`), each tried.
+    pub public_keys: Arc<Vec<StandardPublicKey>>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
     /// Source half of the dedup key (the id is `webhook-id`).
@@ -80,13 +123,51 @@ pub struct StandardProvider {
 }
 
 impl StandardProvider {
-    /// The provider, or `None` when no secret is configured (the route is then not served).
+    /// The provider, or `None` when neither a secret nor a public key is configured (the route
+    /// is then not served).
     pub fn from_settings(settings: &StandardWebhookSettings) -> Option<Self> {
-        (!settings.secrets.is_empty()).then(|| StandardProvider {
-            keys: Arc::new(settings.secrets.iter().map(|s| s.key().to_vec()).collect()),
-            tolerance_secs: settings.tolerance_secs,
-            source: settings.source.clone(),
+        (!settings.secrets.is_empty() || !settings.public_keys.is_empty()).then(|| {
+            StandardProvider {
+                keys: Arc::new(settings.secrets.iter().map(|s| s.key().to_vec()).collect()),
+                public_keys: Arc::new(settings.public_keys.clone()),
+                tolerance_secs: settings.tolerance_secs,
+                source: settings.source.clone(),
+            }
         })
+    }
+
+    /// The keys to verify a delivery with.
+    pub fn verifying_keys(&self) -> StandardKeys<'_> {
+        StandardKeys {
+            secrets: &self.keys,
+            public_keys: &self.public_keys,
+        }
+    }
+}
+
+/// What a delivery is verified with: decoded `whsec_` secrets for its `v1,` items, `whpk_`
+/// public keys for its `v1a,` items.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StandardKeys<'a> {
+    pub secrets: &'a [Vec<u8>],
+    pub public_keys: &'a [StandardPublicKey],
+}
+
+impl<'a> StandardKeys<'a> {
+    /// HMAC secrets only.
+    pub fn hmac(secrets: &'a [Vec<u8>]) -> Self {
+        StandardKeys {
+            secrets,
+            public_keys: &[],
+        }
+    }
+
+    /// Ed25519 public keys only.
+    pub fn ed25519(public_keys: &'a [StandardPublicKey]) -> Self {
+        StandardKeys {
+            secrets: &[],
+            public_keys,
+        }
     }
 }
 
@@ -110,6 +191,15 @@ pub fn standard_signature(key: &[u8], id: &str, timestamp: i64, payload: &[u8]) 
     )
 }
 
+/// The core of `v1a`: whether `signature` is `key`'s ed25519 signature of `content` (the signed
+/// content, `{id}.{timestamp}.{payload}`). `verify_strict` refuses what RFC 8032's own check
+/// lets through: small-order public keys and `R` components (under which one signature can
+/// verify for many messages or keys), and non-canonical encodings.
+pub fn verify_v1a(key: &VerifyingKey, content: &[u8], signature: &[u8; 64]) -> bool {
+    key.verify_strict(content, &Signature::from_bytes(signature))
+        .is_ok()
+}
+
 /// The three headers of one delivery, as received (`None`: absent).
 #[derive(Debug, Clone, Copy)]
 pub struct StandardHeaders<'a> {
@@ -118,11 +208,48 @@ pub struct StandardHeaders<'a> {
     pub signature: Option<&'a str>,
 }
 
-/// Verifies a delivery against every key (decoded secrets), at `now` (Unix seconds).
+/// The schemes of `webhook-signature` items; other schemes are not candidates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    V1,
+    V1a,
+}
+
+/// An item's scheme and its base64 part, or `None` for another scheme.
+fn scheme(item: &str) -> Option<(Scheme, &str)> {
+    if let Some(b64) = item.strip_prefix("v1,") {
+        Some((Scheme::V1, b64))
+    } else {
+        item.strip_prefix("v1a,").map(|b64| (Scheme::V1a, b64))
+    }
+}
+
+/// A decoded candidate signature.
+enum Candidate {
+    V1([u8; 32]),
+    V1a([u8; 64]),
+    /// Not base64 of the scheme's length: never matches.
+    Malformed,
+}
+
+fn decode_candidate(scheme: Scheme, b64: &str) -> Candidate {
+    let Ok(bytes) = BASE64.decode(b64) else {
+        return Candidate::Malformed;
+    };
+    match scheme {
+        Scheme::V1 => bytes.try_into().map_or(Candidate::Malformed, Candidate::V1),
+        Scheme::V1a => bytes
+            .try_into()
+            .map_or(Candidate::Malformed, Candidate::V1a),
+    }
+}
+
+/// Verifies a delivery: its `v1,` items against every secret, its `v1a,` items against every
+/// public key, at `now` (Unix seconds). Any one match verifies it.
 pub fn verify_standard_signature(
     headers: StandardHeaders<'_>,
     payload: &[u8],
-    keys: &[Vec<u8>],
+    keys: StandardKeys<'_>,
     tolerance_secs: u64,
     now: i64,
 ) -> Result<(), StandardSignatureError> {
@@ -147,15 +274,18 @@ pub fn verify_standard_signature(
         return Err(StandardSignatureError::SignatureHeaderTooLong);
     }
     // Counted before decoding any: a header with too many costs one scan, nothing more.
-    let v1_items = || {
-        signature
-            .split_whitespace()
-            .filter_map(|item| item.strip_prefix("v1,"))
-    };
-    if v1_items().nth(MAX_V1_SIGNATURES).is_some() {
+    let items = || signature.split_whitespace().filter_map(scheme);
+    if items().nth(MAX_SIGNATURES).is_some() {
         return Err(StandardSignatureError::TooManySignatures);
     }
-    let candidates: Vec<Option<Vec<u8>>> = v1_items().map(|b64| BASE64.decode(b64).ok()).collect();
+    let v1a = items().filter(|(s, _)| *s == Scheme::V1a).count();
+    if v1a.saturating_mul(keys.public_keys.len()) > MAX_ED25519_VERIFICATIONS {
+        return Err(StandardSignatureError::TooManyEd25519Checks {
+            signatures: v1a,
+            public_keys: keys.public_keys.len(),
+        });
+    }
+    let candidates: Vec<Candidate> = items().map(|(s, b64)| decode_candidate(s, b64)).collect();
     if candidates.is_empty() {
         return Err(StandardSignatureError::NoV1Signature);
     }
@@ -166,272 +296,54 @@ pub fn verify_standard_signature(
             tolerance_secs,
         });
     }
-    for key in keys {
-        let mac = standard_mac(key, id, timestamp, payload);
-        if candidates
-            .iter()
-            .flatten()
-            .any(|sig| mac.clone().verify_slice(sig).is_ok())
-        {
-            return Ok(());
+    let v1_candidates: Vec<&[u8; 32]> = candidates
+        .iter()
+        .filter_map(|c| match c {
+            Candidate::V1(sig) => Some(sig),
+            _ => None,
+        })
+        .collect();
+    let v1a_candidates: Vec<&[u8; 64]> = candidates
+        .iter()
+        .filter_map(|c| match c {
+            Candidate::V1a(sig) => Some(sig),
+            _ => None,
+        })
+        .collect();
+    // HMACs first: a fraction of the cost of one ed25519 verification. Each side's work is
+    // skipped when the header has nothing for it (an HMAC hashes the whole body too).
+    if !v1_candidates.is_empty() {
+        for key in keys.secrets {
+            let mac = standard_mac(key, id, timestamp, payload);
+            if v1_candidates
+                .iter()
+                .any(|sig| mac.clone().verify_slice(&sig[..]).is_ok())
+            {
+                return Ok(());
+            }
         }
     }
-    Err(StandardSignatureError::NoMatchingSignature)
+    if !v1a_candidates.is_empty() && !keys.public_keys.is_empty() {
+        // One copy of the body for every verification (ed25519 hashes its message whole).
+        let content = signed_content(id, timestamp, payload);
+        for key in keys.public_keys {
+            if v1a_candidates
+                .iter()
+                .any(|sig| verify_v1a(key.verifying_key(), &content, sig))
+            {
+                return Ok(());
+            }
+        }
+    }
+    Err(StandardSignatureError::NoMatchingSignature {
+        malformed: candidates
+            .iter()
+            .filter(|c| matches!(c, Candidate::Malformed))
+            .count(),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
-    const T: i64 = 1_614_265_330;
-    const PAYLOAD: &[u8] = br#"{"test": 2432232314}"#;
-    const EXPECTED: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
-
-    fn headers<'a>(signature: &'a str, t: &'a str) -> StandardHeaders<'a> {
-        StandardHeaders {
-            id: Some(ID),
-            timestamp: Some(t),
-            signature: Some(signature),
-        }
-    }
-
-    #[test]
-    fn official_vector() {
-        let key = decode_secret(SECRET).unwrap();
-        assert_eq!(standard_signature(&key, ID, T, PAYLOAD), EXPECTED);
-        let t = T.to_string();
-        assert_eq!(
-            verify_standard_signature(
-                headers(EXPECTED, &t),
-                PAYLOAD,
-                std::slice::from_ref(&key),
-                300,
-                T
-            ),
-            Ok(())
-        );
-        // Rotation: any listed signature may match.
-        let both = format!("v1,AAAA {EXPECTED}");
-        assert_eq!(
-            verify_standard_signature(headers(&both, &t), PAYLOAD, &[key], 300, T + 299),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn failures_are_told_apart() {
-        let key = decode_secret(SECRET).unwrap();
-        let t = T.to_string();
-        let keys = [key];
-        let verify = |h, p: &[u8], now| verify_standard_signature(h, p, &keys, 300, now);
-        assert_eq!(
-            verify(headers(EXPECTED, &t), b"{}", T),
-            Err(StandardSignatureError::NoMatchingSignature)
-        );
-        assert_eq!(
-            verify(headers("v2,abc", &t), PAYLOAD, T),
-            Err(StandardSignatureError::NoV1Signature)
-        );
-        assert_eq!(
-            verify(headers(EXPECTED, "soon"), PAYLOAD, T),
-            Err(StandardSignatureError::MalformedTimestamp)
-        );
-        assert!(matches!(
-            verify(headers(EXPECTED, &t), PAYLOAD, T + 301),
-            Err(StandardSignatureError::TimestampOutsideTolerance { .. })
-        ));
-        assert!(matches!(
-            verify(headers(EXPECTED, &t), PAYLOAD, T - 301),
-            Err(StandardSignatureError::TimestampOutsideTolerance { .. })
-        ));
-        let no_id = StandardHeaders {
-            id: None,
-            ..headers(EXPECTED, &t)
-        };
-        assert_eq!(
-            verify(no_id, PAYLOAD, T),
-            Err(StandardSignatureError::MissingHeader("webhook-id"))
-        );
-        assert!(decode_secret("whsec_not base64!").is_err());
-    }
-
-    #[test]
-    fn oversized_headers_are_refused_before_any_hmac() {
-        let key = decode_secret(SECRET).unwrap();
-        let t = T.to_string();
-        let keys = [key];
-        let verify = |signature: &str, timestamp: &str| {
-            verify_standard_signature(headers(signature, timestamp), PAYLOAD, &keys, 300, T)
-        };
-        // Even with the matching signature among them: the limits apply before comparing.
-        let many = format!("{}{EXPECTED}", "v1,AAAA ".repeat(MAX_V1_SIGNATURES));
-        assert_eq!(
-            verify(&many, &t),
-            Err(StandardSignatureError::TooManySignatures)
-        );
-        let at_limit = format!("{}{EXPECTED}", "v1,AAAA ".repeat(MAX_V1_SIGNATURES - 1));
-        assert_eq!(verify(&at_limit, &t), Ok(()));
-        // Other schemes are not candidates and do not count.
-        let others = format!("{}{EXPECTED}", "v2,AAAA ".repeat(100));
-        assert_eq!(verify(&others, &t), Ok(()));
-        let padded = |len: usize| format!("{EXPECTED}{}", " ".repeat(len - EXPECTED.len()));
-        assert_eq!(verify(&padded(MAX_SIGNATURE_HEADER_BYTES), &t), Ok(()));
-        assert_eq!(
-            verify(&padded(MAX_SIGNATURE_HEADER_BYTES + 1), &t),
-            Err(StandardSignatureError::SignatureHeaderTooLong)
-        );
-        let spaced = format!("{t:>32}");
-        assert_eq!(verify(EXPECTED, &spaced), Ok(()));
-        assert_eq!(
-            verify(EXPECTED, &format!(" {spaced}")),
-            Err(StandardSignatureError::TimestampTooLong)
-        );
-        for (error, limit) in [
-            (StandardSignatureError::TimestampTooLong, "32"),
-            (StandardSignatureError::SignatureHeaderTooLong, "8192"),
-            (StandardSignatureError::TooManySignatures, "16"),
-        ] {
-            assert_eq!(error.check(), "malformed_header");
-            assert!(error.to_string().contains(limit), "{error}");
-        }
-    }
-
-    use crate::proptest_support::{config, extreme_i64};
-    use proptest::prelude::*;
-    use proptest::sample::Index;
-
-    fn signature_like() -> impl Strategy<Value = String> {
-        let item = prop_oneof![
-            "v1,[A-Za-z0-9+/=]{0,50}",
-            "v[0-9],[ -~]{0,10}",
-            "[ -~]{0,12}",
-        ];
-        prop::collection::vec(item, 0..24).prop_map(|items| items.join(" "))
-    }
-
-    fn key_bytes() -> impl Strategy<Value = Vec<u8>> {
-        prop::collection::vec(any::<u8>(), 0..64)
-    }
-
-    proptest! {
-        #![proptest_config(config(256))]
-
-        /// Whatever the headers, payload, keys and clock: an answer, never a panic.
-        #[test]
-        fn never_panics(
-            id in proptest::option::of(any::<String>()),
-            timestamp in proptest::option::of(prop_oneof![
-                any::<String>(),
-                " ?-?[0-9]{0,40} ?",
-                "(-9223372036854775808|9223372036854775807|0)",
-            ]),
-            signature in proptest::option::of(prop_oneof![any::<String>(), signature_like()]),
-            payload in prop::collection::vec(any::<u8>(), 0..64),
-            keys in prop::collection::vec(key_bytes(), 0..3),
-            tolerance in prop_oneof![any::<u64>(), Just(0), Just(u64::MAX)],
-            now in prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX), Just(0)],
-        ) {
-            let headers = StandardHeaders {
-                id: id.as_deref(),
-                timestamp: timestamp.as_deref(),
-                signature: signature.as_deref(),
-            };
-            let _ = verify_standard_signature(headers, &payload, &keys, tolerance, now);
-        }
-
-        /// `decode_secret` never panics, and a `whsec_` secret decodes to the key it encodes.
-        #[test]
-        fn secrets_decode(key in key_bytes(), garbage in any::<String>()) {
-            let _ = decode_secret(&garbage);
-            prop_assert_eq!(decode_secret(&format!("whsec_{}", BASE64.encode(&key))), Ok(key.clone()));
-            prop_assert_eq!(decode_secret(&BASE64.encode(&key)), Ok(key));
-        }
-
-        /// Sign, then verify: accepted within the tolerance, refused as stale outside it.
-        #[test]
-        fn signed_deliveries_verify_within_tolerance_only(
-            key in key_bytes(),
-            id in "[!-~]{1,40}",
-            payload in prop::collection::vec(any::<u8>(), 0..256),
-            t in -(1i64 << 40)..(1i64 << 40),
-            tolerance in 0u64..1_000_000,
-            skew in -2_000_000i64..2_000_000,
-        ) {
-            let signature = standard_signature(&key, &id, t, &payload);
-            let t_header = t.to_string();
-            let headers = StandardHeaders { id: Some(&id), timestamp: Some(&t_header), signature: Some(&signature) };
-            let result = verify_standard_signature(headers, &payload, std::slice::from_ref(&key), tolerance, t + skew);
-            if skew.unsigned_abs() <= tolerance {
-                prop_assert_eq!(result, Ok(()));
-            } else {
-                prop_assert_eq!(
-                    result,
-                    Err(StandardSignatureError::TimestampOutsideTolerance { skew_secs: skew, tolerance_secs: tolerance })
-                );
-            }
-        }
-
-        /// Extreme timestamps and clocks: no overflow, and the verdict follows the exact
-        /// distance between them (for any tolerance below i64::MAX, where the saturated
-        /// distance is exact enough).
-        #[test]
-        fn extreme_timestamps_follow_the_exact_skew(
-            t in extreme_i64(),
-            now in extreme_i64(),
-            tolerance in prop_oneof![0u64..(i64::MAX as u64), Just(0), Just(i64::MAX as u64 - 1)],
-        ) {
-            let key = decode_secret(SECRET).unwrap();
-            let signature = standard_signature(&key, ID, t, PAYLOAD);
-            let t_header = t.to_string();
-            let result = verify_standard_signature(headers(&signature, &t_header), PAYLOAD, &[key], tolerance, now);
-            let within = (i128::from(now) - i128::from(t)).unsigned_abs() <= u128::from(tolerance);
-            prop_assert_eq!(result.is_ok(), within, "{:?}", result);
-        }
-
-        /// Rotation: among up to 16 candidates (other keys' signatures, garbage, other
-        /// schemes anywhere), one by any of the verifier's keys is enough; none is not.
-        #[test]
-        fn rotation_any_listed_signature_by_any_key(
-            keys in prop::collection::vec(prop::collection::vec(any::<u8>(), 32), 1..4),
-            signer in any::<Index>(),
-            others in prop::collection::vec(prop::collection::vec(any::<u8>(), 32), 0..4),
-            garbage in prop::collection::vec("v1,[A-Za-z0-9+/=]{0,50}|v2,[!-~]{0,10}", 0..8),
-            at in any::<Index>(),
-        ) {
-            let t = T.to_string();
-            let signer = &keys[signer.index(keys.len())];
-            let mut items: Vec<String> = others
-                .iter()
-                .map(|k| standard_signature(k, ID, T, PAYLOAD))
-                .chain(garbage)
-                .collect();
-            let others_only = items.join(" ");
-            items.insert(at.index(items.len() + 1), standard_signature(signer, ID, T, PAYLOAD));
-            let all = items.join(" ");
-            prop_assert_eq!(verify_standard_signature(headers(&all, &t), PAYLOAD, &keys, 300, T), Ok(()));
-            // Random 32-byte keys never collide in practice; skip the impossible case anyway.
-            prop_assume!(!others.iter().any(|o| keys.contains(o)));
-            let refused = verify_standard_signature(headers(&others_only, &t), PAYLOAD, &keys, 300, T);
-            prop_assert!(matches!(
-                refused,
-                Err(StandardSignatureError::NoMatchingSignature | StandardSignatureError::NoV1Signature)
-            ));
-        }
-
-        /// More than 16 `v1,` candidates is refused for the count, the matching one included.
-        #[test]
-        fn more_than_sixteen_candidates_are_refused(n in (MAX_V1_SIGNATURES + 1)..200, at in any::<Index>()) {
-            let key = decode_secret(SECRET).unwrap();
-            let t = T.to_string();
-            let mut items = vec!["v1,"; n - 1];
-            items.insert(at.index(n), EXPECTED);
-            let signature = items.join(" ");
-            prop_assert_eq!(
-                verify_standard_signature(headers(&signature, &t), PAYLOAD, &[key], 300, T),
-                Err(StandardSignatureError::TooManySignatures)
-            );
-        }
-    }
-}
+mod tests;
+#[cfg(test)]
+mod v1a_tests;

@@ -69,6 +69,7 @@ mod relay;
 mod sinks;
 mod stale;
 mod standard_ingress;
+mod standard_v1a;
 mod store_contract;
 mod stripe_channels;
 mod stripe_ingress;

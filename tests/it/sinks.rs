@@ -2,7 +2,8 @@
 //! published by the relay to a RabbitMQ exchange (routing key = event type, `message_id` =
 //! event id) and to an SQS queue (the `dedup-message-id` attribute = event id), once each, with
 //! the raw payload; and POSTed by the real binary to an HTTP sink signed with Standard Webhooks
-//! signatures that the official `standardwebhooks` library verifies.
+//! signatures that the official `standardwebhooks` library verifies (`v1`), and Python's
+//! `cryptography` (`v1a`, ed25519).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +18,9 @@ use lapin::types::FieldTable;
 use serde_json::json;
 
 use crate::helpers::{
-    amqp_url, post_signed, sqs_turn, standard_python_verified, stripe_event, test_settings,
-    wait_for, Backend, Receiver, RunningBinary, SqsLoad, TestApp, TestDb, TestQueue, Transport,
+    amqp_url, ed25519_python_sign, ed25519_python_verified, post_signed, sqs_turn,
+    standard_python_verified, stripe_event, test_settings, wait_for, Backend, Receiver,
+    RunningBinary, SqsLoad, TestApp, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_test_secret";
@@ -203,12 +205,14 @@ const SIGNING_B: &str = "whsec_ZGVkdXAtd29ya2VyLXNlY29uZC1rZXkh";
 /// A secret the relay does not sign with: nothing may verify under it.
 const NOT_SIGNING: &str = "whsec_bm90LWEtc2lnbmluZy1rZXktYXQtYWxs";
 
-/// With `outbox.signing_secret` set to two secrets, every POST of the HTTP sink verifies with the
-/// official Standard Webhooks library under either secret alone (and under no other); its
-/// `webhook-id` is the event's idempotency key, the same on the redelivery after a 500, which is
-/// signed anew.
+/// With `outbox.signing_secret` set to two `whsec_` secrets and two `whsk_` ed25519 keys (one a
+/// 32-byte seed, one libsodium's 64-byte seed and public key), all made elsewhere (the keys by
+/// Python's `cryptography`), every POST of the HTTP sink verifies with the official Standard
+/// Webhooks library under either secret alone, and with `cryptography` under either public key
+/// alone (and under no other secret or key); its `webhook-id` is the event's idempotency key, the
+/// same on the redelivery after a 500, which is signed anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn signed_http_deliveries_verify_with_the_official_library_under_either_secret() {
+async fn signed_http_deliveries_verify_under_any_one_secret_or_public_key() {
     // The first delivery of each event is answered 500, so each is delivered twice.
     let receiver = Receiver::answering(|_, attempt| {
         if attempt == 1 {
@@ -218,6 +222,11 @@ async fn signed_http_deliveries_verify_with_the_official_library_under_either_se
         }
     })
     .await;
+    let (seed_key, pair_key, stranger) = (
+        ed25519_python_sign(&[]),
+        ed25519_python_sign(&[]),
+        ed25519_python_sign(&[]),
+    );
     let db = TestDb::new(Backend::Sqlite).await;
     let work = tempfile::tempdir().unwrap();
     let bin = RunningBinary::start(
@@ -227,7 +236,10 @@ async fn signed_http_deliveries_verify_with_the_official_library_under_either_se
             ("DEDUP_SINK", receiver.url()),
             (
                 "DEDUP_SINK_SIGNING_SECRET",
-                format!("{SIGNING_A}, {SIGNING_B}"),
+                format!(
+                    "{SIGNING_A}, {SIGNING_B}, {}, {}",
+                    seed_key.whsk_seed, pair_key.whsk_pair
+                ),
             ),
             ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
             ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
@@ -278,10 +290,15 @@ async fn signed_http_deliveries_verify_with_the_official_library_under_either_se
             delivery.idempotency_key,
             "webhook-id is the idempotency key"
         );
+        let signature = header(delivery, "webhook-signature");
+        let schemes: Vec<&str> = signature
+            .split(' ')
+            .map(|item| item.split(',').next().unwrap_or_default())
+            .collect();
         assert_eq!(
-            header(delivery, "webhook-signature").split(' ').count(),
-            2,
-            "one v1 signature per secret"
+            schemes,
+            ["v1", "v1", "v1a", "v1a"],
+            "one item per secret, in order: {signature}"
         );
     }
     assert_eq!(
@@ -293,5 +310,13 @@ async fn signed_http_deliveries_verify_with_the_official_library_under_either_se
         deliveries.len()
     );
     assert_eq!(standard_python_verified(NOT_SIGNING, &deliveries), 0);
+    // The official library ignores v1a items; the public keys verify them.
+    for key in [&seed_key, &pair_key] {
+        assert_eq!(
+            ed25519_python_verified(&key.whpk, &deliveries),
+            deliveries.len()
+        );
+    }
+    assert_eq!(ed25519_python_verified(&stranger.whpk, &deliveries), 0);
     drop(bin);
 }

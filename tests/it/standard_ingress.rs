@@ -90,7 +90,15 @@ async fn official_vector_and_failures() {
             "timestamp_tolerance",
         ),
         ("no id", None, T, EXPECTED, PAYLOAD, "missing_header"),
-        ("no v1", Some(ID), T, "v1a,abc", PAYLOAD, "no_v1_signature"),
+        // Neither a v1 nor a v1a item (a v1a item is a candidate now; see the v1a tests).
+        (
+            "no v1",
+            Some(ID),
+            T,
+            "v2,abc v1b,abc",
+            PAYLOAD,
+            "no_v1_signature",
+        ),
     ] {
         let (status, problem) = post(&app, id, t, signature, body).await;
         assert_eq!(status, 400, "{name}: {problem}");

@@ -6,6 +6,8 @@
 //! * [`app`]: the application in this process on port 0, the real binary started on port 0
 //!   (killed on drop), and its CLI;
 //! * [`signing`]: Stripe events, signed with our code or with the official `stripe` library;
+//!   Standard Webhooks deliveries checked by the official library, ed25519 by Python's
+//!   `cryptography`;
 //! * [`stripe_channels`]: thin events, EventBridge envelopes, the official library's reading of
 //!   them, and a stand-in for Stripe's `GET /v2/core/events/{id}`;
 //! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
@@ -37,8 +39,8 @@ pub use db::{ledger_counts, pipeline_drained, Backend, HeldDedupRow, TestDb};
 pub use queue::{sqs_turn, SqsLoad, TestQueue, Transport};
 pub use receiver::{file_sink_ids, Receiver};
 pub use signing::{
-    now, post_signed, post_signed_until_not_503, standard_python_verified, stripe_event,
-    stripe_python_sign,
+    ed25519_python_sign, ed25519_python_verified, now, post_signed, post_signed_until_not_503,
+    standard_python_verified, stripe_event, stripe_python_sign,
 };
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
