@@ -1,19 +1,14 @@
-//! Logs (tracing, filtered by `RUST_LOG`, default `info`) and metrics (a process-wide
-//! Prometheus recorder rendered at `/metrics`).
+//! What an operator sees of the process: logs ([`logs`]: tracing, filtered by `RUST_LOG`,
+//! default `info`) and metrics (here: a process-wide Prometheus recorder rendered at
+//! `/metrics`).
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tracing_subscriber::EnvFilter;
 
-/// Installs the tracing subscriber once; later calls are no-ops (tests start many apps).
-pub fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
+pub mod logs;
+
+pub use logs::init_tracing;
 
 /// The process's Prometheus recorder, installed on first use. `None` if another recorder was
 /// installed first (a library user's own).
