@@ -150,7 +150,14 @@ enum OutboxCommand {
 
 pub async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    dedup_worker::telemetry::init_tracing();
+    let log = Settings::log_settings(cli.config.as_deref());
+    let telemetry = dedup_worker::telemetry::init(log.format);
+    let result = run_command(cli).await;
+    telemetry.shutdown();
+    result
+}
+
+async fn run_command(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sign {
             secret,

@@ -273,7 +273,7 @@ pub async fn build_transport(
 ) -> Arc<dyn Transport> {
     match settings.transport.kind {
         TransportKind::Rabbitmq => Arc::new(RabbitMqQueue::new(
-            settings.transport.amqp_url.clone(),
+            settings.transport.amqp_url.expose().to_owned(),
             settings.transport.queue.clone(),
             RabbitOptions {
                 prefetch: u16::try_from(settings.consumer.batch_size * 2).unwrap_or(u16::MAX),

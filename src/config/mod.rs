@@ -14,6 +14,8 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
+use crate::telemetry::LogFormat;
+
 mod ed25519;
 mod secrets;
 mod sink;
@@ -24,8 +26,8 @@ pub use ed25519::{
     PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
 };
 pub use secrets::{
-    standard_mac, webhook_signature, InvalidSigningSecret, InvalidStandardSecret, Secret,
-    SigningSecret, StandardSecret,
+    redact_url, standard_mac, webhook_signature, ConnectionUrl, InvalidSigningSecret,
+    InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
 };
 pub use sink::{InvalidSinkSpec, SinkSpec};
 
@@ -109,7 +111,7 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 pub struct Settings {
     /// `postgres://…` or `sqlite://PATH`: the store of processed ids, outbox, dead letters and
     /// the database queue.
-    pub database_url: String,
+    pub database_url: ConnectionUrl,
     pub database: DatabaseSettings,
     pub roles: RoleSettings,
     pub http: HttpSettings,
@@ -119,6 +121,15 @@ pub struct Settings {
     pub consumer: ConsumerSettings,
     pub outbox: OutboxSettings,
     pub shutdown: ShutdownSettings,
+    pub log: LogSettings,
+}
+
+/// `[log]`: how the process logs (read before the rest, by [`Settings::log_settings`]).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// Text, JSON lines, or by whether stderr is a terminal.
+    pub format: LogFormat,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -227,7 +238,7 @@ pub struct TransportSettings {
     pub kind: TransportKind,
     /// Queue name (database, RabbitMQ) or URL (SQS).
     pub queue: String,
-    pub amqp_url: String,
+    pub amqp_url: ConnectionUrl,
     /// Most events written by one group commit.
     pub publish_batch_max: usize,
     /// Writer tasks doing group commits in parallel.
@@ -386,6 +397,13 @@ impl Settings {
             .filter(|key| key.as_str().contains("__"))
             .split("__");
         figment.merge(fixed).merge(nested)
+    }
+
+    /// The `[log]` settings alone, from the same layers, so logging is set up before the rest is
+    /// validated (whose errors are then logged as configured); defaults if they do not parse
+    /// (the full load reports why).
+    pub fn log_settings(file: Option<&Path>) -> LogSettings {
+        Self::figment(file).extract_inner("log").unwrap_or_default()
     }
 
     /// Extracts and validates.

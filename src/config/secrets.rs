@@ -32,6 +32,55 @@ impl Secret {
     }
 }
 
+/// A URL that may carry credentials (`postgres://user:password@host/db`, `amqp://…`): used as
+/// it is, shown with its password masked in `Debug` and `Display` ([`redact_url`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct ConnectionUrl(pub String);
+
+impl ConnectionUrl {
+    /// The URL with its credentials, for the client that connects.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for ConnectionUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ConnectionUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", redact_url(&self.0))
+    }
+}
+
+impl std::fmt::Display for ConnectionUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+/// `url` with the password of its user info masked (`postgres://app:***@db:5432/x`), or the
+/// whole user info when it is a bare token (`https://***@host/`); other URLs as they are.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let masked = match rest[..at].split_once(':') {
+        Some((user, _password)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    format!("{scheme}://{masked}{}", &rest[at..])
+}
+
 /// A Standard Webhooks secret (`whsec_<base64>`), already decoded into the HMAC key it names.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StandardSecret {
@@ -226,6 +275,35 @@ pub(super) fn comma_separated_public_keys<'de, D: Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_credentials_never_show() {
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db:5432/x",
+                "postgres://app:***@db:5432/x",
+            ),
+            (
+                "amqp://guest:p%40ss@127.0.0.1:5672/%2f",
+                "amqp://guest:***@127.0.0.1:5672/%2f",
+            ),
+            (
+                "https://tok3n@hooks.example/a@b",
+                "https://***@hooks.example/a@b",
+            ),
+            ("sqlite://data/x.db", "sqlite://data/x.db"),
+            (
+                "https://hooks.example/?user=a@b",
+                "https://hooks.example/?user=a@b",
+            ),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
+        let url = ConnectionUrl("postgres://app:s3cret@db/x".into());
+        assert!(!format!("{url:?} {url}").contains("s3cret"));
+        assert_eq!(url.expose(), "postgres://app:s3cret@db/x");
+    }
 
     #[test]
     fn standard_secrets_decode_with_or_without_the_prefix_and_bad_ones_say_why() {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 /// A parsed `outbox.sink` / `DEDUP_SINK` value.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub enum SinkSpec {
     /// Log each event (tracing, level info).
@@ -26,6 +26,24 @@ pub enum SinkSpec {
     /// Send each event to an SQS queue (`https://sqs.<region>.amazonaws.com/…`, or `sqs:URL`
     /// for an emulator's queue URL).
     Sqs(String),
+}
+
+/// Credentials in a sink's URL are masked ([`super::redact_url`]).
+impl std::fmt::Debug for SinkSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use super::redact_url;
+        match self {
+            SinkSpec::Log => f.write_str("Log"),
+            SinkSpec::File(path) => f.debug_tuple("File").field(path).finish(),
+            SinkSpec::Http(url) => f.debug_tuple("Http").field(&redact_url(url)).finish(),
+            SinkSpec::Amqp { url, exchange } => f
+                .debug_struct("Amqp")
+                .field("url", &redact_url(url))
+                .field("exchange", exchange)
+                .finish(),
+            SinkSpec::Sqs(url) => f.debug_tuple("Sqs").field(&redact_url(url)).finish(),
+        }
+    }
 }
 
 impl SinkSpec {

@@ -38,8 +38,10 @@ mod settle;
 mod stale;
 
 use std::collections::HashSet;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
 pub use crate::outbox::OutboxMessage;
@@ -369,7 +371,7 @@ impl Consumer {
         {
             let exhausted = delivery.attempts >= self.options.max_attempts;
             if matches!(error, HandlerError::Fatal(_)) || exhausted {
-                tracing::warn!(event_id = %event.id, attempts = delivery.attempts, %error, "dead-lettering event");
+                tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, "dead-lettering event");
                 tx.insert_dead_letter(&self.dead_letter(event, delivery, &error.to_string()))
                     .await?;
                 outcome.dead_lettered += 1;
@@ -380,14 +382,14 @@ impl Consumer {
                     self.options.retry_max,
                     delivery.attempts,
                 );
-                tracing::info!(event_id = %event.id, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
+                tracing::info!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
                 outcome.retried += 1;
                 retries.push((delivery, delay));
             }
         }
         for (event, delivery) in &given_up {
             let reason = delivery.give_up.as_deref().unwrap_or_default();
-            tracing::warn!(event_id = %event.id, %reason, "dead-lettering event");
+            tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, %reason, "dead-lettering event");
             // Once per event: moving the same message again (a crash before its ack) adds
             // nothing to list or redrive.
             tx.insert_dead_letter_once(&self.dead_letter(event, delivery, reason))
@@ -452,27 +454,39 @@ impl Consumer {
         tx: &mut StoreTx,
     ) -> Result<Vec<OutboxMessage>, HandlerError> {
         use futures::FutureExt;
-        if let Some(guard) = &self.stale_guard {
-            if guard.is_stale(event, tx).await? {
-                return Ok(Vec::new()); // recorded as processed; nothing to forward
+        let handled = async {
+            if let Some(guard) = &self.stale_guard {
+                if guard.is_stale(event, tx).await? {
+                    return Ok(Vec::new()); // recorded as processed; nothing to forward
+                }
             }
-        }
-        let mut conn = tx.conn();
-        match std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
-            .catch_unwind()
-            .await
-        {
-            Ok(result) => result,
-            Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
-                Err(HandlerError::Fatal(
-                    format!("handler panicked: {reason}").into(),
-                ))
-            }
-        }
+            let mut conn = tx.conn();
+            std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    let reason = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    Err(HandlerError::Fatal(
+                        format!("handler panicked: {reason}").into(),
+                    ))
+                })
+        };
+        handled.instrument(handle_span(event)).await
     }
+}
+
+/// The span a handler (and the stale guard) runs in: every line it, or a user's handler, logs
+/// carries the event's key and type (so such lines must not repeat them as fields).
+fn handle_span(event: &Event) -> tracing::Span {
+    tracing::info_span!(
+        "handle",
+        otel.kind = "consumer",
+        source = %event.source,
+        event_id = %event.id,
+        event_type = %event.event_type,
+    )
 }

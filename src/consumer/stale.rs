@@ -70,8 +70,8 @@ impl StaleGuard {
         else {
             return Ok(false);
         };
+        // In the handle span, which carries the event's own key and type.
         tracing::info!(
-            event_id = %event.id,
             newer_event_id = %newer_event_id,
             object_id = %object_id,
             version,

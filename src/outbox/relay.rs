@@ -202,7 +202,7 @@ impl Relay {
             outcome.failed_attempts += 1;
             let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
             let delay = backoff_delay(self.options.retry_base, self.options.retry_max, attempts);
-            tracing::warn!(outbox_id = row.id, event_id = %row.event_id, attempts, %error, ?delay, "delivery failed");
+            tracing::warn!(outbox_id = row.id, source = %row.source, event_id = %row.event_id, event_type = %row.event_type, attempts, %error, ?delay, "delivery failed");
             // If this mark is lost, the row is simply retried when its lease ends.
             let marked = bounded(
                 limit,
@@ -215,7 +215,7 @@ impl Relay {
             )
             .await?;
             if marked == 0 {
-                tracing::warn!(outbox_id = row.id, event_id = %row.event_id, "lease lost; another relay owns the row");
+                tracing::warn!(outbox_id = row.id, source = %row.source, event_id = %row.event_id, event_type = %row.event_type, "lease lost; another relay owns the row");
                 metrics::counter!("dedup_outbox_lease_lost_total").increment(1);
                 outcome.lease_lost += 1;
             }

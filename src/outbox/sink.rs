@@ -181,6 +181,7 @@ impl Sink for LogSink {
         rows.iter()
             .map(|row| {
                 tracing::info!(
+                    source = %row.source,
                     event_id = %row.event_id,
                     event_type = %row.event_type,
                     idempotency_key = %row.idempotency_key,

@@ -58,6 +58,47 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
+    /// The first connection failed: which server (never its password), and the cause.
+    #[error("cannot connect to {target}")]
+    Connect {
+        target: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The first connection got no answer at all (a black-holed host or port).
+    #[error(
+        "cannot connect to {target}: no answer within {timeout:?} (database.acquire_timeout_ms)"
+    )]
+    ConnectTimedOut { target: String, timeout: Duration },
+}
+
+/// What a failed first connection to PostgreSQL says: the pool reports only that it timed out
+/// waiting, so one more connection is tried (within `timeout`) for the server's or the
+/// network's own reason (refused, unknown host, authentication, no answer).
+async fn why_not_connected(
+    options: &PgConnectOptions,
+    timeout: Duration,
+    pool_error: sqlx::Error,
+) -> StoreError {
+    use sqlx::Connection;
+    let target = format!(
+        "PostgreSQL at {}:{} (database {}, user {})",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("(default)"),
+        options.get_username(),
+    );
+    match tokio::time::timeout(timeout, sqlx::PgConnection::connect_with(options)).await {
+        Ok(Err(source)) => StoreError::Connect { target, source },
+        Ok(Ok(conn)) => {
+            drop(conn); // it answers now: the pool's own failure is all there is to say
+            StoreError::Connect {
+                target,
+                source: pool_error,
+            }
+        }
+        Err(_) => StoreError::ConnectTimedOut { target, timeout },
+    }
 }
 
 impl StoreError {
@@ -152,9 +193,12 @@ impl Store {
             let pool = PoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(acquire_timeout)
-                .connect_with(options)
-                .await?;
-            Ok(Store(Pool::Postgres(pool)))
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Ok(pool) => Ok(Store(Pool::Postgres(pool))),
+                Err(error) => Err(why_not_connected(&options, acquire_timeout, error).await),
+            }
         }
     }
 

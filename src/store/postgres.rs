@@ -197,7 +197,7 @@ pub(super) async fn claim_outbox(
                   LIMIT $1
                   FOR UPDATE SKIP LOCKED) c
           WHERE o.id = c.id
-      RETURNING o.id, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload,
+      RETURNING o.id, o.source, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload,
                 o.attempts, o.claim_token",
     )
     .bind(max as i64)
@@ -306,8 +306,8 @@ pub(super) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, StoreEr
 
 pub(super) async fn failed_outbox(pool: &PgPool, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts,
-                coalesce(claim_token, 0) AS claim_token
+        "SELECT id, source, event_id, destination, idempotency_key, event_type, payload,
+                attempts, coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

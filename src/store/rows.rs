@@ -45,6 +45,8 @@ pub struct NewOutboxRow {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OutboxRow {
     pub id: i64,
+    /// The event's source and id: the dedup key of the event whose handler wrote the row.
+    pub source: String,
     pub event_id: String,
     pub destination: Option<String>,
     pub idempotency_key: String,

@@ -215,7 +215,7 @@ pub(super) async fn claim_outbox(
           WHERE id IN (SELECT id FROM outbox
                         WHERE status = 'pending' AND next_attempt_at <= $2
                         ORDER BY next_attempt_at LIMIT $3)
-      RETURNING id, event_id, destination, idempotency_key, event_type, payload, attempts,
+      RETURNING id, source, event_id, destination, idempotency_key, event_type, payload, attempts,
                 claim_token",
     )
     .bind(now + millis(lease))
@@ -318,8 +318,8 @@ pub(super) async fn failed_outbox(
     limit: i64,
 ) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
-        "SELECT id, event_id, destination, idempotency_key, event_type, payload, attempts,
-                coalesce(claim_token, 0) AS claim_token
+        "SELECT id, source, event_id, destination, idempotency_key, event_type, payload,
+                attempts, coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

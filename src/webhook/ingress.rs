@@ -27,6 +27,8 @@ use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
 use crate::stripe::{StripeEventHead, StripeShapeError};
+use crate::telemetry::traces;
+use tracing::Instrument;
 
 /// Current Unix time in seconds; injectable so tests can verify published vectors.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -72,7 +74,11 @@ async fn stripe_webhook(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer("stripe", receive_stripe(&state, &headers, body).await)
+    let span = receive_span(state.stripe.source, &headers);
+    let outcome = receive_stripe(&state, &headers, body)
+        .instrument(span)
+        .await;
+    answer("stripe", outcome)
 }
 
 async fn standard_webhook(
@@ -80,7 +86,42 @@ async fn standard_webhook(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer("standard", receive_standard(&state, &headers, body).await)
+    let source = state
+        .standard
+        .as_ref()
+        .map_or("standard", |p| p.source.as_str());
+    let span = receive_span(source, &headers);
+    let outcome = receive_standard(&state, &headers, body)
+        .instrument(span)
+        .await;
+    answer("standard", outcome)
+}
+
+/// The span of one webhook: its event's fields are recorded once read, so every line logged
+/// while it is received carries them; it continues the sender's trace when the request has a
+/// `traceparent`.
+fn receive_span(source: &str, headers: &HeaderMap) -> tracing::Span {
+    let span = tracing::info_span!(
+        "receive",
+        otel.kind = "server",
+        source,
+        event_id = tracing::field::Empty,
+        event_type = tracing::field::Empty,
+    );
+    let traceparent = headers
+        .get(traces::TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
+    traces::continue_trace(&span, traceparent);
+    span
+}
+
+/// Records the event's key and type on the current (receive) span.
+fn record_event(event_id: &str, event_type: Option<&str>) {
+    let span = tracing::Span::current();
+    span.record("event_id", event_id);
+    if let Some(event_type) = event_type {
+        span.record("event_type", event_type);
+    }
 }
 
 /// The one place an ingress outcome becomes HTTP: 200 with the event id, or the problem.
@@ -150,12 +191,12 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
 /// Publishes and waits until the transport says the message is durable; 503 otherwise (400 if
 /// the transport refused this very message for what it carries).
 async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), Problem> {
-    let id = message.message_id.clone().unwrap_or_default();
+    // Logged in the receive span, which carries the event's key and type.
     bounded(state.publish_timeout, state.transport.publish(message))
         .await
         .map_err(|error| match error {
             TransportError::Rejected(reason) => {
-                tracing::warn!(%reason, event_id = %id, "transport refused webhook; answering 400");
+                tracing::warn!(%reason, "transport refused webhook; answering 400");
                 Problem::new(
                     StatusCode::BAD_REQUEST,
                     "urn:dedup-worker:problem:invalid-payload",
@@ -166,7 +207,7 @@ async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), P
             }
             error => {
                 // The cause is logged; the sender learns only that it should retry.
-                tracing::warn!(%error, event_id = %id, "could not enqueue webhook; answering 503");
+                tracing::warn!(%error, "could not enqueue webhook; answering 503");
                 unavailable(&error)
             }
         })
@@ -223,6 +264,7 @@ async fn receive_stripe(
     if let Some(event_type) = &head.event_type {
         checked(EventField::Type, event_type, "payload_type")?;
     }
+    record_event(&dedup_id, head.event_type.as_deref());
     let message = OutgoingMessage {
         source: Some(provider.source.to_owned()),
         message_id: Some(dedup_id.clone()),
@@ -270,6 +312,7 @@ async fn receive_standard(
     if let Some(event_type) = &event_type {
         checked(EventField::Type, event_type, "payload_type")?;
     }
+    record_event(&id, event_type.as_deref());
     let message = OutgoingMessage {
         source: Some(provider.source.clone()),
         message_id: Some(id.clone()),

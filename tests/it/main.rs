@@ -22,6 +22,8 @@
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
+//! * [`operations`]: JSON log lines carry the event they are about; no colours off a terminal;
+//!   start-up errors name the database, its address and the cause, never the password;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and
@@ -62,6 +64,7 @@ mod dedup_window;
 mod fifo;
 mod hostile;
 mod idempotency;
+mod operations;
 mod outage;
 mod pipeline;
 mod redrive;

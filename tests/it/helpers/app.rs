@@ -126,9 +126,12 @@ impl RunningBinary {
     pub fn start(env: &[(&str, String)], log_dir: &Path) -> Self {
         let stderr_path = log_dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&stderr_path).expect("log file");
+        // Text logs, which the tests read for `field=value` (a test of the JSON lines sets
+        // DEDUP_LOG__FORMAT=json, later in `env`).
         let mut cmd = dedup_command(&[
             ("DEDUP_LISTEN", "127.0.0.1:0".into()),
             ("RUST_LOG", "warn".into()),
+            ("DEDUP_LOG__FORMAT", "text".into()),
         ]);
         cmd.arg("serve").stdout(Stdio::piped()).stderr(stderr);
         for (k, v) in env {

@@ -33,7 +33,8 @@ pub mod signing;
 pub mod stripe_channels;
 
 pub use app::{
-    cli_json_lines, counter_value, run_cli, test_settings, without_colours, RunningBinary, TestApp,
+    cli_json_lines, counter_value, dedup_command, run_cli, test_settings, without_colours,
+    RunningBinary, TestApp,
 };
 pub use db::{ledger_counts, pipeline_drained, Backend, HeldDedupRow, TestDb};
 pub use queue::{sqs_turn, SqsLoad, TestQueue, Transport};
