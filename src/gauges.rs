@@ -54,6 +54,10 @@ pub async fn run_gauges(sources: GaugeSources, shutdown: CancellationToken) {
         Label::new("transport", sources.transport_kind),
         Label::new("queue", sources.transport.queue_name().to_owned()),
     ];
+    // Registered at 0, so an alert on its increase has a series before the first failure.
+    for source in ["transport", "store"] {
+        metrics::counter!("dedup_gauge_sample_failures_total", "source" => source).increment(0);
+    }
     let mut failures = 0u32;
     loop {
         let sampled = tokio::select! {
