@@ -22,6 +22,10 @@
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
+//! * [`operations`]: `/metrics` of the binary after traffic (histogram buckets, gauges that follow
+//!   the queue, dead letters and the outbox), a real Prometheus scraping it with the alert rules
+//!   loaded, `promtool` on the rules and their unit tests, the dashboard's and rules' queries
+//!   naming only exposed metrics, the compose file and Kubernetes manifests validated;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and
@@ -62,6 +66,7 @@ mod dedup_window;
 mod fifo;
 mod hostile;
 mod idempotency;
+mod operations;
 mod outage;
 mod pipeline;
 mod redrive;
