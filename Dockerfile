@@ -14,10 +14,12 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/dedup-worker --create-home dedup
+ && groupadd --system --gid 10001 dedup \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/dedup-worker --create-home dedup
 COPY --from=build /src/target/release/dedup-worker /usr/local/bin/dedup-worker
 COPY config/default.toml /etc/dedup-worker/default.toml
-USER dedup
+# Numeric, so Kubernetes' runAsNonRoot can check it (deploy/k8s runs as 10001:10001).
+USER 10001:10001
 WORKDIR /var/lib/dedup-worker
 ENV DEDUP_LISTEN=0.0.0.0:8080
 EXPOSE 8080

@@ -22,7 +22,7 @@
 #   3. CONSUMERS consume-only processes (default 1; default settings each, on the same queue,
 #      /metrics on ports PORT+1, PORT+2, …) drain it; the round reports the rate (deliveries
 #      summed over the processes, each process's share in parentheses), the consumer's batch
-#      p50 and p99 (its /metrics summary; the largest over the processes), the dedup tables'
+#      p50 and p99 (from the histogram buckets of every process, summed), the dedup tables'
 #      heap and index bytes (on the ring layout summed over processed_events_legacy and
 #      processed_events_0 … _4) and, on the ring, the rows in the current generation's table
 #      after the drain.
@@ -71,10 +71,32 @@ received() { # deliveries settled (duplicates included), summed over the consume
   for i in $(seq 1 "$CONSUMERS"); do metric $((PORT + i)) dedup_events_received_total; done |
     awk '{ n += $1 } END { printf "%d\n", n }'
 }
-largest() { # largest value of a metric over the consume processes
+batch_quantile() { # batch_quantile Q: the Q-quantile of dedup_consumer_batch_seconds over all the
+  # consume processes, from their histogram buckets summed per bound and interpolated linearly
+  # inside the bucket as PromQL's histogram_quantile does (so within a bucket's width, see
+  # HISTOGRAM_BUCKETS in src/telemetry/mod.rs; 0 if nothing was recorded)
   local i
-  for i in $(seq 1 "$CONSUMERS"); do metric $((PORT + i)) "$1"; done |
-    awk 'NR == 1 || $1 > m { m = $1 } END { print m + 0 }'
+  for i in $(seq 1 "$CONSUMERS"); do curl -sf "http://127.0.0.1:$((PORT + i))/metrics" || true; done |
+    python3 -c '
+import re, sys
+counts = {}
+for line in sys.stdin:
+    m = re.match(r"dedup_consumer_batch_seconds_bucket\{le=\"([^\"]+)\"\} (\S+)", line)
+    if m:
+        le = float(m.group(1))  # "+Inf" parses as inf
+        counts[le] = counts.get(le, 0) + float(m.group(2))
+bounds = sorted(counts)
+total = counts[bounds[-1]] if bounds else 0
+rank, lower, below = float(sys.argv[1]) * total, 0.0, 0.0
+for le in bounds:
+    if total and counts[le] >= rank:
+        inside = counts[le] - below
+        print(lower if le == float("inf") else lower + (le - lower) * ((rank - below) / inside if inside else 1))
+        break
+    lower, below = le, counts[le]
+else:
+    print(0)
+' "$1"
 }
 running=() # the processes this script started and has not stopped yet
 stop() { # stop these processes (this script's own, by pid) and wait until they have exited
@@ -278,8 +300,8 @@ for retained in $SIZES; do
   elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.2f}')" "$start")
   shares=$(for i in $(seq 1 "$CONSUMERS"); do metric $((PORT + i)) dedup_events_received_total; done |
     awk '{ printf "%s%d", (NR > 1 ? " + " : ""), $1 }')
-  p99=$(largest 'dedup_consumer_batch_seconds{quantile="0.99"}')
-  p50=$(largest 'dedup_consumer_batch_seconds{quantile="0.5"}')
+  p99=$(batch_quantile 0.99)
+  p50=$(batch_quantile 0.5)
   stop "${consumers[@]}"
   current=
   if [ "$BACKEND" = sqlite ]; then
@@ -315,7 +337,7 @@ for retained in $SIZES; do
   echo "$layout layout, retained $retained + $EXPIRED expired ($left left after the drain) (filled in ${fill}s):" \
     "$queued messages $outcome by $CONSUMERS consume process(es) ($shares) in ${elapsed} s" \
     "= $(python3 -c "print(int($queued / $elapsed))") messages/s; batch p50 $(python3 -c "print(round($p50*1000,1))") ms," \
-    "p99 $(python3 -c "print(round($p99*1000,1))") ms (largest over the processes); $sizes$current"
+    "p99 $(python3 -c "print(round($p99*1000,1))") ms (all processes' buckets); $sizes$current"
   if [ "$BACKEND" = sqlite ]; then
     rm -f "$WORK/$db.db"*
   else

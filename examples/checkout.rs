@@ -11,6 +11,8 @@
 //!   happened once;
 //! - the provider stub runs in this process on its own port (printed at start), behind its own
 //!   layer, and records one charge per key (`GET /v1/charges`).
+//! - `GET /metrics` (no bearer needed) is the process's Prometheus text, the layer's
+//!   `idempotency_*` metrics among it.
 //!
 //! Environment: `CHECKOUT_LISTEN` (default `127.0.0.1:8081`), `DATABASE_URL` (PostgreSQL,
 //! required), `REDIS_URL` (optional fast path), `PROVIDER_LISTEN` (default `127.0.0.1:0`).

@@ -4,7 +4,8 @@
 # tests use (the official `stripe` library as an independent signer, the official `standardwebhooks`
 # library as an independent verifier of what the HTTP sink signs, `cryptography` as an independent
 # ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
-# installed, moto_server is started on a free port for the run and stopped after.
+# installed, moto_server is started on a free port for the run and stopped after; Debian's
+# prometheus and docker-compose are installed when missing (tests/it/operations/).
 # Then a fuzz smoke run: every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each,
 # through scripts/fuzz.sh (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
 set -euo pipefail
@@ -35,11 +36,40 @@ if ! port_open 5672 && command -v rabbitmq-server >/dev/null; then
   rabbitmq-server -detached || true
 fi
 
+# --- Debian tools -----------------------------------------------------------------------------
+# tests/it/operations/: a real Prometheus scrapes the binary, promtool checks and unit-tests the
+# alert rules (package prometheus), and the compose file is checked with `docker-compose config`
+# where the `docker compose` plugin is absent (package docker-compose; no engine is needed).
+# Installed only when missing, quietly, without recommends, and without starting the packages'
+# services (policy-rc.d): the tests start their own Prometheus on a free port.
+apt_install() {
+  local made_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -y -qq --no-install-recommends)
+  # A fresh machine's package lists may be missing or stale: update once if the install fails.
+  "${apt[@]}" install "$@" >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && "${apt[@]}" install "$@" >/dev/null; }
+  [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+}
+missing=()
+{ command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
+{ docker compose version || command -v docker-compose; } >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+
 # --- Python tools -----------------------------------------------------------------------------
+# PyYAML reads deploy/'s YAML for the tests; kubernetes-validate carries the Kubernetes JSON
+# schemas, so the manifests are validated offline.
 PYTHON=${PYTHON:-python3}
 export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-  'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40'
+  'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
+  'pyyaml>=6' 'kubernetes-validate>=1.33,<2'
 
 MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/moto-$MOTO_PORT.log" 2>&1 &

@@ -21,6 +21,8 @@
 //!   transport; [`backfill`]: events Stripe no longer retries, listed from its API and
 //!   published the same way, so dedup absorbs those received before.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
+//! * [`gauges`]: samples the queue's backlog, dead letters and failed outbox rows in the
+//!   background, for the gauges `/metrics` shows.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
 //!
@@ -42,6 +44,7 @@ pub mod consumer;
 pub mod dlq;
 pub mod error;
 pub mod event;
+pub mod gauges;
 pub mod group_commit;
 pub mod http;
 pub mod idempotency;

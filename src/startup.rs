@@ -21,6 +21,7 @@ use crate::config::{HandlerKind, Settings, TransportKind};
 use crate::consumer::{
     Consumer, ConsumerOptions, ForwardHandler, FullEventFetch, Handler, LedgerHandler, StaleGuard,
 };
+use crate::gauges::{run_gauges, GaugeSources};
 use crate::http::{ops, serve, ServerLimits};
 use crate::outbox::relay::{Relay, RelayOptions};
 use crate::queue::database::GroupCommit;
@@ -126,11 +127,25 @@ impl Application {
         let abandon = CancellationToken::new();
 
         let check_timeout = Duration::from_millis(settings.transport.publish_timeout_ms);
+        let metrics = crate::telemetry::metrics_handle();
         let mut app = ops::router(ops::OpsState {
             store: store.clone(),
             transport: transport.clone(),
             check_timeout,
-            metrics: crate::telemetry::metrics_handle(),
+            metrics: metrics.clone(),
+        });
+        // Every role: see `crate::gauges` for why.
+        let sources = GaugeSources {
+            store: store.clone(),
+            transport: transport.clone(),
+            transport_kind: settings.transport.kind.name(),
+            timeout: check_timeout,
+            metrics,
+        };
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            run_gauges(sources, token).await;
+            Ok(())
         });
         if roles.ingress {
             let state = IngressState {

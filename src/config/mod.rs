@@ -232,6 +232,17 @@ pub enum TransportKind {
     Sqs,
 }
 
+impl TransportKind {
+    /// The name `transport.kind` takes, also the `transport` label of the queue gauges.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Database => "database",
+            TransportKind::Rabbitmq => "rabbitmq",
+            TransportKind::Sqs => "sqs",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransportSettings {

@@ -13,3 +13,16 @@ pub mod problem;
 pub mod server;
 
 pub use server::{serve, ServerLimits};
+
+/// A status's class, `2xx`, `4xx`, `5xx`: the `status` label of the request histograms
+/// (`dedup_ingress_request_seconds`, `idempotency_request_seconds`), few enough values for a
+/// histogram per route, and what an error-rate alert divides by.
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}

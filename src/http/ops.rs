@@ -78,8 +78,23 @@ async fn readyz(State(state): State<OpsState>) -> Response {
     .into_response()
 }
 
+/// `GET /metrics` alone, rendering the process's recorder: for a service of its own that mounts
+/// the Idempotency-Key layer (the checkout example), so its `idempotency_*` metrics are scraped
+/// like the worker's.
+pub fn metrics_router() -> Router {
+    let handle = crate::telemetry::metrics_handle();
+    Router::new().route(
+        "/metrics",
+        get(move || std::future::ready(render(handle.as_ref()))),
+    )
+}
+
 async fn metrics_text(State(state): State<OpsState>) -> Response {
-    match &state.metrics {
+    render(state.metrics.as_ref())
+}
+
+fn render(metrics: Option<&metrics_exporter_prometheus::PrometheusHandle>) -> Response {
+    match metrics {
         Some(handle) => (
             [(
                 axum::http::header::CONTENT_TYPE,

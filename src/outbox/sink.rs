@@ -5,9 +5,10 @@
 //! `Idempotency-Key` (HTTP), `message_id` (AMQP), the `dedup-message-id` attribute and, on FIFO
 //! queues, the deduplication id (SQS).
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
@@ -56,6 +57,38 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Records one row's delivery in `dedup_relay_delivery_seconds{sink, outcome}`.
+fn record_delivery(sink: &'static str, took: Duration, result: &Result<(), SinkError>) {
+    let outcome = if result.is_ok() {
+        "delivered"
+    } else {
+        "failed"
+    };
+    metrics::histogram!("dedup_relay_delivery_seconds", "sink" => sink, "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
+
+/// One row's delivery, timed from its first poll (when a bounded stream of deliveries starts
+/// it, not when the batch was handed over) to its answer.
+async fn timed(
+    sink: &'static str,
+    delivery: impl Future<Output = Result<(), SinkError>>,
+) -> Result<(), SinkError> {
+    let started = Instant::now();
+    let result = delivery.await;
+    record_delivery(sink, started.elapsed(), &result);
+    result
+}
+
+/// A sink that delivers a whole batch at once (one write and fsync): each row took as long as
+/// the batch did.
+fn record_batch(sink: &'static str, started: Instant, results: &[Result<(), SinkError>]) {
+    let took = started.elapsed();
+    for result in results {
+        record_delivery(sink, took, result);
+    }
 }
 
 #[async_trait]
@@ -135,7 +168,7 @@ impl Sink for AmqpSink {
                 .collect();
         }
         // All publishes go out before any confirm is awaited: the confirms are pipelined.
-        futures::future::join_all(rows.iter().map(|row| self.publish(row))).await
+        futures::future::join_all(rows.iter().map(|row| timed("amqp", self.publish(row)))).await
     }
 }
 
@@ -155,17 +188,17 @@ impl Sink for SqsSink {
         let sends: Vec<_> = rows
             .iter()
             .map(|row| {
-                self.queue.publish(crate::queue::OutgoingMessage {
+                let send = self.queue.publish(crate::queue::OutgoingMessage {
                     source: None,
                     message_id: Some(row.idempotency_key.clone()),
                     message_type: Some(row.event_type.clone()),
                     payload: bytes::Bytes::from(row.payload.clone()),
-                })
+                });
+                timed("sqs", async move { send.await.map_err(SinkError::Sqs) })
             })
             .collect();
         stream::iter(sends)
             .buffered(self.concurrency)
-            .map(|r| r.map_err(SinkError::Sqs))
             .collect()
             .await
     }
@@ -178,7 +211,9 @@ pub struct LogSink;
 #[async_trait]
 impl Sink for LogSink {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
-        rows.iter()
+        let started = Instant::now();
+        let results: Vec<_> = rows
+            .iter()
             .map(|row| {
                 tracing::info!(
                     source = %row.source,
@@ -190,7 +225,9 @@ impl Sink for LogSink {
                 );
                 Ok(())
             })
-            .collect()
+            .collect();
+        record_batch("log", started, &results);
+        results
     }
 }
 
@@ -225,6 +262,15 @@ impl FileSink {
 #[async_trait]
 impl Sink for FileSink {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+        let started = Instant::now();
+        let results = self.write_batch(rows).await;
+        record_batch("file", started, &results);
+        results
+    }
+}
+
+impl FileSink {
+    async fn write_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
         let buffer: Vec<u8> = rows.iter().flat_map(Self::line).collect();
         let _guard = self.lock.lock().await;
         let result: Result<(), std::io::Error> = async {
@@ -344,7 +390,10 @@ impl Sink for HttpSink {
         use futures::stream::{self, StreamExt};
         // Futures collected first: a closure in `map` trips the higher-ranked lifetime check of
         // `async_trait`'s Send bound.
-        let deliveries: Vec<_> = rows.iter().map(|row| self.deliver(row)).collect();
+        let deliveries: Vec<_> = rows
+            .iter()
+            .map(|row| timed("http", self.deliver(row)))
+            .collect();
         stream::iter(deliveries)
             .buffered(self.concurrency)
             .collect()

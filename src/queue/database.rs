@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 use crate::group_commit::{server_answered, Committed, Committer, Names, WriteFailure};
 use crate::store::{bounded, NewQueueMessage, Store, StoreError, Wakeups};
 
@@ -361,6 +361,20 @@ impl Transport for DatabaseQueue {
 
     async fn ready(&self) -> Result<(), TransportError> {
         Ok(bounded(self.statement_timeout, self.store.ping()).await?)
+    }
+
+    /// One statement: the rows of the queue and its oldest `enqueued_at`. An empty queue's
+    /// oldest message is 0 s old, so an age alert clears once the queue drains.
+    async fn backlog(&self) -> Result<Backlog, TransportError> {
+        let (depth, oldest) = bounded(
+            self.statement_timeout,
+            self.store.queue_backlog(&self.queue),
+        )
+        .await?;
+        Ok(Backlog {
+            depth: Some(depth),
+            oldest_age: Some(oldest.unwrap_or(Duration::ZERO)),
+        })
     }
 
     fn queue_name(&self) -> &str {

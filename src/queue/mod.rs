@@ -71,6 +71,23 @@ pub struct Delivery {
 
 pub use crate::error::Cause;
 
+/// What a transport can tell of its queue's backlog cheaply, for the `dedup_queue_depth` and
+/// `dedup_queue_oldest_message_age_seconds` gauges (sampled in the background by
+/// [`crate::gauges`], never on a scrape). `None`: the transport cannot tell without another
+/// service, and the gauge is not exported rather than exported as a guess.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Messages waiting, as the transport counts them: the database queue, every row not yet
+    /// acked (leased ones too); RabbitMQ, the ready messages of a passive declare (delivered,
+    /// unacked ones are not counted); SQS, `ApproximateNumberOfMessages` (visible ones).
+    pub depth: Option<u64>,
+    /// How long the oldest message not yet acked has been in the queue (the database queue's
+    /// `enqueued_at`; a message waiting out a retry's backoff counts too, as it is not handled
+    /// yet). RabbitMQ's declare carries no age, and SQS's `ApproximateAgeOfOldestMessage` is a
+    /// CloudWatch metric, not a queue attribute: neither exports one.
+    pub oldest_age: Option<Duration>,
+}
+
 /// The transport could not do what was asked.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum TransportError {
@@ -168,6 +185,12 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Whether the transport can take messages now (for `/readyz`).
     async fn ready(&self) -> Result<(), TransportError>;
+
+    /// The queue's backlog (see [`Backlog`]); by default nothing is known. Callers bound it with
+    /// a timeout of their own.
+    async fn backlog(&self) -> Result<Backlog, TransportError> {
+        Ok(Backlog::default())
+    }
 
     /// The queue name, recorded with dead letters.
     fn queue_name(&self) -> &str;

@@ -37,7 +37,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
-use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 mod incoming;
 mod publisher;
@@ -462,6 +462,16 @@ impl Transport for RabbitMqQueue {
 
     async fn ready(&self) -> Result<(), TransportError> {
         self.publisher.side().await.map(|_| ())
+    }
+
+    /// Ready messages, by a passive declare; AMQP says nothing of their age.
+    async fn backlog(&self) -> Result<Backlog, TransportError> {
+        let side = self.publisher.side().await?;
+        let ready = topology::ready_messages(&side.connection, &self.queue).await?;
+        Ok(Backlog {
+            depth: Some(u64::from(ready)),
+            oldest_age: None,
+        })
     }
 
     fn queue_name(&self) -> &str {

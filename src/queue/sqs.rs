@@ -43,13 +43,13 @@ use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
-    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+    MessageAttributeValue, MessageSystemAttributeName,
 };
 use aws_sdk_sqs::Client;
 use base64::Engine;
 use bytes::Bytes;
 
-use super::{Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
 const ID_ATTRIBUTE: &str = "dedup-message-id";
 const TYPE_ATTRIBUTE: &str = "dedup-type";
@@ -473,14 +473,11 @@ impl Transport for SqsQueue {
     }
 
     async fn ready(&self) -> Result<(), TransportError> {
-        self.client
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .send()
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+        self.approximate_backlog().await.map(drop)
+    }
+
+    async fn backlog(&self) -> Result<Backlog, TransportError> {
+        self.approximate_backlog().await
     }
 
     fn queue_name(&self) -> &str {
@@ -488,6 +485,7 @@ impl Transport for SqsQueue {
     }
 }
 
+mod backlog;
 mod fifo;
 #[cfg(test)]
 mod tests;

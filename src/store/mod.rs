@@ -12,6 +12,7 @@
 //!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
+mod backlog;
 pub mod dedup;
 mod postgres;
 mod queries;
@@ -32,6 +33,7 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
+pub use backlog::AlertCounts;
 pub use dedup::{dedup_key, NewProcessed, RingMaintenance};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};

@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -25,6 +25,7 @@ use super::standard::{verify_standard_signature, StandardHeaders, StandardProvid
 use super::stripe::{verify_stripe_signature, StripeProvider};
 use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::http::problem::Problem;
+use crate::http::status_class;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
 use crate::stripe::{StripeEventHead, StripeShapeError};
 use crate::telemetry::traces;
@@ -75,10 +76,11 @@ async fn stripe_webhook(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let span = receive_span(state.stripe.source, &headers);
+    let started = Instant::now();
     let outcome = receive_stripe(&state, &headers, body)
         .instrument(span)
         .await;
-    answer("stripe", outcome)
+    answer("stripe", "/webhooks/stripe", started, outcome)
 }
 
 async fn standard_webhook(
@@ -91,10 +93,11 @@ async fn standard_webhook(
         .as_ref()
         .map_or("standard", |p| p.source.as_str());
     let span = receive_span(source, &headers);
+    let started = Instant::now();
     let outcome = receive_standard(&state, &headers, body)
         .instrument(span)
         .await;
-    answer("standard", outcome)
+    answer("standard", "/webhooks/standard", started, outcome)
 }
 
 /// The span of one webhook: its event's fields are recorded once read, so every line logged
@@ -124,8 +127,16 @@ fn record_event(event_id: &str, event_type: Option<&str>) {
     }
 }
 
-/// The one place an ingress outcome becomes HTTP: 200 with the event id, or the problem.
-fn answer(source: &'static str, outcome: Result<String, Problem>) -> Response {
+/// The one place an ingress outcome becomes HTTP: 200 with the event id, or the problem. Counts
+/// it, and times it from `started` (the body read: a slow sender's upload is its own, bounded by
+/// `http.body_read_timeout_ms`) to the answer: verification and the durable publish, what an
+/// ingress latency objective is about.
+fn answer(
+    source: &'static str,
+    route: &'static str,
+    started: Instant,
+    outcome: Result<String, Problem>,
+) -> Response {
     let label = match &outcome {
         Ok(_) => "accepted",
         Err(p) if p.status == 400 => "rejected",
@@ -133,14 +144,21 @@ fn answer(source: &'static str, outcome: Result<String, Problem>) -> Response {
         Err(_) => "unavailable",
     };
     metrics::counter!("dedup_webhooks_total", "source" => source, "outcome" => label).increment(1);
-    match outcome {
+    let response = match outcome {
         Ok(id) => (
             StatusCode::OK,
             Json(serde_json::json!({ "received": true, "id": id })),
         )
             .into_response(),
         Err(problem) => problem.into_response(),
-    }
+    };
+    metrics::histogram!(
+        "dedup_ingress_request_seconds",
+        "route" => route,
+        "status" => status_class(response.status()),
+    )
+    .record(started.elapsed().as_secs_f64());
+    response
 }
 
 /// The body, or 413 / 400 problems when it could not be read.

@@ -29,8 +29,9 @@ const FLOORS: &[&[&str]] = &[
     &["queue"],
     // The outbox: messages, sinks (which publish through the transports' publishers), relay.
     &["outbox"],
-    // The stages over them, and HTTP plumbing (server, problem+json, operational routes).
-    &["consumer", "retention", "dlq", "backfill", "http"],
+    // The stages over them, the background sampler of the gauges, and HTTP plumbing (server,
+    // problem+json, operational routes).
+    &["consumer", "retention", "dlq", "backfill", "gauges", "http"],
     // The webhook routes (answering through http's problem+json); the idempotency layer, apart
     // from the pipeline (it uses only the vocabulary and the HTTP server).
     &["webhook", "idempotency"],

@@ -24,6 +24,10 @@
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
 //! * [`operations`]: JSON log lines carry the event they are about; no colours off a terminal;
 //!   start-up errors name the database, its address and the cause, never the password;
+//!   `/metrics` of the binary after traffic (histogram buckets, gauges that follow
+//!   the queue, dead letters and the outbox), a real Prometheus scraping it with the alert rules
+//!   loaded, `promtool` on the rules and their unit tests, the dashboard's and rules' queries
+//!   naming only exposed metrics, the compose file and Kubernetes manifests validated;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and

@@ -128,7 +128,10 @@ impl CheckoutApp {
             provider_url,
             client: IdempotentClient::new(http),
         };
-        let checkout = checkout_router(state, checkout_layer.clone());
+        // `/metrics` beside it, outside the bearer check: what Prometheus scrapes of a service
+        // that mounts the layer (its `idempotency_*` metrics).
+        let checkout = checkout_router(state, checkout_layer.clone())
+            .merge(crate::http::ops::metrics_router());
         let checkout_listener = TcpListener::bind(&config.listen).await?;
         Ok(CheckoutApp {
             checkout: (checkout_listener, checkout),

@@ -353,11 +353,38 @@ where
             KeyHeader::Exempt => Box::pin(tx::without_key(shared, inner, req)),
             KeyHeader::Refused(rejection) => {
                 let style = shared.config.error_style;
-                Box::pin(async move { Ok(rejection.into_response(style)) })
+                Box::pin(timed(async move { Ok(rejection.into_response(style)) }))
             }
-            KeyHeader::Found(key) => Box::pin(flow::prepare(shared, inner, req, key)),
+            KeyHeader::Found(key) => Box::pin(timed(flow::prepare(shared, inner, req, key))),
         }
     }
+}
+
+/// A request the layer answers for (it carries a key, or lacks one where one is required),
+/// timed from the call to its answer in `idempotency_request_seconds{status, replayed}`:
+/// replays and executions apart, as they differ by the handler's whole run. Requests the layer
+/// lets through untouched (other methods, no key where none is required) are the handler's
+/// alone and are not counted.
+async fn timed<E>(
+    request: impl Future<Output = Result<Response<Body>, E>>,
+) -> Result<Response<Body>, E> {
+    let started = std::time::Instant::now();
+    let result = request.await;
+    let (status, replayed) = match &result {
+        Ok(response) => (
+            crate::http::status_class(response.status()),
+            response.headers().contains_key(&IDEMPOTENT_REPLAYED),
+        ),
+        // The inner service failed (axum routers never do): no answer of the layer's.
+        Err(_) => ("error", false),
+    };
+    metrics::histogram!(
+        "idempotency_request_seconds",
+        "status" => status,
+        "replayed" => if replayed { "true" } else { "false" },
+    )
+    .record(started.elapsed().as_secs_f64());
+    result
 }
 
 /// Put in a response's extensions by a handler that refused a request before doing anything

@@ -75,6 +75,28 @@ pub(super) async fn declare_bucket(
     Ok(())
 }
 
+/// Ready messages of queue `name` (delivered, unacked ones are not counted), by a passive
+/// declare on a channel of its own, closed after: a declare that fails (the queue deleted by
+/// hand) closes that channel only, never the publisher's.
+pub(super) async fn ready_messages(
+    connection: &Connection,
+    name: &str,
+) -> Result<u32, TransportError> {
+    let channel = connection.create_channel().await.map_err(unavailable)?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    let declared = channel
+        .queue_declare(name.into(), passive, FieldTable::default())
+        .await;
+    let _ = channel.close(200, "counted".into()).await;
+    Ok(declared
+        .map_err(|e| declare_failed(name, e))?
+        .message_count())
+}
+
 /// Makes sure queue `name` exists: a passive declare; if the queue is missing, a declare with
 /// `arguments`; if that is refused because another process created it meanwhile with other
 /// arguments, a passive declare again. Returns the channel that is still open.

@@ -56,7 +56,7 @@ where
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, or gives `None` after `timeout`.
-async fn poll_until<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+pub async fn poll_until<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
