@@ -269,6 +269,8 @@ impl Consumer {
         let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
         let mut events: Vec<(Event, &'d Delivery)> = Vec::new();
         let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
+        // Every delivery acked as a duplicate, recorded with the batch for `events show`.
+        let mut duplicates: Vec<(String, String)> = Vec::new();
         let mut undecodable: Vec<(&'d Delivery, DecodeError)> = Vec::new();
         for delivery in deliveries {
             match decode_delivery(delivery, &self.options) {
@@ -278,6 +280,7 @@ impl Consumer {
                     } else {
                         outcome.duplicates += 1;
                         to_ack.push(delivery.tag.clone());
+                        duplicates.push((event.source, event.id));
                     }
                 }
                 Err(reason) => undecodable.push((delivery, reason)),
@@ -304,6 +307,7 @@ impl Consumer {
         let (fresh, seen) = record_new(&mut tx, candidates).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
+        duplicates.extend(seen.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
         // New events the transport gave up on (over the delivery limit) are dead-lettered
         // without running their handler: a message that keeps killing its consumer must stop
         // somewhere. They are not processed, so their dedup rows go again; handled ones were
@@ -337,6 +341,7 @@ impl Consumer {
             let (still_new, taken) = record_new(&mut tx, fresh).await?;
             outcome.duplicates += taken.len();
             to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
+            duplicates.extend(taken.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
             fresh = still_new;
             verdicts = self.handle_with_savepoints(&mut tx, &fresh).await?;
         }
@@ -403,6 +408,12 @@ impl Consumer {
             outcome.dead_lettered += 1;
             to_ack.push(delivery.tag.clone());
         }
+        // Append-only (no key of its own): it never waits for another batch.
+        let duplicates: Vec<(&str, &str)> = duplicates
+            .iter()
+            .map(|(source, id)| (source.as_str(), id.as_str()))
+            .collect();
+        tx.record_duplicates(&duplicates).await?;
         tx.insert_outbox(&outbox_rows).await?;
         tx.commit().await?;
         if !outbox_rows.is_empty() {
