@@ -21,6 +21,8 @@
 //!   transport; [`backfill`]: events Stripe no longer retries, listed from its API and
 //!   published the same way, so dedup absorbs those received before.
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
+//! * [`inspect`]: `events show`, what happened to one event, from everything the store
+//!   recorded of it.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
 //!
@@ -45,6 +47,7 @@ pub mod event;
 pub mod group_commit;
 pub mod http;
 pub mod idempotency;
+pub mod inspect;
 pub mod lease;
 pub mod outbox;
 #[cfg(test)]
