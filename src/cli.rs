@@ -3,14 +3,17 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use dedup_worker::backfill::{self, BackfillRange};
-use dedup_worker::config::Settings;
+use dedup_worker::config::{Settings, TransportKind};
 use dedup_worker::dlq;
+use dedup_worker::event::{check_event_field, EventField};
+use dedup_worker::inspect::{self, ShowOptions};
 use dedup_worker::startup::{build_transport, Application, Overrides};
 use dedup_worker::store::{Store, Wakeups};
 use dedup_worker::stripe::StripeApi;
@@ -115,7 +118,24 @@ enum EventsCommand {
         #[arg(long, default_value_t = 100)]
         limit: i64,
     },
+    /// What happened to one event: when it was received, whether it was handled, deduplicated,
+    /// dead-lettered or stale, its outbox rows and whether it waits in the database queue.
+    /// Exits 0 when anything of it is recorded, 3 when it was not seen.
+    Show {
+        /// The event id (`evt_…`; a Standard Webhooks `webhook-id`).
+        id: String,
+        /// The source half of the dedup key (`standard_webhooks.source` for Standard Webhooks).
+        #[arg(long, default_value = "stripe")]
+        source: String,
+        /// Print one JSON object (fields: README, "What happened to an event?").
+        #[arg(long)]
+        json: bool,
+    },
 }
+
+/// `events show`'s exit status when nothing of the event is recorded (0: found; 1: an error;
+/// 2: a usage error, clap's).
+const NOT_SEEN: u8 = 3;
 
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
@@ -148,7 +168,38 @@ enum OutboxCommand {
     },
 }
 
-pub async fn run() -> anyhow::Result<()> {
+/// `events show`: the report on stdout; exit status [`NOT_SEEN`] when nothing is recorded.
+async fn show(
+    config: Option<PathBuf>,
+    source: &str,
+    id: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    // An id no event can have would only fail in the database, less clearly.
+    check_event_field(EventField::Source, source).context("--source")?;
+    check_event_field(EventField::Id, id).context("the event id")?;
+    let settings = store_settings(config)?;
+    let store = Store::connect(&settings).await?;
+    let options = ShowOptions {
+        statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+        database_queue: settings.transport.kind == TransportKind::Database,
+        default_source: settings.consumer.source.clone(),
+        limit: 100,
+    };
+    let report = inspect::event_report(&store, source, id, &options).await?;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(if report.found() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(NOT_SEEN)
+    })
+}
+
+pub async fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let log = Settings::log_settings(cli.config.as_deref());
     let telemetry = dedup_worker::telemetry::init(log.format);
@@ -157,8 +208,8 @@ pub async fn run() -> anyhow::Result<()> {
     result
 }
 
-async fn run_command(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+async fn run_command(cli: Cli) -> anyhow::Result<ExitCode> {
+    let done = match cli.command {
         Command::Sign {
             secret,
             timestamp,
@@ -262,6 +313,9 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Events {
+            command: EventsCommand::Show { id, source, json },
+        } => return show(cli.config, &source, &id, json).await,
+        Command::Events {
             command: EventsCommand::Stale { limit },
         } => {
             let store = connect(cli.config).await?;
@@ -289,7 +343,8 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-    }
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn sign(

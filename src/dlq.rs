@@ -6,7 +6,8 @@
 //! they were. Writing it into the database queue table instead would strand it where no
 //! RabbitMQ or SQS consumer looks.
 //!
-//! Order: publish, then delete the dead letter. A crash in between leaves the dead letter
+//! Order: publish, then delete the dead letter (recording the redrive in the same
+//! transaction, for `events show`). A crash in between leaves the dead letter
 //! listed although its event is back on the queue; redriving it again publishes a duplicate,
 //! which the consumer's dedup record absorbs. The other order could lose the event.
 //!
@@ -89,8 +90,9 @@ pub async fn redrive(
                     redriven,
                     source,
                 })?;
+            // Deleted with a record of the redrive, which `events show` lists.
             store
-                .delete_dead_letter(id)
+                .redrive_dead_letter(id, &queue)
                 .await
                 .map_err(|source| RedriveError::Store { redriven, source })?;
             redriven += 1;

@@ -23,6 +23,8 @@
 //! * [`retention`]: deletes processed ids past the dedup window and dispatched outbox rows.
 //! * [`gauges`]: samples the queue's backlog, dead letters and failed outbox rows in the
 //!   background, for the gauges `/metrics` shows.
+//! * [`inspect`]: `events show`, what happened to one event, from everything the store
+//!   recorded of it.
 //! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
 //!   Stripe-style `Idempotency-Key` semantics.
 //!
@@ -48,6 +50,7 @@ pub mod gauges;
 pub mod group_commit;
 pub mod http;
 pub mod idempotency;
+pub mod inspect;
 pub mod lease;
 pub mod outbox;
 #[cfg(test)]

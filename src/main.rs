@@ -5,7 +5,7 @@ mod cli;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match cli::run().await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             // `{:#}` prints the whole cause chain on one line, without a backtrace.
             eprintln!("dedup-worker: {error:#}");

@@ -41,6 +41,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         message_type,
         payload: Bytes::copy_from_slice(payload),
         attempts: 1,
+        enqueued_at: None,
         defect: None,
         give_up: None,
     };

@@ -199,6 +199,7 @@ mod tests {
             message_type: None,
             payload: Bytes::copy_from_slice(payload),
             attempts: 1,
+            enqueued_at: None,
             defect: None,
             give_up: None,
         }

@@ -32,6 +32,7 @@ mod dead_letter;
 pub mod decode;
 mod full_event;
 pub mod handler;
+mod handling;
 mod record;
 mod run;
 mod settle;
@@ -41,7 +42,6 @@ use std::collections::HashSet;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
 pub use crate::outbox::OutboxMessage;
@@ -56,7 +56,7 @@ use crate::config::EnvelopeKind;
 use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
-use crate::store::{NewOutboxRow, Store, StoreError, StoreTx, Wakeups};
+use crate::store::{NewOutboxRow, Store, StoreError, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -271,6 +271,8 @@ impl Consumer {
         let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
         let mut events: Vec<(Event, &'d Delivery)> = Vec::new();
         let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
+        // Every delivery acked as a duplicate, recorded with the batch for `events show`.
+        let mut duplicates: Vec<(String, String)> = Vec::new();
         let mut undecodable: Vec<(&'d Delivery, DecodeError)> = Vec::new();
         for delivery in deliveries {
             match decode_delivery(delivery, &self.options) {
@@ -280,6 +282,7 @@ impl Consumer {
                     } else {
                         outcome.duplicates += 1;
                         to_ack.push(delivery.tag.clone());
+                        duplicates.push((event.source, event.id));
                     }
                 }
                 Err(reason) => undecodable.push((delivery, reason)),
@@ -306,6 +309,7 @@ impl Consumer {
         let (fresh, seen) = record_new(&mut tx, candidates).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
+        duplicates.extend(seen.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
         // New events the transport gave up on (over the delivery limit) are dead-lettered
         // without running their handler: a message that keeps killing its consumer must stop
         // somewhere. They are not processed, so their dedup rows go again; handled ones were
@@ -339,6 +343,7 @@ impl Consumer {
             let (still_new, taken) = record_new(&mut tx, fresh).await?;
             outcome.duplicates += taken.len();
             to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
+            duplicates.extend(taken.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
             fresh = still_new;
             verdicts = self.handle_with_savepoints(&mut tx, &fresh).await?;
         }
@@ -405,6 +410,12 @@ impl Consumer {
             outcome.dead_lettered += 1;
             to_ack.push(delivery.tag.clone());
         }
+        // Append-only (no key of its own): it never waits for another batch.
+        let duplicates: Vec<(&str, &str)> = duplicates
+            .iter()
+            .map(|(source, id)| (source.as_str(), id.as_str()))
+            .collect();
+        tx.record_duplicates(&duplicates).await?;
         tx.insert_outbox(&outbox_rows).await?;
         tx.commit().await?;
         if !outbox_rows.is_empty() {
@@ -419,74 +430,4 @@ impl Consumer {
             failure: None,
         })
     }
-
-    /// The precise pass: each handler in its own savepoint; a failure undoes only its event,
-    /// including its dedup row (never "seen" before success).
-    async fn handle_with_savepoints(
-        &self,
-        tx: &mut StoreTx,
-        fresh: &[&(Event, &Delivery)],
-    ) -> Result<Vec<Verdict>, StoreError> {
-        let mut verdicts = Vec::with_capacity(fresh.len());
-        for (event, _) in fresh {
-            tx.savepoint().await?;
-            match self.run_handler(event, tx).await {
-                Ok(messages) => {
-                    tx.release_savepoint().await?;
-                    verdicts.push(Verdict::Handled(messages));
-                }
-                Err(error) => {
-                    tx.rollback_to_savepoint().await?;
-                    tx.release_savepoint().await?;
-                    tx.delete_processed(&event.source, &event.id).await?;
-                    verdicts.push(Verdict::Failed(error));
-                }
-            }
-        }
-        Ok(verdicts)
-    }
-
-    /// Runs the handler; a panic becomes a fatal error for this event only, so one poison
-    /// event can neither kill the worker nor block its batch.
-    async fn run_handler(
-        &self,
-        event: &Event,
-        tx: &mut StoreTx,
-    ) -> Result<Vec<OutboxMessage>, HandlerError> {
-        use futures::FutureExt;
-        let handled = async {
-            if let Some(guard) = &self.stale_guard {
-                if guard.is_stale(event, tx).await? {
-                    return Ok(Vec::new()); // recorded as processed; nothing to forward
-                }
-            }
-            let mut conn = tx.conn();
-            std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    let reason = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".to_owned());
-                    Err(HandlerError::Fatal(
-                        format!("handler panicked: {reason}").into(),
-                    ))
-                })
-        };
-        handled.instrument(handle_span(event)).await
-    }
-}
-
-/// The span a handler (and the stale guard) runs in: every line it, or a user's handler, logs
-/// carries the event's key and type (so such lines must not repeat them as fields).
-fn handle_span(event: &Event) -> tracing::Span {
-    tracing::info_span!(
-        "handle",
-        otel.kind = "consumer",
-        source = %event.source,
-        event_id = %event.id,
-        event_type = %event.event_type,
-    )
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::event::Event;
 use crate::queue::Delivery;
-use crate::store::{NewProcessed, StoreError, StoreTx};
+use crate::store::{ProcessedEvent, StoreError, StoreTx};
 
 /// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
 /// them into those recorded now (to handle) and those already there (duplicates).
@@ -19,20 +19,26 @@ pub(super) async fn record_new<'e, 'd>(
     // Keys are inserted in one global order, (source, id), whatever order the transport
     // delivered them in: two workers whose batches share ids then wait for each other in that
     // order, and never form the cycle PostgreSQL reports as `deadlock detected`.
-    let mut by_source: BTreeMap<&str, Vec<NewProcessed>> = BTreeMap::new();
-    for (event, _) in &events {
-        by_source.entry(event.source.as_str()).or_default().push((
-            event.id.clone(),
-            event.event_type.clone(),
-            signed_creation_time(event),
-        ));
+    let mut by_source: BTreeMap<&str, Vec<ProcessedEvent>> = BTreeMap::new();
+    for (event, delivery) in &events {
+        by_source
+            .entry(event.source.as_str())
+            .or_default()
+            .push(ProcessedEvent {
+                id: event.id.clone(),
+                event_type: event.event_type.clone(),
+                created: signed_creation_time(event),
+                // What `events show` reports of how it arrived.
+                received_at: delivery.enqueued_at,
+                delivery_attempt: i32::try_from(delivery.attempts).ok(),
+            });
     }
     for pairs in by_source.values_mut() {
-        pairs.sort_unstable();
+        pairs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
     }
     let mut new: HashSet<(String, String)> = HashSet::new();
     for (source, pairs) in by_source {
-        for id in tx.insert_processed_created(source, &pairs).await? {
+        for id in tx.insert_processed_events(source, &pairs).await? {
             new.insert((source.to_owned(), id));
         }
     }

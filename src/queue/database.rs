@@ -264,6 +264,7 @@ impl Transport for DatabaseQueue {
                 message_type: row.message_type,
                 payload: Bytes::from(row.payload),
                 attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+                enqueued_at: Some(row.enqueued_at),
                 defect: None,
                 give_up: None,
             })

@@ -58,6 +58,11 @@ pub struct Delivery {
     pub payload: Bytes,
     /// Deliveries so far, this one included (1 on the first).
     pub attempts: u32,
+    /// When the transport took the message in (Unix milliseconds): the ingress's publish (a
+    /// retry's copy keeps its original's), a redrive's, another producer's send. `None` where
+    /// the transport does not say (a RabbitMQ message another producer sent). Recorded with the
+    /// event's dedup row, for `events show`.
+    pub enqueued_at: Option<i64>,
     /// Why the transport could not read this message as its producer meant it (an SQS body
     /// marked base64 that is not); such a message is dead-lettered with this reason rather than
     /// left to come back forever.

@@ -55,6 +55,13 @@ use tags::ChannelTags;
 const SOURCE_HEADER: &str = "x-dedup-source";
 /// Header carrying how many deliveries a republished retry already had.
 const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
+/// Header carrying when the message was first published (Unix ms; a retry's copy keeps it).
+const ENQUEUED_HEADER: &str = "x-dedup-enqueued-ms";
+
+/// Milliseconds since the Unix epoch, for [`ENQUEUED_HEADER`].
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
 
 /// RabbitMQ options (see `[transport]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -176,16 +183,21 @@ impl RabbitMqQueue {
     }
 
     /// Publishes to the default exchange with routing key `routing_key` and waits for the
-    /// broker's confirm.
+    /// broker's confirm. `enqueued_at` is when the event was first published (a retry's copy
+    /// carries its original's); `None` for a copy of a message that did not say.
     async fn publish_to(
         &self,
         routing_key: &str,
         message: &OutgoingMessage,
         attempts: u32,
+        enqueued_at: Option<i64>,
     ) -> Result<(), TransportError> {
         let mut headers = FieldTable::default();
         if let Some(source) = &message.source {
             headers.insert(SOURCE_HEADER.into(), long(source));
+        }
+        if let Some(at) = enqueued_at {
+            headers.insert(ENQUEUED_HEADER.into(), AMQPValue::LongLongInt(at));
         }
         if attempts > 0 {
             headers.insert(
@@ -366,7 +378,8 @@ impl RabbitMqQueue {
 #[async_trait]
 impl Transport for RabbitMqQueue {
     async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
-        self.publish_to(&self.queue, &message, 0).await
+        self.publish_to(&self.queue, &message, 0, Some(now_ms()))
+            .await
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
@@ -443,7 +456,8 @@ impl Transport for RabbitMqQueue {
         };
         // The copy is confirmed before the original is acked: a crash in between delivers
         // the event twice, which the dedup record absorbs; the other order could lose it.
-        self.publish_to(&bucket, &copy, delivery.attempts).await?;
+        self.publish_to(&bucket, &copy, delivery.attempts, delivery.enqueued_at)
+            .await?;
         self.ack(std::slice::from_ref(&delivery.tag)).await
     }
 
@@ -453,7 +467,7 @@ impl Transport for RabbitMqQueue {
         queue: &str,
         message: OutgoingMessage,
     ) -> Result<(), TransportError> {
-        self.publish_to(queue, &message, 0).await
+        self.publish_to(queue, &message, 0, Some(now_ms())).await
     }
 
     fn can_address(&self, queue: &str) -> bool {

@@ -169,11 +169,13 @@ impl SqsQueue {
         } else {
             Bytes::copy_from_slice(body.as_bytes())
         };
-        let attempts = message
-            .attributes()
-            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+        let system = |name| message.attributes().and_then(|a| a.get(&name));
+        let attempts = system(MessageSystemAttributeName::ApproximateReceiveCount)
             .and_then(|n| n.parse().ok())
             .unwrap_or(1);
+        // Unix milliseconds, when SQS accepted the send (a retry changes visibility only).
+        let enqueued_at =
+            system(MessageSystemAttributeName::SentTimestamp).and_then(|ms| ms.parse().ok());
         Some(Delivery {
             tag: DeliveryTag::Sqs {
                 receipt_handle: receipt,
@@ -183,6 +185,7 @@ impl SqsQueue {
             message_type: attribute(TYPE_ATTRIBUTE),
             payload,
             attempts,
+            enqueued_at,
             defect,
             give_up: None,
         })
@@ -255,6 +258,7 @@ impl SqsQueue {
             .visibility_timeout(Self::secs(self.lease))
             .message_attribute_names("All")
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .customize()
             .config_override(aws_sdk_sqs::Config::builder().timeout_config(timeout))
             .send()

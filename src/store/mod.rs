@@ -19,6 +19,7 @@ mod queries;
 mod rows;
 mod sqlite;
 mod timeouts;
+mod trail;
 mod transaction;
 
 use std::str::FromStr;
@@ -34,13 +35,14 @@ use tokio::sync::Notify;
 use crate::config::Settings;
 
 pub use backlog::AlertCounts;
-pub use dedup::{dedup_key, NewProcessed, RingMaintenance};
+pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 
 pub use rows::{
-    DeadLetter, NewDeadLetter, NewOutboxRow, NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRow,
-    QueuedMessage, StaleEvent,
+    DeadLetter, DeadLetterRecord, DuplicateDeliveries, NewDeadLetter, NewOutboxRow,
+    NewQueueMessage, OutboxClaim, OutboxCounts, OutboxRecord, OutboxRow, ProcessedRecord,
+    QueuedMessage, QueuedRecord, RedriveRecord, StaleEvent, StaleRecord,
 };
 
 /// A store failure. Every variant is "try again later" for callers: ingress answers 503, the
@@ -245,7 +247,7 @@ impl Store {
     pub async fn begin(&self) -> Result<StoreTx, StoreError> {
         Ok(match &self.0 {
             Pool::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
-            Pool::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?),
+            Pool::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?, now_ms()),
         })
     }
 

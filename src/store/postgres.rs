@@ -63,6 +63,7 @@ pub(super) async fn claim_messages(
                   FOR UPDATE SKIP LOCKED) c
           WHERE q.id = c.id
       RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts,
+                floor(extract(epoch FROM q.enqueued_at) * 1000)::int8 AS enqueued_at,
                 q.claim_token",
     )
     .bind(queue)
@@ -353,8 +354,19 @@ pub(super) async fn purge_expired(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    // Ids grow with redriven_at: the oldest come first in the primary key.
+    let redrives = sqlx::query(
+        "DELETE FROM dead_letter_redrives WHERE id IN (
+             SELECT id FROM dead_letter_redrives
+              WHERE redriven_at < now() - make_interval(secs => $1) ORDER BY id LIMIT $2)",
+    )
+    .bind(secs(older_than))
+    .bind(batch)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     tx.commit().await?;
-    Ok(processed + outbox)
+    Ok(processed + outbox + redrives)
 }
 
 pub(super) async fn dead_letters(pool: &PgPool, limit: i64) -> Result<Vec<DeadLetter>, StoreError> {

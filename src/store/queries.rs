@@ -172,8 +172,10 @@ impl Store {
     // --- retention ------------------------------------------------------------------------
 
     /// Deletes at most `batch` ids of the legacy dedup table (see [`dedup`]) older than
-    /// `older_than`, and at most `batch` dispatched outbox rows older than `outbox_older_than`. On PostgreSQL only one worker at a
-    /// time does this (an advisory lock); the others return 0 at once.
+    /// `older_than`, at most `batch` dispatched outbox rows older than `outbox_older_than`,
+    /// and at most `batch` records of redriven dead letters older than `older_than`. On
+    /// PostgreSQL only one worker at a time does this (an advisory lock); the others return 0
+    /// at once.
     pub async fn purge_expired(
         &self,
         older_than: Duration,

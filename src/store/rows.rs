@@ -23,6 +23,8 @@ pub struct QueuedMessage {
     pub payload: Vec<u8>,
     /// Deliveries so far, this one included.
     pub attempts: i32,
+    /// When it was enqueued (Unix milliseconds).
+    pub enqueued_at: i64,
     /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
     /// message still carries it, i.e. while no other consumer has claimed it since.
     pub claim_token: i64,
@@ -122,4 +124,94 @@ pub struct OutboxCounts {
     pub pending: i64,
     pub dispatched: i64,
     pub failed: i64,
+}
+
+// --- what `events show` reads of one event (all times Unix milliseconds) ---------------------
+
+/// The dedup record of one processed event.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ProcessedRecord {
+    pub event_type: String,
+    /// The batch transaction's start (handlers ran, and the outbox rows were written, in it).
+    pub processed_at: i64,
+    /// When the transport took the event in; `None` where it does not say, and for ids
+    /// recorded before this was recorded.
+    pub received_at: Option<i64>,
+    /// Which delivery of the event was handled (1 on the first).
+    pub delivery_attempt: Option<i32>,
+}
+
+/// The later deliveries of one event recognised as duplicates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct DuplicateDeliveries {
+    /// How many, counted up to the limit the caller passed.
+    pub count: i64,
+    pub first_at: Option<i64>,
+    pub last_at: Option<i64>,
+}
+
+/// One dead letter of an event.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DeadLetterRecord {
+    pub id: i64,
+    pub event_type: String,
+    pub queue: String,
+    pub error: String,
+    pub attempts: i32,
+    pub created_at: i64,
+}
+
+/// A dead letter of an event that `dlq redrive` published again (and deleted).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RedriveRecord {
+    pub dead_letter_id: i64,
+    pub event_type: String,
+    /// The queue it was dead-lettered from.
+    pub queue: String,
+    /// The queue it was published to.
+    pub redriven_to: String,
+    pub error: String,
+    pub attempts: i32,
+    pub dead_lettered_at: i64,
+    pub redriven_at: i64,
+}
+
+/// The stale-event guard's record of holding an event back.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StaleRecord {
+    pub event_type: String,
+    pub object_id: String,
+    pub version: i64,
+    pub newer_event_id: String,
+    pub newer_version: i64,
+    pub recorded_at: i64,
+}
+
+/// One outbox row of an event, as the relay left it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct OutboxRecord {
+    pub id: i64,
+    /// `None`: the configured default sink.
+    pub destination: Option<String>,
+    pub event_type: String,
+    /// `pending`, `dispatched` or `failed`.
+    pub status: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    /// When a pending row is next due (or its lease ends, while a relay delivers it).
+    pub next_attempt_at: i64,
+    pub dispatched_at: Option<i64>,
+}
+
+/// A message of an event still in the database queue.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct QueuedRecord {
+    pub id: i64,
+    pub queue: String,
+    /// Deliveries so far.
+    pub attempts: i32,
+    pub enqueued_at: i64,
+    /// When it can be received next (in the future while leased or backing off).
+    pub visible_at: i64,
 }

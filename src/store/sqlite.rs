@@ -53,7 +53,8 @@ pub(super) async fn claim_messages(
           WHERE id IN (SELECT id FROM queue_messages
                         WHERE queue = $2 AND visible_at <= $3
                         ORDER BY visible_at, id LIMIT $4)
-      RETURNING id, source, message_id, message_type, payload, attempts, claim_token",
+      RETURNING id, source, message_id, message_type, payload, attempts, enqueued_at,
+                claim_token",
     )
     .bind(now + millis(lease))
     .bind(queue)
@@ -153,11 +154,13 @@ pub(super) async fn queue_depth(pool: &SqlitePool, queue: &str) -> Result<i64, S
     )
 }
 
+/// Writes `rows` created at `now`: the transaction's start, the time of the processed ids it
+/// records too (`events show` finds an event's outbox rows by that equality).
 pub(super) async fn insert_outbox(
     tx: &mut SqliteConnection,
+    now: i64,
     rows: &[NewOutboxRow],
 ) -> Result<(), StoreError> {
-    let now = now_ms();
     for chunk in rows.chunks(CHUNK / 2) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload, \
@@ -352,7 +355,17 @@ pub(super) async fn purge_expired(
     .execute(pool)
     .await?
     .rows_affected();
-    Ok(processed + outbox)
+    // Ids grow with redriven_at: the oldest come first in the primary key.
+    let redrives = sqlx::query(
+        "DELETE FROM dead_letter_redrives WHERE id IN (
+             SELECT id FROM dead_letter_redrives WHERE redriven_at < $1 ORDER BY id LIMIT $2)",
+    )
+    .bind(now - millis(older_than))
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(processed + outbox + redrives)
 }
 
 pub(super) async fn dead_letters(

@@ -2,7 +2,7 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::dedup::{self, NewProcessed};
+use super::dedup::{self, NewProcessed, ProcessedEvent};
 use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
@@ -38,7 +38,7 @@ macro_rules! on_tx {
     ($tx:expr, $func:ident($($arg:expr),*)) => {
         match $tx {
             StoreTx::Postgres(tx) => postgres::$func(tx, $($arg),*).await,
-            StoreTx::Sqlite(tx) => sqlite::$func(tx, $($arg),*).await,
+            StoreTx::Sqlite(tx, _) => sqlite::$func(tx, $($arg),*).await,
         }
     };
 }
@@ -48,7 +48,7 @@ macro_rules! either_tx {
     ($tx:expr, |$conn:ident| $body:expr) => {
         match $tx {
             StoreTx::Postgres($conn) => $body,
-            StoreTx::Sqlite($conn) => $body,
+            StoreTx::Sqlite($conn, _) => $body,
         }
     };
 }
@@ -57,7 +57,10 @@ macro_rules! either_tx {
 #[derive(Debug)]
 pub enum StoreTx {
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
-    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>),
+    /// The transaction and when it began (Unix ms): the time of the processed ids and outbox
+    /// rows it writes, as PostgreSQL's now() is for both (`events show` finds an event's
+    /// outbox rows by that equality).
+    Sqlite(sqlx::Transaction<'static, sqlx::Sqlite>, i64),
 }
 
 /// The connection a handler writes through: the batch transaction (inside a savepoint).
@@ -90,12 +93,45 @@ impl StoreTx {
         source: &str,
         events: &[NewProcessed],
     ) -> Result<Vec<String>, StoreError> {
+        let events: Vec<ProcessedEvent> = events.iter().map(ProcessedEvent::from).collect();
+        self.insert_processed_events(source, &events).await
+    }
+
+    /// As [`StoreTx::insert_processed_created`], with how each event was received (when the
+    /// transport took it in, which delivery this is), which `events show` reports.
+    pub async fn insert_processed_events(
+        &mut self,
+        source: &str,
+        events: &[ProcessedEvent],
+    ) -> Result<Vec<String>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
         match self {
             StoreTx::Postgres(tx) => dedup::insert_processed_pg(tx, source, events).await,
-            StoreTx::Sqlite(tx) => dedup::insert_processed_sqlite(tx, source, events).await,
+            StoreTx::Sqlite(tx, began) => {
+                dedup::insert_processed_sqlite(tx, *began, source, events).await
+            }
+        }
+    }
+
+    /// Records one later delivery of each `(source, event id)`, recognised as a duplicate of
+    /// an event processed before (in an earlier batch, or earlier in this one), for `events
+    /// show`. An event delivered three times more is listed three times.
+    pub async fn record_duplicates(
+        &mut self,
+        deliveries: &[(&str, &str)],
+    ) -> Result<(), StoreError> {
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<[u8; 16]> = deliveries
+            .iter()
+            .map(|(source, id)| dedup::dedup_key(source, id))
+            .collect();
+        match self {
+            StoreTx::Postgres(tx) => dedup::record_duplicates_pg(tx, &keys).await,
+            StoreTx::Sqlite(tx, began) => dedup::record_duplicates_sqlite(tx, *began, &keys).await,
         }
     }
 
@@ -107,7 +143,7 @@ impl StoreTx {
     ) -> Result<(), StoreError> {
         match self {
             StoreTx::Postgres(tx) => dedup::delete_processed_pg(tx, source, event_id).await,
-            StoreTx::Sqlite(tx) => dedup::delete_processed_sqlite(tx, source, event_id).await,
+            StoreTx::Sqlite(tx, _) => dedup::delete_processed_sqlite(tx, source, event_id).await,
         }
     }
 
@@ -115,7 +151,10 @@ impl StoreTx {
         if rows.is_empty() {
             return Ok(());
         }
-        on_tx!(self, insert_outbox(rows))
+        match self {
+            StoreTx::Postgres(tx) => postgres::insert_outbox(tx, rows).await,
+            StoreTx::Sqlite(tx, began) => sqlite::insert_outbox(tx, *began, rows).await,
+        }
     }
 
     pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
@@ -193,7 +232,7 @@ impl StoreTx {
     pub fn conn(&mut self) -> DbTx<'_> {
         match self {
             StoreTx::Postgres(tx) => DbTx::Postgres(tx),
-            StoreTx::Sqlite(tx) => DbTx::Sqlite(tx),
+            StoreTx::Sqlite(tx, _) => DbTx::Sqlite(tx),
         }
     }
 

@@ -29,9 +29,17 @@ const FLOORS: &[&[&str]] = &[
     &["queue"],
     // The outbox: messages, sinks (which publish through the transports' publishers), relay.
     &["outbox"],
-    // The stages over them, the background sampler of the gauges, and HTTP plumbing (server,
-    // problem+json, operational routes).
-    &["consumer", "retention", "dlq", "backfill", "gauges", "http"],
+    // The stages over them, the background sampler of the gauges, HTTP plumbing (server,
+    // problem+json, operational routes), and `events show`'s reading of one event's records.
+    &[
+        "consumer",
+        "retention",
+        "dlq",
+        "backfill",
+        "gauges",
+        "http",
+        "inspect",
+    ],
     // The webhook routes (answering through http's problem+json); the idempotency layer, apart
     // from the pipeline (it uses only the vocabulary and the HTTP server).
     &["webhook", "idempotency"],

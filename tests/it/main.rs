@@ -15,6 +15,9 @@
 //!   overlapping batches of two processes;
 //! * [`crash`]: SIGKILL and SIGTERM under load: nothing acknowledged lost, no effect twice,
 //!   every redelivery under the same `Idempotency-Key`;
+//! * [`events_show`]: `dedup-worker events show` reports each outcome (handled, deduplicated,
+//!   dead-lettered and redriven, stale, a failed outbox row, queued, not seen) of events driven
+//!   through the binary, as text and as JSON;
 //! * [`fifo`]: SQS FIFO queues: the event's object is the message group and `source:id` the
 //!   deduplication id; interleaved objects handled in order, duplicates inside and outside the
 //!   5-minute window once;
@@ -65,6 +68,7 @@ mod broker_outage;
 mod consumer;
 mod crash;
 mod dedup_window;
+mod events_show;
 mod fifo;
 mod hostile;
 mod idempotency;

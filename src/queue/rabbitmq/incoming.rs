@@ -18,7 +18,9 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::Channel;
 
-use super::{broker_failed, unavailable, ConsumerSide, ATTEMPTS_HEADER, SOURCE_HEADER};
+use super::{
+    broker_failed, unavailable, ConsumerSide, ATTEMPTS_HEADER, ENQUEUED_HEADER, SOURCE_HEADER,
+};
 use crate::queue::{Delivery, DeliveryTag, TransportError};
 
 /// Which queue a delivery came from.
@@ -100,6 +102,10 @@ pub(super) fn convert(
         other => as_u32(other),
     };
     let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
+    let enqueued_at = match header(ENQUEUED_HEADER) {
+        Some(AMQPValue::LongLongInt(ms)) => Some(ms),
+        _ => None,
+    };
     if let Ok(mut tags) = side.tags.lock() {
         tags.received(d.delivery_tag);
     }
@@ -117,6 +123,7 @@ pub(super) fn convert(
         message_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
         payload: Bytes::from(d.data),
         attempts,
+        enqueued_at,
         defect: None,
         give_up,
     }

@@ -112,6 +112,7 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         message_type: None,
         payload: Bytes::new(),
         attempts: 1,
+        enqueued_at: None,
         defect: None,
         give_up: None,
     };

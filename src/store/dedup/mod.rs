@@ -38,6 +38,7 @@
 
 mod postgres;
 mod sqlite;
+mod trail;
 
 use std::time::Duration;
 
@@ -52,6 +53,10 @@ pub(super) use postgres::{
 pub(super) use sqlite::{
     delete_processed as delete_processed_sqlite, insert_processed as insert_processed_sqlite,
     maintain_generations as maintain_generations_sqlite, processed_among as processed_among_sqlite,
+};
+pub(super) use trail::{
+    duplicates_of_pg, duplicates_of_sqlite, processed_record_pg, processed_record_sqlite,
+    processed_times, record_duplicates_pg, record_duplicates_sqlite,
 };
 
 /// Generation tables in the ring: the current one, up to three sealed ones still inside the
@@ -75,8 +80,33 @@ pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 pub const CREATED_MARGIN: Duration = Duration::from_secs(86_400);
 
 /// One event to record: its id, its type, and when the provider says it was created (Unix
-/// seconds), if the provider signs that.
+/// seconds), if the provider signs that. [`ProcessedEvent`] also carries how it was received.
 pub type NewProcessed = (String, String, Option<i64>);
+
+/// One event to record, with what `events show` reports of how it arrived.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessedEvent {
+    pub id: String,
+    pub event_type: String,
+    /// When the provider says it was created (Unix seconds), where the provider signs that:
+    /// generations sealed well before it are not looked up.
+    pub created: Option<i64>,
+    /// When the transport took it in (Unix milliseconds), where the transport says.
+    pub received_at: Option<i64>,
+    /// Which delivery of it this is (1 on the first).
+    pub delivery_attempt: Option<i32>,
+}
+
+impl From<&NewProcessed> for ProcessedEvent {
+    fn from((id, event_type, created): &NewProcessed) -> Self {
+        ProcessedEvent {
+            id: id.clone(),
+            event_type: event_type.clone(),
+            created: *created,
+            ..ProcessedEvent::default()
+        }
+    }
+}
 
 /// The 16-byte dedup key of an event: the first half of
 /// `sha256(be_u32(len(source)) ‖ source ‖ event_id)`. The length prefix keeps `("ab", "c")` and
@@ -117,6 +147,12 @@ fn table(slot: i16) -> String {
     format!("processed_events_{slot}")
 }
 
+/// The table of the duplicate deliveries recorded while `slot` was current (a partition on
+/// PostgreSQL), emptied with the generation's own table.
+fn duplicates_table(slot: i16) -> String {
+    format!("duplicate_deliveries_{slot}")
+}
+
 /// The slots other than `current`, for the NOT EXISTS lookups.
 fn others(current: i16) -> impl Iterator<Item = i16> {
     (0..RING_SLOTS).filter(move |s| *s != current)
@@ -150,22 +186,20 @@ fn thresholds(rows: &[(i16, Option<f64>)]) -> Result<(i16, Vec<Option<f64>>), St
     Ok((current, from))
 }
 
-/// `(key, event_id, event_type, created)` of each event, sorted by key: one global order in
-/// which every batch inserts, so two batches sharing ids wait for each other in that order and
-/// never form a deadlock cycle. A creation time further ahead of this clock than
-/// [`CREATED_MARGIN`] is dropped (it could make a lookup skip a generation holding the id).
-fn keyed(source: &str, events: &[NewProcessed]) -> Vec<([u8; 16], String, String, Option<i64>)> {
+/// Each event with its key, sorted by key: one global order in which every batch inserts, so
+/// two batches sharing ids wait for each other in that order and never form a deadlock cycle.
+/// A creation time further ahead of this clock than [`CREATED_MARGIN`] is dropped (it could
+/// make a lookup skip a generation holding the id).
+fn keyed<'e>(
+    source: &str,
+    events: &'e [ProcessedEvent],
+) -> Vec<([u8; 16], &'e ProcessedEvent, Option<i64>)> {
     let latest = chrono::Utc::now().timestamp() + CREATED_MARGIN.as_secs() as i64;
     let mut rows: Vec<_> = events
         .iter()
-        .map(|(id, event_type, created)| {
-            let created = created.filter(|c| *c <= latest);
-            (
-                dedup_key(source, id),
-                id.clone(),
-                event_type.clone(),
-                created,
-            )
+        .map(|event| {
+            let created = event.created.filter(|c| *c <= latest);
+            (dedup_key(source, &event.id), event, created)
         })
         .collect();
     rows.sort_unstable_by_key(|row| row.0);

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{
-    generation_length, keyed, next_slot, others, table, NewProcessed, RingMaintenance, Seal,
+    generation_length, keyed, next_slot, others, table, ProcessedEvent, RingMaintenance, Seal,
 };
 use super::{RING_LOCK, RING_LOCK_TIMEOUT, RING_SLOTS};
 use crate::store::postgres::RETENTION_LOCK;
@@ -15,9 +15,10 @@ use crate::store::StoreError;
 
 /// The insert for each current slot: into that generation's table, unless the legacy table or
 /// another generation holds the id. Another generation is skipped for an event created at or
-/// after its threshold (`$6` … `$9`: its seal plus [`super::CREATED_MARGIN`], NULL for a free
+/// after its threshold (`$8` … `$11`: its seal plus [`super::CREATED_MARGIN`], NULL for a free
 /// slot): written first, the comparison spares the index probe. The primary key settles the
-/// rest.
+/// rest. `processed_at` is the transaction's now(), as is the `created_at` of the outbox rows
+/// the batch writes: `events show` finds an event's outbox rows by that equality.
 static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     (0..RING_SLOTS)
         .map(|current| {
@@ -26,15 +27,16 @@ static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
                 .map(|(n, s)| {
                     format!(
                         "\n   AND (e.c >= ${} OR NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key))",
-                        n + 6,
+                        n + 8,
                         table(s)
                     )
                 })
                 .collect();
             format!(
-                "INSERT INTO {} (key, source, event_id, event_type)
-                 SELECT e.key, $1, e.id, e.t
-                   FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::float8[]) AS e(key, id, t, c)
+                "INSERT INTO {} (key, source, event_id, event_type, received_at, delivery_attempt)
+                 SELECT e.key, $1, e.id, e.t, to_timestamp(e.r / 1000.0::float8), e.a
+                   FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::int8[],
+                               $7::int4[]) AS e(key, id, t, c, r, a)
                   WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
                                      WHERE l.source = $1 AND l.event_id = e.id){lookups}
                  ON CONFLICT DO NOTHING
@@ -77,20 +79,24 @@ async fn generations(tx: &mut PgConnection) -> Result<(i16, Vec<Option<f64>>), S
 pub(crate) async fn insert_processed(
     tx: &mut PgConnection,
     source: &str,
-    events: &[NewProcessed],
+    events: &[ProcessedEvent],
 ) -> Result<Vec<String>, StoreError> {
     let rows = keyed(source, events);
     let keys: Vec<Uuid> = rows.iter().map(|r| Uuid::from_bytes(r.0)).collect();
-    let ids: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
-    let types: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
-    let created: Vec<Option<f64>> = rows.iter().map(|r| r.3.map(|c| c as f64)).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.1.id.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|r| r.1.event_type.as_str()).collect();
+    let created: Vec<Option<f64>> = rows.iter().map(|r| r.2.map(|c| c as f64)).collect();
+    let received: Vec<Option<i64>> = rows.iter().map(|r| r.1.received_at).collect();
+    let attempts: Vec<Option<i32>> = rows.iter().map(|r| r.1.delivery_attempt).collect();
     let (current, thresholds) = generations(tx).await?;
     let mut insert = sqlx::query_scalar(&INSERT_SQL[current as usize])
         .bind(source)
         .bind(&keys)
         .bind(&ids)
         .bind(&types)
-        .bind(&created);
+        .bind(&created)
+        .bind(&received)
+        .bind(&attempts);
     for slot in others(current) {
         insert = insert.bind(thresholds[slot as usize]);
     }
@@ -162,9 +168,14 @@ pub(crate) async fn maintain_generations(
     .fetch_all(&mut *tx)
     .await?;
     for slot in &expired {
-        sqlx::query(&format!("TRUNCATE {}", table(*slot)))
-            .execute(&mut *tx)
-            .await?;
+        // The generation's duplicate deliveries go with its ids.
+        sqlx::query(&format!(
+            "TRUNCATE {}, {}",
+            table(*slot),
+            super::duplicates_table(*slot)
+        ))
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("DELETE FROM dedup_generations WHERE slot = $1")
             .bind(slot)
             .execute(&mut *tx)

@@ -8,11 +8,11 @@ use std::time::Duration;
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use super::{
-    generation_length, keyed, next_slot, others, table, NewProcessed, RingMaintenance, Seal,
+    generation_length, keyed, next_slot, others, table, ProcessedEvent, RingMaintenance, Seal,
 };
 use crate::store::{millis, now_ms, StoreError};
 
-/// Rows per statement: six bound values each, under SQLite's default limit of 32,766.
+/// Rows per statement: eight bound values each, under SQLite's default limit of 32,766.
 const CHUNK: usize = 500;
 
 /// The generations in use, as on PostgreSQL (times in Unix seconds here too).
@@ -24,30 +24,37 @@ async fn generations(tx: &mut SqliteConnection) -> Result<(i16, Vec<Option<f64>>
     super::thresholds(&rows)
 }
 
+/// Records `events` at `now` (Unix ms): the transaction's start, which the outbox rows it
+/// writes also carry (`events show` finds an event's outbox rows by that equality).
 pub(crate) async fn insert_processed(
     tx: &mut SqliteConnection,
+    now: i64,
     source: &str,
-    events: &[NewProcessed],
+    events: &[ProcessedEvent],
 ) -> Result<Vec<String>, StoreError> {
     let (current, thresholds) = generations(tx).await?;
-    let now = now_ms();
     let rows = keyed(source, events);
     let mut new = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(CHUNK) {
-        // The VALUES list's columns are column1 … column6 (key, source, id, type, time,
-        // created); another generation is skipped for an event created after its threshold.
+        // The VALUES list's columns are column1 … column8 (key, source, id, type, time,
+        // created, received, attempt); another generation is skipped for an event created
+        // after its threshold.
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "INSERT INTO {} (key, source, event_id, event_type, processed_at)
-             SELECT e.column1, e.column2, e.column3, e.column4, e.column5 FROM (",
+            "INSERT INTO {} (key, source, event_id, event_type, processed_at, received_at,
+                             delivery_attempt)
+             SELECT e.column1, e.column2, e.column3, e.column4, e.column5, e.column7, e.column8
+               FROM (",
             table(current)
         ));
-        qb.push_values(chunk, |mut b, (key, id, event_type, created)| {
+        qb.push_values(chunk, |mut b, (key, event, created)| {
             b.push_bind(key.as_slice())
                 .push_bind(source)
-                .push_bind(id)
-                .push_bind(event_type)
+                .push_bind(&event.id)
+                .push_bind(&event.event_type)
                 .push_bind(now)
-                .push_bind(*created);
+                .push_bind(*created)
+                .push_bind(event.received_at)
+                .push_bind(event.delivery_attempt);
         });
         qb.push(
             ") AS e WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
@@ -131,10 +138,13 @@ pub(crate) async fn maintain_generations(
             .fetch_all(&mut *tx)
             .await?;
     for slot in &expired {
-        // A DELETE without WHERE: SQLite's truncate optimisation drops the pages at once.
-        sqlx::query(&format!("DELETE FROM {}", table(*slot)))
-            .execute(&mut *tx)
-            .await?;
+        // A DELETE without WHERE: SQLite's truncate optimisation drops the pages at once. The
+        // generation's duplicate deliveries go with its ids.
+        for emptied in [table(*slot), super::duplicates_table(*slot)] {
+            sqlx::query(&format!("DELETE FROM {emptied}"))
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query("DELETE FROM dedup_generations WHERE slot = $1")
             .bind(slot)
             .execute(&mut *tx)

@@ -1,0 +1,81 @@
+//! Running the handler for one new event: in its own span (every line it logs carries the
+//! event), its panics caught, and in the precise pass in a savepoint of its own.
+
+use tracing::Instrument;
+
+use super::{Consumer, HandlerError, OutboxMessage, Verdict};
+use crate::event::Event;
+use crate::queue::Delivery;
+use crate::store::{StoreError, StoreTx};
+
+impl Consumer {
+    /// The precise pass: each handler in its own savepoint; a failure undoes only its event,
+    /// including its dedup row (never "seen" before success).
+    pub(super) async fn handle_with_savepoints(
+        &self,
+        tx: &mut StoreTx,
+        fresh: &[&(Event, &Delivery)],
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut verdicts = Vec::with_capacity(fresh.len());
+        for (event, _) in fresh {
+            tx.savepoint().await?;
+            match self.run_handler(event, tx).await {
+                Ok(messages) => {
+                    tx.release_savepoint().await?;
+                    verdicts.push(Verdict::Handled(messages));
+                }
+                Err(error) => {
+                    tx.rollback_to_savepoint().await?;
+                    tx.release_savepoint().await?;
+                    tx.delete_processed(&event.source, &event.id).await?;
+                    verdicts.push(Verdict::Failed(error));
+                }
+            }
+        }
+        Ok(verdicts)
+    }
+
+    /// Runs the handler; a panic becomes a fatal error for this event only, so one poison
+    /// event can neither kill the worker nor block its batch.
+    pub(super) async fn run_handler(
+        &self,
+        event: &Event,
+        tx: &mut StoreTx,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+        use futures::FutureExt;
+        let handled = async {
+            if let Some(guard) = &self.stale_guard {
+                if guard.is_stale(event, tx).await? {
+                    return Ok(Vec::new()); // recorded as processed; nothing to forward
+                }
+            }
+            let mut conn = tx.conn();
+            std::panic::AssertUnwindSafe(self.handler.handle(event, &mut conn))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    let reason = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    Err(HandlerError::Fatal(
+                        format!("handler panicked: {reason}").into(),
+                    ))
+                })
+        };
+        handled.instrument(handle_span(event)).await
+    }
+}
+
+/// The span a handler (and the stale guard) runs in: every line it, or a user's handler, logs
+/// carries the event's key and type (so such lines must not repeat them as fields).
+fn handle_span(event: &Event) -> tracing::Span {
+    tracing::info_span!(
+        "handle",
+        otel.kind = "consumer",
+        source = %event.source,
+        event_id = %event.id,
+        event_type = %event.event_type,
+    )
+}
