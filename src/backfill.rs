@@ -164,6 +164,7 @@ pub async fn backfill(
                 message_id: Some(event.id.to_owned()),
                 message_type: Some(event.event_type.to_owned()),
                 payload: bytes::Bytes::copy_from_slice(raw.get().as_bytes()),
+                traceparent: None,
             };
             let published = tokio::time::timeout(publish_timeout, transport.publish(message))
                 .await

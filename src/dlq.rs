@@ -109,5 +109,6 @@ fn message(dead: DeadLetter) -> OutgoingMessage {
         message_id: known(dead.event_id),
         message_type: known(dead.event_type),
         payload: dead.payload.into(),
+        traceparent: None,
     }
 }

@@ -44,6 +44,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         enqueued_at: None,
         defect: None,
         give_up: None,
+        traceparent: None,
     };
     if let Ok(event) = decode_delivery(&delivery, &options) {
         for (field, value) in [

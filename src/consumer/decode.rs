@@ -202,6 +202,7 @@ mod tests {
             enqueued_at: None,
             defect: None,
             give_up: None,
+            traceparent: None,
         }
     }
 

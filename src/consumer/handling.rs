@@ -3,10 +3,11 @@
 
 use tracing::Instrument;
 
-use super::{Consumer, HandlerError, OutboxMessage, Verdict};
+use super::{Consumer, Handled, HandlerError, OutboxMessage, Verdict};
 use crate::event::Event;
 use crate::queue::Delivery;
 use crate::store::{StoreError, StoreTx};
+use crate::telemetry::traces;
 
 impl Consumer {
     /// The precise pass: each handler in its own savepoint; a failure undoes only its event,
@@ -17,12 +18,12 @@ impl Consumer {
         fresh: &[&(Event, &Delivery)],
     ) -> Result<Vec<Verdict>, StoreError> {
         let mut verdicts = Vec::with_capacity(fresh.len());
-        for (event, _) in fresh {
+        for (event, delivery) in fresh {
             tx.savepoint().await?;
-            match self.run_handler(event, tx).await {
-                Ok(messages) => {
+            match self.run_handler(event, delivery, tx).await {
+                Ok(handled) => {
                     tx.release_savepoint().await?;
-                    verdicts.push(Verdict::Handled(messages));
+                    verdicts.push(Verdict::Handled(handled));
                 }
                 Err(error) => {
                     tx.rollback_to_savepoint().await?;
@@ -35,13 +36,15 @@ impl Consumer {
         Ok(verdicts)
     }
 
-    /// Runs the handler; a panic becomes a fatal error for this event only, so one poison
+    /// Runs the handler in the event's span, a child of the publisher's trace when the
+    /// delivery carries one; a panic becomes a fatal error for this event only, so one poison
     /// event can neither kill the worker nor block its batch.
     pub(super) async fn run_handler(
         &self,
         event: &Event,
+        delivery: &Delivery,
         tx: &mut StoreTx,
-    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+    ) -> Result<Handled, HandlerError> {
         use futures::FutureExt;
         let handled = async {
             if let Some(guard) = &self.stale_guard {
@@ -64,7 +67,14 @@ impl Consumer {
                     ))
                 })
         };
-        handled.instrument(handle_span(event)).await
+        let span = handle_span(event);
+        traces::continue_trace(&span, delivery.traceparent.as_deref());
+        let traceparent = traces::traceparent_of(&span);
+        let messages: Vec<OutboxMessage> = handled.instrument(span).await?;
+        Ok(Handled {
+            messages,
+            traceparent,
+        })
     }
 }
 

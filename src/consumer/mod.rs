@@ -131,8 +131,15 @@ const MAX_DEAD_LETTER_ERROR_CHARS: usize = 4096;
 
 /// What happened to one new event in the transaction.
 enum Verdict {
-    Handled(Vec<OutboxMessage>),
+    Handled(Handled),
     Failed(HandlerError),
+}
+
+/// What a handler that succeeded produced: its messages, and the `traceparent` of the span it
+/// ran in, which its outbox rows carry so the relay's delivery continues the event's trace.
+struct Handled {
+    messages: Vec<OutboxMessage>,
+    traceparent: Option<String>,
 }
 
 pub struct Consumer {
@@ -327,9 +334,9 @@ impl Consumer {
         // holds when a commit fails and the batch is redelivered).
         let mut verdicts = Vec::with_capacity(fresh.len());
         let mut all_ok = true;
-        for (event, _) in &fresh {
-            match self.run_handler(event, &mut tx).await {
-                Ok(messages) => verdicts.push(Verdict::Handled(messages)),
+        for (event, delivery) in &fresh {
+            match self.run_handler(event, delivery, &mut tx).await {
+                Ok(handled) => verdicts.push(Verdict::Handled(handled)),
                 Err(_) => {
                     all_ok = false;
                     break;
@@ -353,7 +360,10 @@ impl Consumer {
         let mut failed = Vec::new();
         for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
             match verdict {
-                Verdict::Handled(messages) => {
+                Verdict::Handled(Handled {
+                    messages,
+                    traceparent,
+                }) => {
                     outcome.handled += 1;
                     to_ack.push(delivery.tag.clone());
                     outbox_rows.extend(messages.into_iter().map(|m| NewOutboxRow {
@@ -363,6 +373,7 @@ impl Consumer {
                         idempotency_key: m.idempotency_key,
                         event_type: m.event_type,
                         payload: m.payload.to_vec(),
+                        traceparent: traceparent.clone(),
                     }));
                 }
                 Verdict::Failed(error) => failed.push((event, *delivery, error)),

@@ -18,6 +18,8 @@ use crate::config::{webhook_signature, SigningSecret, SinkSpec};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
 use crate::store::OutboxRow;
+use crate::telemetry::traces;
+use tracing::Instrument;
 
 /// A delivery failed; the relay retries the row with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -72,14 +74,35 @@ fn record_delivery(sink: &'static str, took: Duration, result: &Result<(), SinkE
 
 /// One row's delivery, timed from its first poll (when a bounded stream of deliveries starts
 /// it, not when the batch was handed over) to its answer.
-async fn timed(
-    sink: &'static str,
-    delivery: impl Future<Output = Result<(), SinkError>>,
-) -> Result<(), SinkError> {
+async fn timed<F, Fut>(sink: &'static str, row: &OutboxRow, delivery: F) -> Result<(), SinkError>
+where
+    F: FnOnce(Option<String>) -> Fut,
+    Fut: Future<Output = Result<(), SinkError>>,
+{
+    let span = deliver_span(sink, row);
+    let traceparent = traces::traceparent_of(&span);
     let started = Instant::now();
-    let result = delivery.await;
+    let result = delivery(traceparent).instrument(span).await;
     record_delivery(sink, started.elapsed(), &result);
     result
+}
+
+/// The span of one row's delivery: a child of the span of the handler that wrote the row (its
+/// `traceparent`), so one trace runs from the webhook to the sink; the sink hands its own
+/// `traceparent` on (an HTTP header, an AMQP header, an SQS attribute). Lines logged in it carry
+/// the event's key and type.
+fn deliver_span(sink: &'static str, row: &OutboxRow) -> tracing::Span {
+    let span = tracing::info_span!(
+        "deliver",
+        otel.kind = "producer",
+        sink,
+        outbox_id = row.id,
+        source = %row.source,
+        event_id = %row.event_id,
+        event_type = %row.event_type,
+    );
+    traces::continue_trace(&span, row.traceparent.as_deref());
+    span
 }
 
 /// A sink that delivers a whole batch at once (one write and fsync): each row took as long as
@@ -145,12 +168,20 @@ impl AmqpSink {
         }
     }
 
-    async fn publish(&self, row: &OutboxRow) -> Result<(), SinkError> {
-        let properties = lapin::BasicProperties::default()
+    async fn publish(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
+        let mut properties = lapin::BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
             .with_message_id(row.idempotency_key.as_str().into())
             .with_type(row.event_type.as_str().into());
+        if let Some(traceparent) = traceparent {
+            let mut headers = lapin::types::FieldTable::default();
+            headers.insert(
+                traces::TRACEPARENT.into(),
+                lapin::types::AMQPValue::LongString(traceparent.into()),
+            );
+            properties = properties.with_headers(headers);
+        }
         self.publisher
             .publish(&self.exchange, &row.event_type, &row.payload, properties)
             .await
@@ -168,7 +199,10 @@ impl Sink for AmqpSink {
                 .collect();
         }
         // All publishes go out before any confirm is awaited: the confirms are pipelined.
-        futures::future::join_all(rows.iter().map(|row| timed("amqp", self.publish(row)))).await
+        let publishes = rows
+            .iter()
+            .map(|row| timed("amqp", row, |traceparent| self.publish(row, traceparent)));
+        futures::future::join_all(publishes).await
     }
 }
 
@@ -188,13 +222,16 @@ impl Sink for SqsSink {
         let sends: Vec<_> = rows
             .iter()
             .map(|row| {
-                let send = self.queue.publish(crate::queue::OutgoingMessage {
-                    source: None,
-                    message_id: Some(row.idempotency_key.clone()),
-                    message_type: Some(row.event_type.clone()),
-                    payload: bytes::Bytes::from(row.payload.clone()),
-                });
-                timed("sqs", async move { send.await.map_err(SinkError::Sqs) })
+                timed("sqs", row, move |traceparent| async move {
+                    let message = crate::queue::OutgoingMessage {
+                        source: None,
+                        message_id: Some(row.idempotency_key.clone()),
+                        message_type: Some(row.event_type.clone()),
+                        payload: bytes::Bytes::from(row.payload.clone()),
+                        traceparent,
+                    };
+                    self.queue.publish(message).await.map_err(SinkError::Sqs)
+                })
             })
             .collect();
         stream::iter(sends)
@@ -215,14 +252,14 @@ impl Sink for LogSink {
         let results: Vec<_> = rows
             .iter()
             .map(|row| {
-                tracing::info!(
-                    source = %row.source,
-                    event_id = %row.event_id,
-                    event_type = %row.event_type,
-                    idempotency_key = %row.idempotency_key,
-                    bytes = row.payload.len(),
-                    "event delivered"
-                );
+                // In the row's span, which carries the event's key and type.
+                deliver_span("log", row).in_scope(|| {
+                    tracing::info!(
+                        idempotency_key = %row.idempotency_key,
+                        bytes = row.payload.len(),
+                        "event delivered"
+                    )
+                });
                 Ok(())
             })
             .collect();
@@ -263,7 +300,10 @@ impl FileSink {
 impl Sink for FileSink {
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
         let started = Instant::now();
+        // One span a row, lasting as long as the batch's one write.
+        let spans: Vec<tracing::Span> = rows.iter().map(|row| deliver_span("file", row)).collect();
         let results = self.write_batch(rows).await;
+        drop(spans);
         record_batch("file", started, &results);
         results
     }
@@ -334,13 +374,16 @@ impl HttpSink {
         })
     }
 
-    async fn deliver(&self, row: &OutboxRow) -> Result<(), SinkError> {
+    async fn deliver(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
         let mut request = self
             .client
             .post(&self.url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", &row.idempotency_key)
             .header("Dedup-Event-Type", &row.event_type);
+        if let Some(traceparent) = traceparent {
+            request = request.header(traces::TRACEPARENT, traceparent);
+        }
         if !self.signing_secrets.is_empty() {
             // Standard Webhooks: `webhook-id` is the idempotency key, so every retry of a row
             // carries the same one (the receiver deduplicates on it); the timestamp and the
@@ -392,7 +435,7 @@ impl Sink for HttpSink {
         // `async_trait`'s Send bound.
         let deliveries: Vec<_> = rows
             .iter()
-            .map(|row| timed("http", self.deliver(row)))
+            .map(|row| timed("http", row, |traceparent| self.deliver(row, traceparent)))
             .collect();
         stream::iter(deliveries)
             .buffered(self.concurrency)

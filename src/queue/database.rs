@@ -202,6 +202,7 @@ impl Transport for DatabaseQueue {
             message_id: message.message_id,
             message_type: message.message_type,
             payload: message.payload.to_vec(),
+            traceparent: message.traceparent,
         };
         self.publish_tx
             .send((message, reply_tx))
@@ -225,6 +226,7 @@ impl Transport for DatabaseQueue {
             message_id: message.message_id,
             message_type: message.message_type,
             payload: message.payload.to_vec(),
+            traceparent: message.traceparent,
         };
         self.store.enqueue(queue, &[message]).await?;
         self.wakeups.queue.notify_waiters();
@@ -267,6 +269,7 @@ impl Transport for DatabaseQueue {
                 enqueued_at: Some(row.enqueued_at),
                 defect: None,
                 give_up: None,
+                traceparent: row.traceparent,
             })
             .collect())
     }

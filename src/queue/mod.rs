@@ -34,6 +34,9 @@ pub struct OutgoingMessage {
     pub message_type: Option<String>,
     /// The raw body, byte for byte.
     pub payload: Bytes,
+    /// The W3C `traceparent` of the span that published it (a queue row's column, an AMQP
+    /// header, an SQS attribute), so the consumer continues the trace; `None` with traces off.
+    pub traceparent: Option<String>,
 }
 
 /// Identifies one delivery for `ack`/`retry_later`.
@@ -63,6 +66,9 @@ pub struct Delivery {
     /// the transport does not say (a RabbitMQ message another producer sent). Recorded with the
     /// event's dedup row, for `events show`.
     pub enqueued_at: Option<i64>,
+    /// The publisher's `traceparent`, when it sent a valid one (see
+    /// [`crate::telemetry::traces`]).
+    pub traceparent: Option<String>,
     /// Why the transport could not read this message as its producer meant it (an SQS body
     /// marked base64 that is not); such a message is dead-lettered with this reason rather than
     /// left to come back forever.

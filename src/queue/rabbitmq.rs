@@ -38,6 +38,7 @@ use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use crate::telemetry::traces;
 
 mod incoming;
 mod publisher;
@@ -198,6 +199,9 @@ impl RabbitMqQueue {
         }
         if let Some(at) = enqueued_at {
             headers.insert(ENQUEUED_HEADER.into(), AMQPValue::LongLongInt(at));
+        }
+        if let Some(traceparent) = &message.traceparent {
+            headers.insert(traces::TRACEPARENT.into(), long(traceparent));
         }
         if attempts > 0 {
             headers.insert(
@@ -453,6 +457,7 @@ impl Transport for RabbitMqQueue {
             message_id: delivery.message_id.clone(),
             message_type: delivery.message_type.clone(),
             payload: delivery.payload.clone(),
+            traceparent: delivery.traceparent.clone(),
         };
         // The copy is confirmed before the original is acked: a crash in between delivers
         // the event twice, which the dedup record absorbs; the other order could lose it.

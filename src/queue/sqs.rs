@@ -38,6 +38,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::telemetry::traces;
 use async_trait::async_trait;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
@@ -47,15 +48,16 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 use base64::Engine;
-use bytes::Bytes;
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
-const ID_ATTRIBUTE: &str = "dedup-message-id";
-const TYPE_ATTRIBUTE: &str = "dedup-type";
-const SOURCE_ATTRIBUTE: &str = "dedup-source";
+pub(super) const ID_ATTRIBUTE: &str = "dedup-message-id";
+pub(super) const TYPE_ATTRIBUTE: &str = "dedup-type";
+pub(super) const SOURCE_ATTRIBUTE: &str = "dedup-source";
 /// Set to `base64` when the payload was not UTF-8 (SQS bodies are text).
-const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
+pub(super) const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
+/// The W3C `traceparent` of the span that published the message.
+pub(super) const TRACE_ATTRIBUTE: &str = traces::TRACEPARENT;
 /// The batch error code of a delete with a receipt handle that a newer receive replaced.
 const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
@@ -143,54 +145,6 @@ impl SqsQueue {
         i32::try_from(d.min(MAX_VISIBILITY).as_secs()).unwrap_or(i32::MAX)
     }
 
-    fn convert(message: &aws_sdk_sqs::types::Message) -> Option<Delivery> {
-        let receipt = message.receipt_handle()?.to_owned();
-        let attributes = message.message_attributes();
-        let attribute = |name: &str| {
-            attributes
-                .and_then(|a| a.get(name))
-                .and_then(|v| v.string_value())
-                .map(str::to_owned)
-        };
-        let body = message.body().unwrap_or_default();
-        // A body marked base64 that is not is kept as received and dead-lettered with the
-        // reason: dropped here, it would come back after every lease, forever.
-        let mut defect = None;
-        let payload = if attribute(ENCODING_ATTRIBUTE).as_deref() == Some("base64") {
-            match base64::engine::general_purpose::STANDARD.decode(body) {
-                Ok(bytes) => Bytes::from(bytes),
-                Err(error) => {
-                    defect = Some(format!(
-                        "the body is marked {ENCODING_ATTRIBUTE}=base64 but is not base64: {error}"
-                    ));
-                    Bytes::copy_from_slice(body.as_bytes())
-                }
-            }
-        } else {
-            Bytes::copy_from_slice(body.as_bytes())
-        };
-        let system = |name| message.attributes().and_then(|a| a.get(&name));
-        let attempts = system(MessageSystemAttributeName::ApproximateReceiveCount)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(1);
-        // Unix milliseconds, when SQS accepted the send (a retry changes visibility only).
-        let enqueued_at =
-            system(MessageSystemAttributeName::SentTimestamp).and_then(|ms| ms.parse().ok());
-        Some(Delivery {
-            tag: DeliveryTag::Sqs {
-                receipt_handle: receipt,
-            },
-            source: attribute(SOURCE_ATTRIBUTE),
-            message_id: attribute(ID_ATTRIBUTE),
-            message_type: attribute(TYPE_ATTRIBUTE),
-            payload,
-            attempts,
-            enqueued_at,
-            defect,
-            give_up: None,
-        })
-    }
-
     /// Sets the visibility timeout of the messages `handles` to `visibility` from now, in
     /// `ChangeMessageVisibilityBatch` calls of ten. Returns the handles whose entry failed.
     async fn change_visibility(
@@ -267,7 +221,7 @@ impl SqsQueue {
         Ok(output
             .messages()
             .iter()
-            .filter_map(|m| Some((m.message_id()?.to_owned(), Self::convert(m)?)))
+            .filter_map(|m| Some((m.message_id()?.to_owned(), incoming::delivery_of(m)?)))
             .collect())
     }
 }
@@ -332,6 +286,9 @@ impl SqsQueue {
         }
         if encoded {
             request = request.message_attributes(ENCODING_ATTRIBUTE, string_attribute("base64")?);
+        }
+        if let Some(traceparent) = &message.traceparent {
+            request = request.message_attributes(TRACE_ATTRIBUTE, string_attribute(traceparent)?);
         }
         request.send().await.map_err(unavailable)?;
         Ok(())
@@ -491,5 +448,6 @@ impl Transport for SqsQueue {
 
 mod backlog;
 mod fifo;
+mod incoming;
 #[cfg(test)]
 mod tests;

@@ -247,7 +247,7 @@ impl Store {
     pub async fn begin(&self) -> Result<StoreTx, StoreError> {
         Ok(match &self.0 {
             Pool::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
-            Pool::Sqlite(pool) => StoreTx::Sqlite(pool.begin().await?, now_ms()),
+            Pool::Sqlite(pool) => StoreTx::Sqlite(sqlite::begin_immediate(pool).await?, now_ms()),
         })
     }
 

@@ -25,11 +25,13 @@ pub(super) async fn enqueue(
     let ids: Vec<Option<&str>> = messages.iter().map(|m| m.message_id.as_deref()).collect();
     let types: Vec<Option<&str>> = messages.iter().map(|m| m.message_type.as_deref()).collect();
     let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
+    let traces: Vec<Option<&str>> = messages.iter().map(|m| m.traceparent.as_deref()).collect();
     // One statement, one commit: the insert and the notification (delivered on commit).
     sqlx::query(
         "WITH inserted AS (
-             INSERT INTO queue_messages (queue, message_id, message_type, payload, source)
-             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[])
+             INSERT INTO queue_messages (queue, message_id, message_type, payload, source,
+                                         traceparent)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[], $7::text[])
              RETURNING 1
          )
          SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)",
@@ -40,6 +42,7 @@ pub(super) async fn enqueue(
     .bind(&payloads)
     .bind(QUEUE_CHANNEL)
     .bind(&sources)
+    .bind(&traces)
     .execute(pool)
     .await?;
     Ok(())
@@ -64,7 +67,7 @@ pub(super) async fn claim_messages(
           WHERE q.id = c.id
       RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts,
                 floor(extract(epoch FROM q.enqueued_at) * 1000)::int8 AS enqueued_at,
-                q.claim_token",
+                q.traceparent, q.claim_token",
     )
     .bind(queue)
     .bind(max as i64)
@@ -138,10 +141,13 @@ pub(super) async fn insert_outbox(
     let keys: Vec<&str> = rows.iter().map(|r| r.idempotency_key.as_str()).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
     let payloads: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
+    let traces: Vec<Option<&str>> = rows.iter().map(|r| r.traceparent.as_deref()).collect();
     sqlx::query(
         "WITH inserted AS (
-             INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload)
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
+             INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload,
+                                 traceparent)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
+                                  $8::text[])
              RETURNING 1
          )
          SELECT pg_notify($7, ''), (SELECT count(*) FROM inserted)",
@@ -153,6 +159,7 @@ pub(super) async fn insert_outbox(
     .bind(&types)
     .bind(&payloads)
     .bind(OUTBOX_CHANNEL)
+    .bind(&traces)
     .execute(tx)
     .await?;
     Ok(())
@@ -199,7 +206,7 @@ pub(super) async fn claim_outbox(
                   FOR UPDATE SKIP LOCKED) c
           WHERE o.id = c.id
       RETURNING o.id, o.source, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload,
-                o.attempts, o.claim_token",
+                o.attempts, o.traceparent, o.claim_token",
     )
     .bind(max as i64)
     .bind(secs(lease))
@@ -308,7 +315,7 @@ pub(super) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, StoreEr
 pub(super) async fn failed_outbox(pool: &PgPool, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
         "SELECT id, source, event_id, destination, idempotency_key, event_type, payload,
-                attempts, coalesce(claim_token, 0) AS claim_token
+                attempts, traceparent, coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

@@ -11,6 +11,8 @@ pub struct NewQueueMessage {
     pub message_type: Option<String>,
     /// The raw bytes, exactly as received.
     pub payload: Vec<u8>,
+    /// The publisher's W3C `traceparent`, so the consumer continues its trace.
+    pub traceparent: Option<String>,
 }
 
 /// A message claimed from the database queue.
@@ -25,6 +27,8 @@ pub struct QueuedMessage {
     pub attempts: i32,
     /// When it was enqueued (Unix milliseconds).
     pub enqueued_at: i64,
+    /// The publisher's W3C `traceparent`.
+    pub traceparent: Option<String>,
     /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
     /// message still carries it, i.e. while no other consumer has claimed it since.
     pub claim_token: i64,
@@ -41,6 +45,8 @@ pub struct NewOutboxRow {
     pub idempotency_key: String,
     pub event_type: String,
     pub payload: Vec<u8>,
+    /// The `traceparent` of the handler's span, so the relay's delivery continues the trace.
+    pub traceparent: Option<String>,
 }
 
 /// An outbox row claimed by a relay.
@@ -56,6 +62,8 @@ pub struct OutboxRow {
     pub payload: Vec<u8>,
     /// Delivery attempts so far, this one included.
     pub attempts: i32,
+    /// The `traceparent` of the handler's span that wrote it.
+    pub traceparent: Option<String>,
     /// Identifies the claim that returned this row (see [`OutboxClaim`]).
     pub claim_token: i64,
 }

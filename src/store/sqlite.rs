@@ -14,16 +14,28 @@ use super::{
 /// Rows per multi-row statement; keeps bound parameters far below SQLite's limit.
 const CHUNK: usize = 500;
 
+/// Begins a write transaction holding SQLite's write lock from its first statement (`BEGIN
+/// IMMEDIATE`), so other writers wait for it within the busy timeout. A deferred transaction
+/// (sqlx's `begin`) that reads before it writes fails its first write at once with `database
+/// is locked` (`SQLITE_BUSY_SNAPSHOT`, which no busy timeout waits out) whenever another
+/// connection committed in between, and the ingress and the relay commit all the time. Every
+/// SQLite transaction of this crate writes, and SQLite has one writer anyway: nothing is lost.
+pub(crate) async fn begin_immediate(
+    pool: &SqlitePool,
+) -> Result<sqlx::Transaction<'static, Sqlite>, sqlx::Error> {
+    pool.begin_with("BEGIN IMMEDIATE").await
+}
+
 pub(super) async fn enqueue(
     pool: &SqlitePool,
     queue: &str,
     messages: &[NewQueueMessage],
 ) -> Result<(), StoreError> {
     let now = now_ms();
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_immediate(pool).await?;
     for chunk in messages.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at) ",
+            "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at, traceparent) ",
         );
         qb.push_values(chunk, |mut b, m| {
             b.push_bind(queue)
@@ -32,7 +44,8 @@ pub(super) async fn enqueue(
                 .push_bind(m.message_type.as_deref())
                 .push_bind(m.payload.as_slice())
                 .push_bind(now)
-                .push_bind(now);
+                .push_bind(now)
+                .push_bind(m.traceparent.as_deref());
         });
         qb.build().execute(&mut *tx).await?;
     }
@@ -54,7 +67,7 @@ pub(super) async fn claim_messages(
                         WHERE queue = $2 AND visible_at <= $3
                         ORDER BY visible_at, id LIMIT $4)
       RETURNING id, source, message_id, message_type, payload, attempts, enqueued_at,
-                claim_token",
+                traceparent, claim_token",
     )
     .bind(now + millis(lease))
     .bind(queue)
@@ -72,7 +85,7 @@ pub(super) async fn ack_messages(pool: &SqlitePool, ids: &[i64]) -> Result<(), S
 
 /// Runs `head` followed by a bound id list and `)` for all `ids`, in chunks, in one transaction.
 async fn execute_for_ids(pool: &SqlitePool, head: &str, ids: &[i64]) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_immediate(pool).await?;
     for chunk in ids.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(head);
         let mut list = qb.separated(", ");
@@ -126,7 +139,7 @@ async fn update_claimed(
     ids: &[i64],
 ) -> Result<Vec<i64>, StoreError> {
     let mut updated = Vec::with_capacity(ids.len());
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_immediate(pool).await?;
     for chunk in ids.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(set);
         qb.push(" WHERE claim_token = ");
@@ -164,7 +177,7 @@ pub(super) async fn insert_outbox(
     for chunk in rows.chunks(CHUNK / 2) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload, \
-             next_attempt_at, created_at) ",
+             next_attempt_at, created_at, traceparent) ",
         );
         qb.push_values(chunk, |mut b, r| {
             b.push_bind(&r.source)
@@ -174,7 +187,8 @@ pub(super) async fn insert_outbox(
                 .push_bind(&r.event_type)
                 .push_bind(r.payload.as_slice())
                 .push_bind(now)
-                .push_bind(now);
+                .push_bind(now)
+                .push_bind(r.traceparent.as_deref());
         });
         qb.build().execute(&mut *tx).await?;
     }
@@ -219,7 +233,7 @@ pub(super) async fn claim_outbox(
                         WHERE status = 'pending' AND next_attempt_at <= $2
                         ORDER BY next_attempt_at LIMIT $3)
       RETURNING id, source, event_id, destination, idempotency_key, event_type, payload, attempts,
-                claim_token",
+                traceparent, claim_token",
     )
     .bind(now + millis(lease))
     .bind(now)
@@ -234,7 +248,7 @@ pub(super) async fn mark_dispatched(
     claims: &[OutboxClaim],
 ) -> Result<u64, StoreError> {
     let mut marked = 0;
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_immediate(pool).await?;
     // Two parameters a claim: half a chunk of claims per statement.
     for chunk in claims.chunks(CHUNK / 2) {
         // 'dispatched' too: marking again under the same claim is a no-op that still counts.
@@ -322,7 +336,7 @@ pub(super) async fn failed_outbox(
 ) -> Result<Vec<OutboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, OutboxRow>(
         "SELECT id, source, event_id, destination, idempotency_key, event_type, payload,
-                attempts, coalesce(claim_token, 0) AS claim_token
+                attempts, traceparent, coalesce(claim_token, 0) AS claim_token
            FROM outbox WHERE status = 'failed' ORDER BY id LIMIT $1",
     )
     .bind(limit)

@@ -206,7 +206,7 @@ impl Store {
             .await?
             .rows_affected(),
             Pool::Sqlite(pool) => {
-                let mut tx = pool.begin().await?;
+                let mut tx = super::sqlite::begin_immediate(pool).await?;
                 sqlx::query(&format!(
                     "INSERT INTO dead_letter_redrives ({COLUMNS})
                      SELECT id, source, event_id, event_type, queue, $2, error, attempts,

@@ -1,5 +1,7 @@
 //! Logs: the tracing subscriber, filtered by `RUST_LOG` (default `info`), written to stderr as
 //! text or as JSON lines (`log.format`), with the traces layer beside it when traces are on.
+//! `RUST_LOG` filters the log lines only: the traces layer takes every span at `info` and above
+//! whatever it says, so quieting the logs (`RUST_LOG=warn`) never silently drops the traces.
 //!
 //! JSON lines carry the fields of the spans they are logged in at the top level, so a line
 //! logged while an event is received, handled or delivered has `source`, `event_id` and
@@ -10,9 +12,10 @@ use std::io::IsTerminal;
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use super::traces;
 
@@ -80,11 +83,17 @@ pub fn init(format: LogFormat) -> Telemetry {
         Ok(provider) => (provider, None),
         Err(error) => (None, Some(error)),
     };
+    // Per-layer filters: `RUST_LOG` for the lines written, `info` for the spans exported.
+    let lines = text
+        .map(|text| text.boxed())
+        .or(json.map(|json| json.boxed()))
+        .map(|lines| lines.with_filter(filter));
+    let spans = provider
+        .as_ref()
+        .map(|provider| traces::layer(provider).with_filter(LevelFilter::INFO));
     let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(text)
-        .with(json)
-        .with(provider.as_ref().map(traces::layer))
+        .with(lines)
+        .with(spans)
         .try_init()
         .is_ok();
     if let Some(error) = traces_error {

@@ -208,9 +208,13 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
 
 /// Publishes and waits until the transport says the message is durable; 503 otherwise (400 if
 /// the transport refused this very message for what it carries).
-async fn publish(state: &IngressState, message: OutgoingMessage) -> Result<(), Problem> {
-    // Logged in the receive span, which carries the event's key and type.
+async fn publish(state: &IngressState, mut message: OutgoingMessage) -> Result<(), Problem> {
+    // Logged in the receive span, which carries the event's key and type. The message carries
+    // the enqueue span's context, which the consumer's span continues.
+    let span = tracing::info_span!("enqueue", otel.kind = "producer");
+    message.traceparent = traces::traceparent_of(&span);
     bounded(state.publish_timeout, state.transport.publish(message))
+        .instrument(span)
         .await
         .map_err(|error| match error {
             TransportError::Rejected(reason) => {
@@ -288,6 +292,7 @@ async fn receive_stripe(
         message_id: Some(dedup_id.clone()),
         message_type: head.event_type.map(Cow::into_owned),
         payload: body,
+        traceparent: None,
     };
     publish(state, message).await?;
     Ok(dedup_id)
@@ -336,6 +341,7 @@ async fn receive_standard(
         message_id: Some(id.clone()),
         message_type: event_type,
         payload: body,
+        traceparent: None,
     };
     publish(state, message).await?;
     Ok(id)

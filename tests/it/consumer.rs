@@ -320,6 +320,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
                         message_id: Some(id.clone()),
                         message_type: Some("charge.succeeded".into()),
                         payload: stripe_event(&id, "charge.succeeded").into(),
+                        traceparent: None,
                     })
                     .await
                     .expect("publish");

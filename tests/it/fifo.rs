@@ -72,6 +72,7 @@ fn message(id: &str, payload: Vec<u8>) -> OutgoingMessage {
         message_id: Some(id.into()),
         message_type: Some("customer.subscription.updated".into()),
         payload: payload.into(),
+        traceparent: None,
     }
 }
 

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
 use crate::helpers::{
-    file_sink_ids, ledger_counts, post_signed, serve, sqs_turn, stripe_event, Backend,
-    RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+    file_sink_ids, ledger_counts, post_signed, post_signed_until_not_503, serve, sqs_turn,
+    stripe_event, Backend, RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_pipeline";
@@ -81,13 +81,29 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
     let client = reqwest::Client::new();
     let url = bin.url("/webhooks/stripe");
 
+    // On SQS the emulator is the bottleneck: moto answers one call at a time, each slower as the
+    // queue fills, so on a busy machine a `SendMessage` can outlast
+    // `transport.publish_timeout_ms` and the ingress rightly answers 503. There the sender does
+    // what Stripe does and sends again, and the once-each checks below then also cover a publish
+    // that landed after its 503 (its retry is the same event id). On the database queue and
+    // RabbitMQ every first delivery must be accepted.
+    let resend_503 = transport == Transport::Sqs;
+    let resent = AtomicUsize::new(0);
     let send = |id: &str| {
         let body = payloads[id].clone();
-        let (client, url) = (&client, &url);
+        let (client, url, resent) = (&client, &url, &resent);
         async move {
-            post_signed(client, url, SECRET, body)
+            let status = post_signed(client, url, SECRET, body.clone())
                 .await
-                .map(|r| r.status().as_u16())
+                .map(|r| r.status().as_u16());
+            if resend_503 && matches!(status, Ok(503)) {
+                resent.fetch_add(1, Ordering::Relaxed);
+                return Ok(post_signed_until_not_503(client, url, SECRET, body)
+                    .await
+                    .status()
+                    .as_u16());
+            }
+            status
         }
     };
 
@@ -103,9 +119,16 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
         .collect()
         .await;
     assert_eq!(statuses.len(), events - storms + doubles);
+    eprintln!(
+        "{} deliveries answered 503 and were sent again",
+        resent.load(Ordering::Relaxed)
+    );
+    let refused: Vec<_> = statuses.iter().filter(|s| !matches!(s, Ok(200))).collect();
     assert!(
-        statuses.iter().all(|s| matches!(s, Ok(200))),
-        "every delivery accepted"
+        refused.is_empty(),
+        "every delivery accepted; {} were not: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(5)]
     );
 
     let store = Arc::new(db.store().await);

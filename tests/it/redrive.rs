@@ -177,6 +177,7 @@ async fn publish_and_return(queue: &TestQueue, id: &str, returns: usize) {
             message_id: Some(id.into()),
             message_type: Some("charge.refunded".into()),
             payload: stripe_event(id, "charge.refunded").into(),
+            traceparent: None,
         })
         .await
         .expect("publish");

@@ -262,6 +262,7 @@ async fn lease_taken_over(backend: Backend) {
         idempotency_key: "evt_slow".into(),
         event_type: "charge.succeeded".into(),
         payload: br#"{"id":"evt_slow"}"#.to_vec(),
+        traceparent: None,
     }])
     .await
     .unwrap();
@@ -394,6 +395,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
         idempotency_key: "evt_slow_sink".into(),
         event_type: "charge.succeeded".into(),
         payload: br#"{"id":"evt_slow_sink"}"#.to_vec(),
+        traceparent: None,
     }])
     .await
     .unwrap();

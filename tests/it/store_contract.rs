@@ -23,6 +23,7 @@ macro_rules! contract {
 contract!(
     dedup_insert_returns_only_new_ids,
     dedup_row_rolls_back_with_its_transaction,
+    a_transaction_that_read_first_writes_after_another_commit,
     outbox_write_claim_mark,
     outbox_claim_comes_back_after_lease,
     outbox_rows_fail_after_the_limit,
@@ -47,6 +48,7 @@ fn outbox_row(id: &str) -> NewOutboxRow {
         idempotency_key: id.into(),
         event_type: "test.event".into(),
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        traceparent: None,
     }
 }
 
@@ -56,6 +58,7 @@ fn message(id: &str) -> NewQueueMessage {
         message_id: Some(id.into()),
         message_type: Some("test.event".into()),
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
+        traceparent: None,
     }
 }
 
@@ -120,6 +123,46 @@ async fn dedup_row_rolls_back_with_its_transaction(backend: Backend) {
         .unwrap();
     assert_eq!(new, vec!["evt_y"]);
     tx.rollback().await.unwrap();
+}
+
+/// A batch transaction that reads before it writes (the dedup insert looks up its
+/// generations first; a handler reads its own tables) while another writer commits, as the
+/// ingress and the relay do all the time. On SQLite a deferred transaction would then fail
+/// its first write at once with `database is locked` (its read snapshot is stale, which no busy
+/// timeout waits out), and the batch would go back to the transport; so it must take the write
+/// lock when it begins, and the other writer waits its turn instead.
+async fn a_transaction_that_read_first_writes_after_another_commit(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let mut tx = store.begin().await.unwrap();
+    let queued: i64 = dedup_worker::with_connection!(tx.conn(), |conn| {
+        sqlx::query_scalar("SELECT count(*) FROM queue_messages")
+            .fetch_one(&mut *conn)
+            .await
+    })
+    .unwrap();
+    assert_eq!(queued, 0);
+    let other_writer = tokio::spawn({
+        let store = store.clone();
+        async move { store.enqueue("q", &[message("evt_other")]).await }
+    });
+    // The other writer commits now (PostgreSQL; SQLite with a deferred transaction) or waits
+    // for this one (SQLite, write lock taken at begin): either way this one writes next.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while !other_writer.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let new = tx
+        .insert_processed("stripe", &[pair("evt_read_first")])
+        .await;
+    assert_eq!(new.expect("the write after a read"), vec!["evt_read_first"]);
+    tx.commit().await.unwrap();
+    other_writer
+        .await
+        .unwrap()
+        .expect("the other writer, in its turn");
 }
 
 async fn outbox_write_claim_mark(backend: Backend) {

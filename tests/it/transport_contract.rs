@@ -189,6 +189,7 @@ fn message(i: usize) -> OutgoingMessage {
         message_id: Some(format!("evt_{i}")),
         message_type: Some("invoice.paid".into()),
         payload: Bytes::from(format!("{{\"id\":\"evt_{i}\",\"n\":{i}}}")),
+        traceparent: None,
     }
 }
 

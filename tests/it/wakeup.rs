@@ -50,6 +50,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
                 message_id: Some("evt_notify_queue".into()),
                 message_type: Some("x.y".into()),
                 payload: br#"{"id":"evt_notify_queue","type":"x.y"}"#.to_vec(),
+                traceparent: None,
             }],
         )
         .await
@@ -76,6 +77,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
         idempotency_key: "evt_notify_outbox".into(),
         event_type: "x.y".into(),
         payload: br#"{"id":"evt_notify_outbox"}"#.to_vec(),
+        traceparent: None,
     }])
     .await
     .unwrap();

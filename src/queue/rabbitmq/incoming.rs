@@ -22,6 +22,7 @@ use super::{
     broker_failed, unavailable, ConsumerSide, ATTEMPTS_HEADER, ENQUEUED_HEADER, SOURCE_HEADER,
 };
 use crate::queue::{Delivery, DeliveryTag, TransportError};
+use crate::telemetry::traces;
 
 /// Which queue a delivery came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,14 @@ pub(super) fn convert(
         other => as_u32(other),
     };
     let attempts = as_u32(header(ATTEMPTS_HEADER)) + redelivered + 1;
+    // A foreign producer's header is parsed and formatted again, or dropped.
+    let traceparent = match header(traces::TRACEPARENT) {
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            .ok()
+            .and_then(traces::valid_traceparent),
+        Some(AMQPValue::ShortString(s)) => traces::valid_traceparent(s.as_str()),
+        _ => None,
+    };
     let enqueued_at = match header(ENQUEUED_HEADER) {
         Some(AMQPValue::LongLongInt(ms)) => Some(ms),
         _ => None,
@@ -126,5 +135,6 @@ pub(super) fn convert(
         enqueued_at,
         defect: None,
         give_up,
+        traceparent,
     }
 }

@@ -65,6 +65,7 @@ mod tests {
             message_id: Some("evt_1".into()),
             message_type: Some("customer.subscription.updated".into()),
             payload: bytes::Bytes::from(payload.to_owned()),
+            traceparent: None,
         }
     }
 

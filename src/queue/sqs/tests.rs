@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region, SharedCredentialsProvider};
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -115,12 +116,14 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         enqueued_at: None,
         defect: None,
         give_up: None,
+        traceparent: None,
     };
     let message = OutgoingMessage {
         source: None,
         message_id: Some("evt_1".into()),
         message_type: None,
         payload: Bytes::from_static(b"{}"),
+        traceparent: None,
     };
     let tags = [tag()];
     let calls: Vec<(

@@ -131,7 +131,7 @@ pub(crate) async fn maintain_generations(
 ) -> Result<RingMaintenance, StoreError> {
     let mut done = RingMaintenance::default();
     let now = now_ms();
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::store::sqlite::begin_immediate(pool).await?;
     let expired: Vec<i16> =
         sqlx::query_scalar("SELECT slot FROM dedup_generations WHERE sealed_at < $1 ORDER BY slot")
             .bind(now - millis(window))

@@ -27,6 +27,7 @@ fn message(message_id: Option<&str>, payload: impl Into<Bytes>) -> OutgoingMessa
         message_id: message_id.map(str::to_owned),
         message_type: None,
         payload: payload.into(),
+        traceparent: None,
     }
 }
 

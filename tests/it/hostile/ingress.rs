@@ -256,6 +256,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
                     message_id: Some(id.clone()),
                     message_type: Some("t".into()),
                     payload: bytes::Bytes::from_static(b"{}"),
+                    traceparent: None,
                 };
                 (id, queue.publish(message).await)
             }

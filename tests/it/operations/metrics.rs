@@ -208,6 +208,7 @@ async fn gauges_follow_the_database_queue_dead_letters_and_the_outbox_on_both_st
             idempotency_key: id.into(),
             event_type: "invoice.paid".into(),
             payload: b"{}".to_vec(),
+            traceparent: None,
         };
         tx.insert_outbox(&[row("evt_out_1"), row("evt_out_2")])
             .await

@@ -3,7 +3,7 @@
 //! rules and their unit tests ([`prometheus`]); the dashboard's and the rules' queries naming
 //! only metrics that are exposed ([`dashboard`]); the compose file and the Kubernetes manifests
 //! checked by the tools this machine has ([`deploy`]); JSON log lines, colours, and start-up
-//! errors ([`logs`]).
+//! errors ([`logs`]); one trace per event from webhook to sink ([`traces`]).
 //!
 //! Here: the binary with traffic through ingress, consumer and relay, the checkout example
 //! (the Idempotency-Key layer) with one payment, the repository's `deploy/` folder, and YAML
@@ -17,6 +17,7 @@ mod logs;
 mod metrics;
 mod prometheus;
 mod promql;
+mod traces;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

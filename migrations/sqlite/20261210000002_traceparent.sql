@@ -1,0 +1,4 @@
+-- The W3C traceparent an event's trace continues from: the publisher's span (queue rows) and
+-- the handler's span (outbox rows). NULL when traces are off.
+ALTER TABLE queue_messages ADD COLUMN traceparent TEXT;
+ALTER TABLE outbox ADD COLUMN traceparent TEXT;
