@@ -187,8 +187,9 @@ async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery()
     assert_eq!(sink.keys(), vec!["evt_unmarked".to_owned()]);
 }
 
-/// A broker that cannot be reached: ingress answers 503 problem+json (never a 2xx) and
-/// `/readyz` says not ready, for RabbitMQ and for SQS.
+/// A broker that cannot be reached: ingress answers 503 problem+json (never a 2xx),
+/// `/readyz` says not ready, and the logs name the broker's address and the cause (never its
+/// password), for RabbitMQ and for SQS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_brokers_answer_503() {
     let db = TestDb::new(Backend::Sqlite).await;
@@ -224,6 +225,23 @@ async fn unreachable_brokers_answer_503() {
         assert_eq!(response.status(), 503, "{extra:?}");
         assert_eq!(content_type(&response), Some("application/problem+json"));
         assert_eq!(bin.readyz(&client).await, 503, "{extra:?}");
+        // What failed is named where an operator looks: the logs give the broker's address
+        // (its password masked) beside the cause.
+        let named = bin
+            .wait_for(
+                "a log line naming the unreachable broker",
+                Duration::from_secs(30),
+                || {
+                    let log = bin.stderr();
+                    async move {
+                        log.lines()
+                            .find(|l| l.contains("127.0.0.1:1") && l.contains("refused"))
+                            .map(str::to_owned)
+                    }
+                },
+            )
+            .await;
+        assert!(!bin.stderr().contains("guest:guest@"), "{named}");
     }
 }
 

@@ -23,7 +23,8 @@ use lapin::{
 use tokio::sync::Mutex;
 
 use super::{broker_failed, topology, unavailable};
-use crate::queue::TransportError;
+use crate::config::redact_url;
+use crate::queue::{Cause, TransportError};
 
 /// The longest a connect (with its topology) or a publisher confirm may take.
 pub(super) const BROKER_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,17 +46,29 @@ pub(super) struct Side {
     pub(super) channel: Channel,
 }
 
-/// Connects and declares `declare`, within [`BROKER_ANSWER_TIMEOUT`].
+/// Connects and declares `declare`, within [`BROKER_ANSWER_TIMEOUT`]. A failure to connect
+/// names the broker (its URL, password masked) beside the cause, so a log line or a 503 says
+/// which host and port did not answer.
 pub(super) async fn connect(url: &str, declare: &Declare) -> Result<Side, TransportError> {
     tokio::time::timeout(BROKER_ANSWER_TIMEOUT, connect_unbounded(url, declare))
         .await
-        .map_err(|_| broker_failed(format!("no answer within {BROKER_ANSWER_TIMEOUT:?}")))?
+        .map_err(|_| {
+            broker_failed(format!(
+                "no answer from {} within {BROKER_ANSWER_TIMEOUT:?}",
+                redact_url(url)
+            ))
+        })?
 }
 
 async fn connect_unbounded(url: &str, declare: &Declare) -> Result<Side, TransportError> {
     let connection = Connection::connect(url, ConnectionProperties::default())
         .await
-        .map_err(unavailable)?;
+        .map_err(|e| {
+            TransportError::Unavailable(Cause::new(
+                format!("rabbitmq: connecting to {}: {e}", redact_url(url)),
+                e,
+            ))
+        })?;
     let channel = match declare {
         Declare::Queues {
             queue,
