@@ -25,11 +25,14 @@ else
   count() { python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchone()[0])" "$WORK/bench.db" "$1"; }
 fi
 cleanup() {
-  pkill -f "target/release/dedup-worker" 2>/dev/null || true
+  # Only the processes this script started: the machine is shared.
+  [ -z "${PIDS:-}" ] || kill $PIDS 2>/dev/null || true
   if [ "$BACKEND" = postgres ]; then psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# Stops the dedup-worker started last and waits for it to exit.
+stop_last() { kill "$LAST" 2>/dev/null || true; wait "$LAST" 2>/dev/null || true; }
 export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn
 
 # Polls `sql` until it returns 0; prints the rate for `total` items since `start`.
@@ -45,19 +48,22 @@ drain_rate() {
 echo "== ingress ($BACKEND, database queue, $CONNECTIONS connections, ${SECONDS_LOAD}s)"
 DEDUP_LISTEN=127.0.0.1:$PORT DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
   target/release/dedup-worker serve >"$WORK/ingress.log" 2>&1 &
+LAST=$!; PIDS="${PIDS:-} $LAST"
 until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do sleep 0.1; done
 target/release/examples/loadgen --url "http://127.0.0.1:$PORT/webhooks/stripe" \
   --connections "$CONNECTIONS" --seconds "$SECONDS_LOAD"
-pkill -f "target/release/dedup-worker serve"; sleep 0.5
+stop_last
 TOTAL=$(count "SELECT count(*) FROM queue_messages")
 
 echo "== consumer (forward handler, default batch size)"
 START=$(python3 -c 'import time; print(time.time())')
 DEDUP_LISTEN=127.0.0.1:0 target/release/dedup-worker consume >"$WORK/consume.log" 2>&1 &
+LAST=$!; PIDS="${PIDS:-} $LAST"
 drain_rate "SELECT count(*) FROM queue_messages" "$TOTAL" "$START" "consumer events"
-pkill -f "target/release/dedup-worker consume"; sleep 0.5
+stop_last
 
 echo "== relay (file sink)"
 START=$(python3 -c 'import time; print(time.time())')
 DEDUP_LISTEN=127.0.0.1:0 DEDUP_SINK="file:$WORK/sink.jsonl" target/release/dedup-worker relay >"$WORK/relay.log" 2>&1 &
+LAST=$!; PIDS="${PIDS:-} $LAST"
 drain_rate "SELECT count(*) FROM outbox WHERE status = 'pending'" "$TOTAL" "$START" "relay rows"

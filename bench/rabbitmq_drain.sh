@@ -23,7 +23,8 @@ received() { # deliveries the consumer has settled (duplicates included), from i
     awk '/^dedup_events_received_total / { print int($2) } END { if (!NR) print 0 }'
 }
 cleanup() {
-  pkill -f "target/release/dedup-worker" 2>/dev/null || true
+  # Only the processes this script started: the machine is shared.
+  [ -z "${PIDS:-}" ] || kill $PIDS 2>/dev/null || true
   for q in $(rabbitmqctl -q list_queues name | grep "^dw_bench_drain_$$" || true); do
     rabbitmqctl -q delete_queue "$q" >/dev/null || true
   done
@@ -33,6 +34,8 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# Stops the dedup-worker started last and waits for it to exit.
+stop_last() { kill "$LAST" 2>/dev/null || true; wait "$LAST" 2>/dev/null || true; }
 
 for round in $(seq 1 "$ROUNDS"); do
   db=dw_bench_drain_$$_$round
@@ -40,11 +43,12 @@ for round in $(seq 1 "$ROUNDS"); do
   export DATABASE_URL="$PG/$db" DEDUP_QUEUE="dw_bench_drain_$$_$round"
   DEDUP_LISTEN=127.0.0.1:$PORT DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
     target/release/dedup-worker serve >"$WORK/ingress.log" 2>&1 &
+  LAST=$!; PIDS="${PIDS:-} $LAST"
   until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do sleep 0.1; done
   target/release/examples/loadgen --url "http://127.0.0.1:$PORT/webhooks/stripe" \
     --connections 64 --seconds 300 --requests "$EVENTS" --duplicates "$DUPLICATES" \
     --prefix "evt_drain_$round" >"$WORK/load.log"
-  pkill -f "target/release/dedup-worker serve"; sleep 0.5
+  stop_last
   # Every accepted request is one message in the queue, duplicates included.
   queued=$(awk '{ for (i = 1; i < NF; i++) if ($i == "requests:") n = $(i + 1);
                   for (i = 1; i < NF; i++) if ($i == "non-2xx:") f = $(i + 1) }
@@ -53,6 +57,7 @@ for round in $(seq 1 "$ROUNDS"); do
   start=$(date +%s.%N)
   DEDUP_LISTEN=127.0.0.1:$((PORT + 1)) DEDUP_ROLES__INGRESS=false DEDUP_ROLES__RELAY=false \
     target/release/dedup-worker serve >"$WORK/consume.log" 2>&1 &
+  LAST=$!; PIDS="${PIDS:-} $LAST"
   deadline=$((SECONDS + 300))
   outcome=drained
   until [ "$(received)" -ge "$queued" ]; do
@@ -60,7 +65,7 @@ for round in $(seq 1 "$ROUNDS"); do
     sleep 0.2
   done
   elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.2f}')" "$start")
-  pkill -f "target/release/dedup-worker serve"; sleep 0.5
+  stop_last
   handled=$(psql "$DATABASE_URL" -tAc "SELECT count(*) FROM processed_events")
   deadlocks=$(grep -c "deadlock detected" "$WORK/consume.log" || true)
   failed=$(grep -c "consumer step failed" "$WORK/consume.log" || true)

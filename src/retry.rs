@@ -38,6 +38,50 @@ pub fn refused_for_its_data(error: &sqlx::Error) -> bool {
     code.starts_with("22") || code.starts_with("54") || code == "18"
 }
 
+/// Whether no retry can cure `error`, so a handler that hit it is dead-lettered at once rather
+/// than redelivered `consumer.max_attempts` times over minutes of backoff. Fatal:
+/// * PostgreSQL SQLSTATE classes 21 (cardinality violation), 22 (data exception), 23
+///   (integrity constraint violation: unique, foreign key, not null, check), 42 (syntax error
+///   or access rule violation: undefined table or column, bad syntax, insufficient privilege)
+///   and 54 (program limit exceeded);
+/// * SQLite's primary result codes 1 (`SQLITE_ERROR`: syntax error, no such table or column),
+///   18 (too big), 19 (constraint), 20 (type mismatch) and 25 (range);
+/// * a row or column that does not decode into the type asked for, or a column or type that
+///   does not exist: the code and the schema disagree.
+///
+/// Retryable: everything else, notably a lost connection or pool timeout (08, I/O, TLS), a
+/// serialization failure or deadlock (40001, 40P01), a lock or statement timeout (55P03,
+/// 57014), a server shutting down or out of resources (57P, 53), SQLite's busy and locked (5,
+/// 6), and `RowNotFound`: Stripe delivers events out of order, so the row an event refers to
+/// (its customer, its invoice) may arrive with a later one. A handler that races another
+/// worker for the same row should write `ON CONFLICT …`: a unique violation is fatal.
+pub fn no_retry_can_cure(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            let Some(code) = db.code() else {
+                return false;
+            };
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // Extended result codes carry the primary one in their low byte.
+                let primary = code.parse::<i32>().map(|c| c & 0xff).unwrap_or(0);
+                matches!(primary, 1 | 18 | 19 | 20 | 25)
+            } else {
+                ["21", "22", "23", "42", "54"]
+                    .iter()
+                    .any(|class| code.starts_with(class))
+            }
+        }
+        sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::Encode(_)
+        | sqlx::Error::InvalidArgument(_) => true,
+        _ => false,
+    }
+}
+
 /// A duration as the `bigint` milliseconds SQL statements bind; one too long for that saturates
 /// (a TTL or lease of centuries means "never", not an error). Shared by the pipeline's store and
 /// the idempotency store.

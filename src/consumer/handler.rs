@@ -41,49 +41,10 @@
 
 use async_trait::async_trait;
 
-use crate::error::Cause;
+pub use super::error::{HandlerError, HandlerResultExt};
 use crate::event::Event;
 use crate::outbox::OutboxMessage;
-use crate::store::{DbTx, StoreError};
-
-/// Why a handler failed. The consumer decides what happens next from the variant.
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    /// Worth trying again later (a lock timeout, a dependency down): redelivered with backoff
-    /// until `consumer.max_attempts`, then dead-lettered.
-    #[error("retryable: {0}")]
-    Retryable(#[source] Cause),
-    /// Will never succeed (malformed payload, unknown account): dead-lettered at once.
-    #[error("fatal: {0}")]
-    Fatal(#[source] Cause),
-}
-
-/// A statement the database refused for the values it carried fails again on every retry, so
-/// it is fatal (dead-lettered at once); anything else (a lost connection, a deadlock, a lock
-/// timeout) is retryable.
-impl From<sqlx::Error> for HandlerError {
-    fn from(e: sqlx::Error) -> Self {
-        let fatal = crate::retry::refused_for_its_data(&e);
-        let cause = Cause::new(e.to_string(), e);
-        if fatal {
-            HandlerError::Fatal(cause)
-        } else {
-            HandlerError::Retryable(cause)
-        }
-    }
-}
-
-impl From<StoreError> for HandlerError {
-    fn from(e: StoreError) -> Self {
-        let fatal = e.refused_for_its_data();
-        let cause = Cause::new(e.to_string(), e);
-        if fatal {
-            HandlerError::Fatal(cause)
-        } else {
-            HandlerError::Retryable(cause)
-        }
-    }
-}
+use crate::store::DbTx;
 
 /// Business logic run once per new event.
 #[async_trait]

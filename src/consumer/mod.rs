@@ -30,6 +30,7 @@
 
 mod dead_letter;
 pub mod decode;
+mod error;
 mod full_event;
 pub mod handler;
 mod handling;
@@ -47,7 +48,7 @@ use std::time::{Duration, Instant};
 pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
-pub use handler::{ForwardHandler, Handler, HandlerError, LedgerHandler};
+pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
 use record::record_new;
 use settle::Settlement;
 pub use stale::StaleGuard;

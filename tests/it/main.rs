@@ -10,6 +10,8 @@
 //!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
 //! * [`broker_outage`]: RabbitMQ and SQS cut, black-holed and refused under traffic: 503 while
 //!   down, reconnection by itself, every acknowledged event at the sink once;
+//! * [`handler_errors`]: a handler's database errors classified (constraint, undefined
+//!   table, syntax, unparsable payload: fatal; missing row, timeout, marked: retried).
 //! * [`consumer`]: handler failures (poison, panic, flaky) dead-lettered or retried without
 //!   blocking the batch; a step slower than its lease keeps its batch; no deadlock between
 //!   overlapping batches of two processes;
@@ -70,6 +72,7 @@ mod crash;
 mod dedup_window;
 mod events_show;
 mod fifo;
+mod handler_errors;
 mod hostile;
 mod idempotency;
 mod operations;

@@ -1,0 +1,193 @@
+//! How a handler's errors are classified, on both stores: a database error no retry can cure
+//! (a unique violation, a table that does not exist, bad syntax) and a payload that does not
+//! parse are dead-lettered after one attempt; what may pass (a row not there yet, a statement
+//! timeout on PostgreSQL, an error the handler marks `.retryable()`) is retried until
+//! `consumer.max_attempts`. Every dead letter says what happened underneath.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedup_worker::consumer::{Handler, HandlerError, HandlerResultExt, OutboxMessage};
+use dedup_worker::event::Event;
+use dedup_worker::startup::Overrides;
+use dedup_worker::store::DbTx;
+use serde_json::json;
+
+use crate::helpers::{
+    file_sink_ids, post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb,
+};
+
+/// The secret `test_settings` configures.
+const SECRET: &str = "whsec_test_secret";
+const MAX_ATTEMPTS: i32 = 3;
+
+/// Fails each event the way its id names, through real statements on the batch's connection.
+struct Failing;
+
+/// What `evt_bad_payload` is parsed into: its payload has no `amount_paid` at the top level.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct Paid {
+    amount_paid: i64,
+}
+
+async fn execute(tx: &mut DbTx<'_>, sql: &str) -> Result<u64, sqlx::Error> {
+    dedup_worker::with_connection!(tx, |conn| {
+        sqlx::query(sql)
+            .execute(&mut **conn)
+            .await
+            .map(|done| done.rows_affected())
+    })
+}
+
+#[async_trait]
+impl Handler for Failing {
+    async fn handle(
+        &self,
+        event: &Event,
+        tx: &mut DbTx<'_>,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+        let postgres = matches!(tx, DbTx::Postgres(_));
+        match event.id.as_str() {
+            "evt_unique" => {
+                execute(tx, "CREATE TABLE IF NOT EXISTS paid (id TEXT PRIMARY KEY)").await?;
+                execute(tx, "INSERT INTO paid (id) VALUES ('in_1')").await?;
+                execute(tx, "INSERT INTO paid (id) VALUES ('in_1')").await?;
+            }
+            "evt_no_table" => {
+                execute(tx, "INSERT INTO no_such_table (id) VALUES ('x')").await?;
+            }
+            "evt_syntax" => {
+                execute(tx, "INSRT INTO paid VALUES (1)").await?;
+            }
+            "evt_bad_payload" => {
+                serde_json::from_slice::<Paid>(&event.payload)?;
+            }
+            "evt_row_not_yet" => {
+                // The customer this event refers to has not arrived (yet).
+                dedup_worker::with_connection!(tx, |conn| {
+                    sqlx::query("SELECT 1 WHERE 1 = 0")
+                        .fetch_one(&mut **conn)
+                        .await
+                        .map(drop)
+                })?;
+            }
+            "evt_timeout" if postgres => {
+                execute(tx, "SET LOCAL statement_timeout = '10ms'").await?;
+                execute(tx, "SELECT pg_sleep(1)").await?;
+            }
+            "evt_marked" => {
+                Err(std::io::Error::other("the payment provider is down")).retryable()?;
+            }
+            _ => {}
+        }
+        Ok(vec![OutboxMessage::forward(event)])
+    }
+}
+
+async fn classified(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("out.jsonl");
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("outbox.sink", json!(format!("file:{}", sink.display()))),
+            ("consumer.retry_base_ms", json!(20)),
+            ("consumer.retry_max_ms", json!(100)),
+            ("consumer.max_attempts", json!(MAX_ATTEMPTS)),
+            ("consumer.poll_interval_ms", json!(50)),
+            ("outbox.poll_interval_ms", json!(50)),
+        ],
+    );
+    let app = TestApp::spawn(
+        settings,
+        Overrides {
+            handler: Some(Arc::new(Failing)),
+            ..Overrides::default()
+        },
+    )
+    .await;
+    let mut fatal = vec![
+        "evt_unique",
+        "evt_no_table",
+        "evt_syntax",
+        "evt_bad_payload",
+    ];
+    let mut retried = vec!["evt_row_not_yet", "evt_marked"];
+    if backend == Backend::Postgres {
+        retried.push("evt_timeout");
+    }
+    let mut ids: Vec<&str> = vec!["evt_fine_1", "evt_fine_2"];
+    ids.append(&mut fatal.clone());
+    ids.append(&mut retried.clone());
+    let client = reqwest::Client::new();
+    for id in &ids {
+        let body = stripe_event(id, "invoice.paid");
+        let response = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+
+    let store = app.store.clone();
+    let failing = fatal.len() + retried.len();
+    let dead = wait_for(
+        "every failing event dead-lettered",
+        Duration::from_secs(60),
+        || {
+            let store = store.clone();
+            async move {
+                let dead = store.dead_letters(100).await.unwrap();
+                (dead.len() == failing).then_some(dead)
+            }
+        },
+    )
+    .await;
+    let attempts = |id: &str| {
+        let letter = dead.iter().find(|d| d.event_id == id).expect(id);
+        (letter.attempts, letter.error.clone())
+    };
+    fatal.sort_unstable();
+    for id in fatal {
+        let (n, error) = attempts(id);
+        assert_eq!(
+            n, 1,
+            "{id} is fatal: dead-lettered after one attempt ({error})"
+        );
+        assert!(error.starts_with("fatal: "), "{id}: {error}");
+    }
+    for id in retried {
+        let (n, error) = attempts(id);
+        assert_eq!(n, MAX_ATTEMPTS, "{id} is retryable ({error})");
+        assert!(error.starts_with("retryable: "), "{id}: {error}");
+    }
+    // The cause is kept, in the store's own words.
+    let (_, unique) = attempts("evt_unique");
+    assert!(
+        unique.contains("UNIQUE") || unique.contains("duplicate key"),
+        "{unique}"
+    );
+    assert!(attempts("evt_no_table").1.contains("no_such_table"));
+    assert!(attempts("evt_bad_payload").1.contains("amount_paid"));
+    assert!(attempts("evt_marked")
+        .1
+        .contains("payment provider is down"));
+    wait_for("the fine events delivered", Duration::from_secs(30), || {
+        let sink = sink.clone();
+        async move { (file_sink_ids(&sink).len() == 2).then_some(()) }
+    })
+    .await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_errors_are_classified_on_postgres() {
+    classified(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_errors_are_classified_on_sqlite() {
+    classified(Backend::Sqlite).await;
+}
