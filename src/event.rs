@@ -27,6 +27,15 @@ pub struct Event {
     pub delivery_attempt: u32,
 }
 
+impl Event {
+    /// The payload parsed as `T`, your own type for what the provider sends: `let invoice:
+    /// Invoice = event.json()?;` in a handler, where a payload that does not parse is a fatal
+    /// [`crate::consumer::HandlerError`] (it parses no better next time).
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.payload)
+    }
+}
+
 /// The longest source, event id or event type accepted, in bytes (UTF-8). Stripe's ids are
 /// about 30 bytes; 255 is the AMQP short-string limit and far inside PostgreSQL's index limit.
 pub const MAX_EVENT_FIELD_BYTES: usize = 255;
@@ -146,6 +155,39 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::proptest_support::config;
+
+    #[test]
+    fn the_payload_parses_into_the_handlers_type() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Envelope {
+            id: String,
+            data: Data,
+        }
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Data {
+            object: Invoice,
+        }
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Invoice {
+            #[allow(dead_code)]
+            id: String,
+            amount_paid: i64,
+        }
+        let event = |payload: &'static str| Event {
+            source: "stripe".into(),
+            id: "evt_1".into(),
+            event_type: "invoice.paid".into(),
+            payload: Bytes::from_static(payload.as_bytes()),
+            delivery_attempt: 1,
+        };
+        let paid = event(r#"{"id":"evt_1","data":{"object":{"id":"in_1","amount_paid":500}}}"#);
+        let parsed: Envelope = paid.json().unwrap();
+        assert_eq!(parsed.data.object.amount_paid, 500);
+        assert_eq!(parsed.id, "evt_1");
+        let malformed = event(r#"{"id":"evt_1","data":{"object":{"id":"in_1"}}}"#);
+        let error = malformed.json::<Envelope>().unwrap_err();
+        assert!(error.to_string().contains("amount_paid"), "{error}");
+    }
 
     #[test]
     fn limits() {

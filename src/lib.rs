@@ -63,3 +63,9 @@ pub mod store;
 pub mod stripe;
 pub mod telemetry;
 pub mod webhook;
+
+/// The versions a handler crate's own code must match: `sqlx` for `DbTx`'s connections and
+/// `async_trait` for [`consumer::Handler`]. (`sqlx::migrate!` expands to `::sqlx::…` paths, so
+/// a crate with migrations of its own also depends on `sqlx = "0.8"` directly.)
+pub use async_trait::async_trait;
+pub use sqlx;

@@ -4,6 +4,10 @@
 //!   to `consumer.retry_max_ms`), up to `consumer.max_attempts`, then dead-lettered. For what
 //!   may pass: a lost connection, a deadlock, a lock timeout, a dependency down, a row that has
 //!   not arrived yet (Stripe delivers out of order).
+//! * **Retry after**: as retryable, but redelivered after the delay the handler names (a
+//!   provider's `Retry-After`, a rate limit's reset), at most `consumer.retry_max_ms` (the
+//!   operator's bound, which every transport can hold); it still counts towards
+//!   `consumer.max_attempts`.
 //! * **Fatal**: dead-lettered at once, after this one attempt: the same event fails the same
 //!   way every time (a malformed payload, a constraint it violates, a table that does not
 //!   exist), and retrying it only delays the alert by minutes.
@@ -14,6 +18,8 @@
 //! [`HandlerError::retryable`] / [`HandlerError::fatal`]. A payload that does not parse
 //! (`serde_json::Error`) is fatal. The error keeps its cause as its `source`, so the dead
 //! letter's `error` and the log line say what happened underneath.
+
+use std::time::Duration;
 
 use crate::error::Cause;
 use crate::store::StoreError;
@@ -28,6 +34,14 @@ pub enum HandlerError {
     /// Will never succeed (malformed payload, unknown account): dead-lettered at once.
     #[error("fatal: {0}")]
     Fatal(#[source] Cause),
+    /// Worth trying again after `after` (capped at `consumer.retry_max_ms`) rather than after
+    /// the backoff's own delay; counts towards `consumer.max_attempts` like a retryable one.
+    #[error("retry after {after:?}: {cause}")]
+    RetryAfter {
+        after: Duration,
+        #[source]
+        cause: Cause,
+    },
 }
 
 impl HandlerError {
@@ -39,6 +53,17 @@ impl HandlerError {
     /// A failure no retry can cure, caused by `error`.
     pub fn fatal(error: impl std::error::Error + Send + Sync + 'static) -> Self {
         HandlerError::Fatal(Cause::new(error.to_string(), error))
+    }
+
+    /// A failure worth retrying after `after`, caused by `error`.
+    pub fn retry_after(
+        after: Duration,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        HandlerError::RetryAfter {
+            after,
+            cause: Cause::new(error.to_string(), error),
+        }
     }
 
     /// Whether the event is dead-lettered at once.
@@ -54,6 +79,8 @@ pub trait HandlerResultExt<T> {
     fn retryable(self) -> Result<T, HandlerError>;
     /// The error, if any, as [`HandlerError::Fatal`].
     fn fatal(self) -> Result<T, HandlerError>;
+    /// The error, if any, as [`HandlerError::RetryAfter`].
+    fn retry_after(self, after: Duration) -> Result<T, HandlerError>;
 }
 
 impl<T, E: std::error::Error + Send + Sync + 'static> HandlerResultExt<T> for Result<T, E> {
@@ -63,6 +90,10 @@ impl<T, E: std::error::Error + Send + Sync + 'static> HandlerResultExt<T> for Re
 
     fn fatal(self) -> Result<T, HandlerError> {
         self.map_err(HandlerError::fatal)
+    }
+
+    fn retry_after(self, after: Duration) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::retry_after(after, e))
     }
 }
 

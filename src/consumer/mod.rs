@@ -394,11 +394,14 @@ impl Consumer {
                 outcome.dead_lettered += 1;
                 to_ack.push(delivery.tag.clone());
             } else {
-                let delay = backoff_delay(
-                    self.options.retry_base,
-                    self.options.retry_max,
-                    delivery.attempts,
-                );
+                let delay = match error {
+                    HandlerError::RetryAfter { after, .. } => (*after).min(self.options.retry_max),
+                    _ => backoff_delay(
+                        self.options.retry_base,
+                        self.options.retry_max,
+                        delivery.attempts,
+                    ),
+                };
                 tracing::info!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
                 outcome.retried += 1;
                 retries.push((delivery, delay));

@@ -2,10 +2,11 @@
 //! (a unique violation, a table that does not exist, bad syntax) and a payload that does not
 //! parse are dead-lettered after one attempt; what may pass (a row not there yet, a statement
 //! timeout on PostgreSQL, an error the handler marks `.retryable()`) is retried until
-//! `consumer.max_attempts`. Every dead letter says what happened underneath.
+//! `consumer.max_attempts`; one marked `.retry_after(d)` is redelivered no sooner than `d`
+//! later. Every dead letter says what happened underneath.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedup_worker::consumer::{Handler, HandlerError, HandlerResultExt, OutboxMessage};
@@ -22,8 +23,17 @@ use crate::helpers::{
 const SECRET: &str = "whsec_test_secret";
 const MAX_ATTEMPTS: i32 = 3;
 
+/// The delay `evt_later` asks for: far above the backoff's own (20 ms doubling), below
+/// `consumer.retry_max_ms` (10 s).
+const LATER: Duration = Duration::from_millis(1500);
+
 /// Fails each event the way its id names, through real statements on the batch's connection.
-struct Failing;
+#[derive(Default)]
+struct Failing {
+    /// When `evt_later` ran, by delivery attempt (a batch with a failure runs its handlers
+    /// twice: once together, then each in a savepoint of its own).
+    later_runs: Mutex<Vec<(u32, Instant)>>,
+}
 
 /// What `evt_bad_payload` is parsed into: its payload has no `amount_paid` at the top level.
 #[derive(serde::Deserialize)]
@@ -62,7 +72,7 @@ impl Handler for Failing {
                 execute(tx, "INSRT INTO paid VALUES (1)").await?;
             }
             "evt_bad_payload" => {
-                serde_json::from_slice::<Paid>(&event.payload)?;
+                event.json::<Paid>()?;
             }
             "evt_row_not_yet" => {
                 // The customer this event refers to has not arrived (yet).
@@ -76,6 +86,11 @@ impl Handler for Failing {
             "evt_timeout" if postgres => {
                 execute(tx, "SET LOCAL statement_timeout = '10ms'").await?;
                 execute(tx, "SELECT pg_sleep(1)").await?;
+            }
+            "evt_later" => {
+                let run = (event.delivery_attempt, Instant::now());
+                self.later_runs.lock().unwrap().push(run);
+                Err(std::io::Error::other("rate limited")).retry_after(LATER)?;
             }
             "evt_marked" => {
                 Err(std::io::Error::other("the payment provider is down")).retryable()?;
@@ -95,16 +110,17 @@ async fn classified(backend: Backend) {
         &[
             ("outbox.sink", json!(format!("file:{}", sink.display()))),
             ("consumer.retry_base_ms", json!(20)),
-            ("consumer.retry_max_ms", json!(100)),
+            ("consumer.retry_max_ms", json!(10_000)),
             ("consumer.max_attempts", json!(MAX_ATTEMPTS)),
             ("consumer.poll_interval_ms", json!(50)),
             ("outbox.poll_interval_ms", json!(50)),
         ],
     );
+    let handler = Arc::new(Failing::default());
     let app = TestApp::spawn(
         settings,
         Overrides {
-            handler: Some(Arc::new(Failing)),
+            handler: Some(handler.clone()),
             ..Overrides::default()
         },
     )
@@ -115,7 +131,7 @@ async fn classified(backend: Backend) {
         "evt_syntax",
         "evt_bad_payload",
     ];
-    let mut retried = vec!["evt_row_not_yet", "evt_marked"];
+    let mut retried = vec!["evt_row_not_yet", "evt_marked", "evt_later"];
     if backend == Backend::Postgres {
         retried.push("evt_timeout");
     }
@@ -161,7 +177,25 @@ async fn classified(backend: Backend) {
     for id in retried {
         let (n, error) = attempts(id);
         assert_eq!(n, MAX_ATTEMPTS, "{id} is retryable ({error})");
-        assert!(error.starts_with("retryable: "), "{id}: {error}");
+        let kind = if id == "evt_later" {
+            "retry after 1.5s: "
+        } else {
+            "retryable: "
+        };
+        assert!(error.starts_with(kind), "{id}: {error}");
+    }
+    // Each redelivery of `evt_later` came no sooner than it asked.
+    let runs = handler.later_runs.lock().unwrap().clone();
+    let of = |attempt: u32| {
+        runs.iter()
+            .filter(move |(a, _)| *a == attempt)
+            .map(|(_, t)| *t)
+    };
+    for attempt in 1..MAX_ATTEMPTS as u32 {
+        let last = of(attempt).max().expect("a run of each attempt");
+        let next = of(attempt + 1).min().expect("a run of each attempt");
+        let gap = next - last;
+        assert!(gap >= LATER, "redelivered after {gap:?}, asked {LATER:?}");
     }
     // The cause is kept, in the store's own words.
     let (_, unique) = attempts("evt_unique");
