@@ -15,7 +15,7 @@ use serde::Deserialize;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use super::traces;
 
@@ -64,7 +64,10 @@ impl Telemetry {
 pub fn init(format: LogFormat) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let terminal = std::io::stderr().is_terminal();
-    let (text, json) = if format.is_json(terminal) {
+    // Per-layer filters: `RUST_LOG` for the lines written, `info` for the spans exported. No
+    // `Option` layers: a `None` one is interested in every callsite, which would enable every
+    // span (and its cost) that the filter was meant to turn off.
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = if format.is_json(terminal) {
         let mut json = json_subscriber::JsonLayer::stderr();
         json.with_timer("timestamp", tracing_subscriber::fmt::time::SystemTime)
             .with_level("level")
@@ -72,30 +75,25 @@ pub fn init(format: LogFormat) -> Telemetry {
             .with_flattened_event()
             .with_top_level_flattened_span_list()
             .with_opentelemetry_ids(true);
-        (None, Some(json))
+        json.boxed()
     } else {
-        let text = tracing_subscriber::fmt::layer()
+        tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
-            .with_ansi(terminal);
-        (Some(text), None)
+            .with_ansi(terminal)
+            .boxed()
     };
     let (provider, traces_error) = match traces::provider_from_env() {
         Ok(provider) => (provider, None),
         Err(error) => (None, Some(error)),
     };
-    // Per-layer filters: `RUST_LOG` for the lines written, `info` for the spans exported.
-    let lines = text
-        .map(|text| text.boxed())
-        .or(json.map(|json| json.boxed()))
-        .map(|lines| lines.with_filter(filter));
-    let spans = provider
-        .as_ref()
-        .map(|provider| traces::layer(provider).with_filter(LevelFilter::INFO));
-    let installed = tracing_subscriber::registry()
-        .with(lines)
-        .with(spans)
-        .try_init()
-        .is_ok();
+    let registry = tracing_subscriber::registry().with(lines.with_filter(filter));
+    let installed = match &provider {
+        Some(provider) => registry
+            .with(traces::layer(provider).with_filter(LevelFilter::INFO))
+            .try_init(),
+        None => registry.try_init(),
+    }
+    .is_ok();
     if let Some(error) = traces_error {
         tracing::warn!(%error, "traces are off");
     }
