@@ -33,6 +33,36 @@ macro_rules! with_connection {
     };
 }
 
+/// Executes one statement on whichever connection a [`DbTx`] holds, binding each argument in
+/// order, and returns the rows it affected: the common case of [`with_connection!`] in one
+/// line, through the sqlx this crate re-exports (a handler crate needs no sqlx of its own for
+/// it). The statement must be one both stores accept (`$1`-style parameters do on both).
+///
+/// ```
+/// use dedup_worker::store::DbTx;
+///
+/// async fn record(tx: &mut DbTx<'_>, invoice: &str, cents: i64) -> Result<u64, dedup_worker::sqlx::Error> {
+///     dedup_worker::execute!(
+///         tx,
+///         "INSERT INTO paid_invoices (invoice_id, amount) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+///         invoice,
+///         cents
+///     )
+/// }
+/// ```
+#[macro_export]
+macro_rules! execute {
+    ($tx:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        $crate::with_connection!($tx, |conn| {
+            $crate::sqlx::query($sql)
+                $(.bind($arg))*
+                .execute(&mut **conn)
+                .await
+                .map(|done| done.rows_affected())
+        })
+    };
+}
+
 /// Calls the backend module's function of the same name with the open transaction.
 macro_rules! on_tx {
     ($tx:expr, $func:ident($($arg:expr),*)) => {
@@ -68,6 +98,26 @@ pub enum StoreTx {
 pub enum DbTx<'a> {
     Postgres(&'a mut sqlx::PgConnection),
     Sqlite(&'a mut sqlx::SqliteConnection),
+}
+
+impl DbTx<'_> {
+    /// The PostgreSQL connection, for a handler that needs PostgreSQL's own features (`COPY`,
+    /// `jsonb` operators, advisory locks); `None` on SQLite, where such a handler should return
+    /// a fatal error naming what it needs rather than guess.
+    pub fn postgres(&mut self) -> Option<&mut sqlx::PgConnection> {
+        match self {
+            DbTx::Postgres(conn) => Some(conn),
+            DbTx::Sqlite(_) => None,
+        }
+    }
+
+    /// The SQLite connection; `None` on PostgreSQL.
+    pub fn sqlite(&mut self) -> Option<&mut sqlx::SqliteConnection> {
+        match self {
+            DbTx::Sqlite(conn) => Some(conn),
+            DbTx::Postgres(_) => None,
+        }
+    }
 }
 
 impl StoreTx {

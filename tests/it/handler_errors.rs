@@ -42,15 +42,6 @@ struct Paid {
     amount_paid: i64,
 }
 
-async fn execute(tx: &mut DbTx<'_>, sql: &str) -> Result<u64, sqlx::Error> {
-    dedup_worker::with_connection!(tx, |conn| {
-        sqlx::query(sql)
-            .execute(&mut **conn)
-            .await
-            .map(|done| done.rows_affected())
-    })
-}
-
 #[async_trait]
 impl Handler for Failing {
     async fn handle(
@@ -58,18 +49,20 @@ impl Handler for Failing {
         event: &Event,
         tx: &mut DbTx<'_>,
     ) -> Result<Vec<OutboxMessage>, HandlerError> {
-        let postgres = matches!(tx, DbTx::Postgres(_));
         match event.id.as_str() {
             "evt_unique" => {
-                execute(tx, "CREATE TABLE IF NOT EXISTS paid (id TEXT PRIMARY KEY)").await?;
-                execute(tx, "INSERT INTO paid (id) VALUES ('in_1')").await?;
-                execute(tx, "INSERT INTO paid (id) VALUES ('in_1')").await?;
+                dedup_worker::execute!(
+                    tx,
+                    "CREATE TABLE IF NOT EXISTS paid (id TEXT PRIMARY KEY)"
+                )?;
+                dedup_worker::execute!(tx, "INSERT INTO paid (id) VALUES ('in_1')")?;
+                dedup_worker::execute!(tx, "INSERT INTO paid (id) VALUES ($1)", "in_1")?;
             }
             "evt_no_table" => {
-                execute(tx, "INSERT INTO no_such_table (id) VALUES ('x')").await?;
+                dedup_worker::execute!(tx, "INSERT INTO no_such_table (id) VALUES ('x')")?;
             }
             "evt_syntax" => {
-                execute(tx, "INSRT INTO paid VALUES (1)").await?;
+                dedup_worker::execute!(tx, "INSRT INTO paid VALUES (1)")?;
             }
             "evt_bad_payload" => {
                 event.json::<Paid>()?;
@@ -83,9 +76,17 @@ impl Handler for Failing {
                         .map(drop)
                 })?;
             }
-            "evt_timeout" if postgres => {
-                execute(tx, "SET LOCAL statement_timeout = '10ms'").await?;
-                execute(tx, "SELECT pg_sleep(1)").await?;
+            "evt_timeout" => {
+                // PostgreSQL only (posted only there), through its own connection.
+                let conn = tx
+                    .postgres()
+                    .expect("evt_timeout is posted on PostgreSQL only");
+                sqlx::query("SET LOCAL statement_timeout = '10ms'")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("SELECT pg_sleep(1)")
+                    .execute(&mut *conn)
+                    .await?;
             }
             "evt_later" => {
                 let run = (event.delivery_attempt, Instant::now());
