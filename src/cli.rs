@@ -222,7 +222,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay => serve(cli.config, Some((false, false, true))).await,
         Command::Migrate => {
             let store = connect(cli.config).await?;
-            store.migrate().await.context("applying migrations")?;
+            store.migrate().await?;
             println!("migrations applied ({})", store.backend_name());
             Ok(())
         }

@@ -28,7 +28,7 @@ use crate::queue::database::GroupCommit;
 use crate::queue::rabbitmq::RabbitOptions;
 use crate::queue::{DatabaseQueue, RabbitMqQueue, SqsQueue, Transport};
 use crate::retention::{run_retention, RetentionOptions};
-use crate::store::{Store, StoreError, Wakeups};
+use crate::store::{Backend, Migrations, Store, StoreError, Wakeups};
 use crate::stripe::StripeApi;
 use crate::webhook::{Clock, IngressState, StandardProvider, StripeProvider};
 
@@ -45,15 +45,46 @@ pub enum StartupError {
     Serve(std::io::Error),
     #[error("cannot build the client for Stripe's API (stripe.fetch_thin_events): {0}")]
     StripeApi(#[source] reqwest::Error),
+    /// The handler's SQL is written for other stores than the one configured.
+    #[error("the handler runs on {supported} only, and database_url is {configured}")]
+    HandlerBackend {
+        supported: String,
+        configured: Backend,
+    },
 }
 
-/// Things library users and tests may replace.
+/// What a service built on the library brings of its own (and what tests replace):
+///
+/// ```no_run
+/// # use dedup_worker::{consumer::ForwardHandler, startup::Overrides, store::Migrations};
+/// let overrides = Overrides::default()
+///     .handler(ForwardHandler)
+///     .migrations(Migrations::NONE);
+/// # let _ = overrides;
+/// ```
 #[derive(Clone, Default)]
 pub struct Overrides {
     /// A custom handler instead of the configured built-in one.
     pub handler: Option<Arc<dyn Handler>>,
+    /// The application's own migrations (its handler's tables), applied after the library's
+    /// by `build` (when `database.migrate_on_start`) and by the `migrate` command.
+    pub migrations: Migrations,
     /// A fixed clock for signature verification.
     pub clock: Option<Clock>,
+}
+
+impl Overrides {
+    /// Runs `handler` instead of the configured built-in one.
+    pub fn handler(mut self, handler: impl Handler) -> Self {
+        self.handler = Some(Arc::new(handler));
+        self
+    }
+
+    /// Applies the application's `migrations` after the library's.
+    pub fn migrations(mut self, migrations: Migrations) -> Self {
+        self.migrations = migrations;
+        self
+    }
 }
 
 pub struct Application {
@@ -69,12 +100,6 @@ pub struct Application {
 impl Application {
     /// Connects, migrates (unless disabled), builds the transport and binds the listener.
     pub async fn build(settings: Settings, overrides: Overrides) -> Result<Self, StartupError> {
-        let store = Store::connect(&settings).await?;
-        if settings.database.migrate_on_start {
-            store.migrate().await?;
-        }
-        let wakeups = Arc::new(Wakeups::default());
-        let transport = build_transport(&settings, &store, wakeups.clone()).await;
         let handler: Arc<dyn Handler> = match overrides.handler {
             Some(handler) => handler,
             None => match settings.consumer.handler {
@@ -82,6 +107,24 @@ impl Application {
                 HandlerKind::Ledger => Arc::new(LedgerHandler),
             },
         };
+        let store = Store::connect(&settings).await?;
+        let configured = store.backend();
+        if !handler.backends().contains(&configured) {
+            let supported = handler
+                .backends()
+                .iter()
+                .map(|b| b.name())
+                .collect::<Vec<_>>();
+            return Err(StartupError::HandlerBackend {
+                supported: supported.join(" and "),
+                configured,
+            });
+        }
+        if settings.database.migrate_on_start {
+            store.migrate_with(&overrides.migrations).await?;
+        }
+        let wakeups = Arc::new(Wakeups::default());
+        let transport = build_transport(&settings, &store, wakeups.clone()).await;
         let clock = overrides
             .clock
             .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp()));

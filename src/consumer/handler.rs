@@ -44,7 +44,7 @@ use async_trait::async_trait;
 pub use super::error::{HandlerError, HandlerResultExt};
 use crate::event::Event;
 use crate::outbox::OutboxMessage;
-use crate::store::DbTx;
+use crate::store::{Backend, DbTx};
 
 /// Business logic run once per new event.
 #[async_trait]
@@ -55,6 +55,15 @@ pub trait Handler: Send + Sync + 'static {
         event: &Event,
         tx: &mut DbTx<'_>,
     ) -> Result<Vec<OutboxMessage>, HandlerError>;
+
+    /// The stores this handler's SQL runs on. [`Application::build`] refuses to start on any
+    /// other, so a handler written for PostgreSQL alone (through [`DbTx::postgres`]) fails at
+    /// start on SQLite instead of dead-lettering every event.
+    ///
+    /// [`Application::build`]: crate::startup::Application::build
+    fn backends(&self) -> &'static [Backend] {
+        Backend::ALL
+    }
 }
 
 /// The built-in handler: forward every new event to the sink.

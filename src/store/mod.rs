@@ -21,6 +21,7 @@ mod sqlite;
 mod timeouts;
 mod trail;
 mod transaction;
+mod user_migrations;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ pub use backlog::AlertCounts;
 pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
+pub use user_migrations::Migrations;
 
 pub use rows::{
     DeadLetter, DeadLetterRecord, DuplicateDeliveries, NewDeadLetter, NewOutboxRow,
@@ -51,8 +53,17 @@ pub use rows::{
 pub enum StoreError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A migration failed; `history` says whose ("dedup-worker's" or "the application's").
+    /// The message leaves the cause to `source`, so a printed chain says it once.
+    #[error("applying {history} migrations failed")]
+    Migrate {
+        history: &'static str,
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    /// The application passed migrations, but none for the store in use.
+    #[error("the application's migrations have no set for {0}: pass one in Migrations")]
+    NoMigrationsFor(&'static str),
     /// A statement the caller bounded did not answer in time (a database that stopped
     /// answering); whether it took effect is unknown.
     #[error("the database did not answer within {0:?}")]
@@ -74,6 +85,17 @@ pub enum StoreError {
         "cannot connect to {target}: no answer within {timeout:?} (database.acquire_timeout_ms)"
     )]
     ConnectTimedOut { target: String, timeout: Duration },
+}
+
+/// A failure of the library's own migrations (the application's are mapped in
+/// [`Store::migrate_with`]).
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(source: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate {
+            history: user_migrations::LIBRARY_HISTORY,
+            source,
+        }
+    }
 }
 
 /// What a failed first connection to PostgreSQL says: the pool reports only that it timed out
@@ -121,6 +143,31 @@ pub struct Wakeups {
     pub queue: Notify,
     /// Outbox rows were committed.
     pub outbox: Notify,
+}
+
+/// Which of the two stores a [`Store`] (or a handler's [`DbTx`]) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// Both stores: what a handler supports unless it says otherwise.
+    pub const ALL: &'static [Backend] = &[Backend::Postgres, Backend::Sqlite];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Names of the LISTEN/NOTIFY channels.
@@ -228,11 +275,15 @@ impl Store {
         Ok(())
     }
 
-    pub fn backend_name(&self) -> &'static str {
+    pub fn backend(&self) -> Backend {
         match &self.0 {
-            Pool::Postgres(_) => "postgres",
-            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => Backend::Postgres,
+            Pool::Sqlite(_) => Backend::Sqlite,
         }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend().name()
     }
 
     /// One round trip: is the store answering?

@@ -101,6 +101,14 @@ pub enum DbTx<'a> {
 }
 
 impl DbTx<'_> {
+    /// Which store this connection belongs to.
+    pub fn backend(&self) -> super::Backend {
+        match self {
+            DbTx::Postgres(_) => super::Backend::Postgres,
+            DbTx::Sqlite(_) => super::Backend::Sqlite,
+        }
+    }
+
     /// The PostgreSQL connection, for a handler that needs PostgreSQL's own features (`COPY`,
     /// `jsonb` operators, advisory locks); `None` on SQLite, where such a handler should return
     /// a fatal error naming what it needs rather than guess.

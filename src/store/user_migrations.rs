@@ -1,0 +1,133 @@
+//! The application's own migrations, applied after the library's.
+//!
+//! A service built on dedup-worker keeps its tables (what its handler writes) in migrations of
+//! its own, made with `sqlx::migrate!`. They are applied by [`Application::build`] (when
+//! `database.migrate_on_start`) and by the `migrate` command, after the library's, in version
+//! order, each once. The two histories are kept apart: the library's lives in schema
+//! `dedup_worker` on PostgreSQL and in `_dedup_worker_migrations` on SQLite, so the
+//! application's `_sqlx_migrations` holds only its own versions and its stock
+//! `sqlx::migrate!().run(&pool)` keeps working beside ours.
+//!
+//! [`Application::build`]: crate::startup::Application::build
+
+use sqlx::migrate::Migrator;
+
+use super::{Backend, Pool, Store, StoreError};
+
+/// Whose history a migration failure is in, as [`StoreError::Migrate`] names it.
+pub(crate) const LIBRARY_HISTORY: &str = "dedup-worker's";
+pub(crate) const APPLICATION_HISTORY: &str = "the application's";
+
+/// The application's migrations, one set per store (their SQL usually differs). A set left out
+/// is an error only when the service runs on that store.
+///
+/// ```no_run
+/// use dedup_worker::store::Migrations;
+/// use sqlx::migrate::Migrator;
+///
+/// static POSTGRES: Migrator = sqlx::migrate!("migrations/postgres");
+/// static SQLITE: Migrator = sqlx::migrate!("migrations/sqlite");
+///
+/// let migrations = Migrations::new(&POSTGRES, &SQLITE);
+/// # let _ = migrations;
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Migrations {
+    /// Applied when the store is PostgreSQL.
+    pub postgres: Option<&'static Migrator>,
+    /// Applied when the store is SQLite.
+    pub sqlite: Option<&'static Migrator>,
+}
+
+impl Migrations {
+    /// No migrations of the application's own (the stock binary).
+    pub const NONE: Migrations = Migrations {
+        postgres: None,
+        sqlite: None,
+    };
+
+    pub const fn new(postgres: &'static Migrator, sqlite: &'static Migrator) -> Self {
+        Migrations {
+            postgres: Some(postgres),
+            sqlite: Some(sqlite),
+        }
+    }
+
+    /// For a service that runs only on PostgreSQL; starting it on SQLite is an error.
+    pub const fn postgres_only(postgres: &'static Migrator) -> Self {
+        Migrations {
+            postgres: Some(postgres),
+            sqlite: None,
+        }
+    }
+
+    /// For a service that runs only on SQLite; starting it on PostgreSQL is an error.
+    pub const fn sqlite_only(sqlite: &'static Migrator) -> Self {
+        Migrations {
+            postgres: None,
+            sqlite: Some(sqlite),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.postgres.is_none() && self.sqlite.is_none()
+    }
+
+    /// The set for `backend`: `Ok(None)` when the application has no migrations at all.
+    fn for_backend(&self, backend: Backend) -> Result<Option<&'static Migrator>, StoreError> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        match backend {
+            Backend::Postgres => self.postgres,
+            Backend::Sqlite => self.sqlite,
+        }
+        .map(Some)
+        .ok_or(StoreError::NoMigrationsFor(backend.name()))
+    }
+}
+
+impl Store {
+    /// Applies the library's pending migrations, then the application's (`user`). Safe to run
+    /// from several processes at once: each history is applied under a lock.
+    pub async fn migrate_with(&self, user: &Migrations) -> Result<(), StoreError> {
+        // Checked first, so a service started on the wrong store changes nothing.
+        let user = user.for_backend(self.backend())?;
+        self.migrate().await?;
+        let Some(migrator) = user else {
+            return Ok(());
+        };
+        let applied = match &self.0 {
+            Pool::Postgres(pool) => {
+                // A connection of its own, detached so its session settings do not serve the
+                // pipeline afterwards; its search_path is the role's default, where the
+                // application's tables and `_sqlx_migrations` live.
+                let mut conn = application_connection(pool).await?;
+                let applied = migrator.run(&mut conn).await;
+                drop(conn);
+                applied
+            }
+            Pool::Sqlite(pool) => migrator.run(pool).await,
+        };
+        applied.map_err(|source| StoreError::Migrate {
+            history: APPLICATION_HISTORY,
+            source,
+        })
+    }
+}
+
+/// A connection for the application's migrations: taken from the pool (within its acquire
+/// timeout), detached, with the pipeline's statement limits lifted (a migration may rightly
+/// take long) and `search_path` back at the session's default. The pool puts schema
+/// `dedup_worker` first on every connection; the application's migrations must resolve
+/// `_sqlx_migrations` and their own unqualified names where the application keeps them.
+async fn application_connection(pool: &sqlx::PgPool) -> Result<sqlx::PgConnection, StoreError> {
+    let mut conn = pool.acquire().await?.detach();
+    sqlx::raw_sql(super::ServerTimeouts::LIFT)
+        .execute(&mut conn)
+        .await?;
+    sqlx::raw_sql("RESET search_path")
+        .execute(&mut conn)
+        .await?;
+    Ok(conn)
+}
