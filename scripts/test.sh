@@ -83,6 +83,9 @@ log "moto_server on $AWS_ENDPOINT_URL"
 # --- the suite --------------------------------------------------------------------------------
 # Tests must not pick up a developer's own configuration.
 unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
+# tests/it/paid_invoices.rs runs the example service's binary, which `cargo test` builds only as
+# its unit-test harness.
+cargo build --locked --example paid_invoices
 cargo test --locked "$@"
 
 # --- fuzz smoke run -------------------------------------------------------------------------

@@ -88,4 +88,5 @@ mod store_contract;
 mod stripe_channels;
 mod stripe_ingress;
 mod transport_contract;
+mod user_migrations;
 mod wakeup;
