@@ -14,6 +14,7 @@
 
 mod backlog;
 pub mod dedup;
+mod migrate;
 mod postgres;
 mod queries;
 mod rows;
@@ -36,6 +37,7 @@ use crate::config::Settings;
 
 pub use backlog::AlertCounts;
 pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
+pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 
@@ -53,6 +55,9 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The library's tables could not be put in their place (see [`LayoutError`]).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
     /// A statement the caller bounded did not answer in time (a database that stopped
     /// answering); whether it took effect is unknown.
     #[error("the database did not answer within {0:?}")]
@@ -197,6 +202,9 @@ impl Store {
             let pool = PoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(acquire_timeout)
+                // The pipeline's SQL names the library's tables unqualified: schema
+                // dedup_worker first, the session's own search_path behind it (migrate/).
+                .after_connect(|conn, _| Box::pin(migrate::put_schema_first(conn)))
                 .connect_with(options.clone())
                 .await;
             match pool {
@@ -204,28 +212,6 @@ impl Store {
                 Err(error) => Err(why_not_connected(&options, acquire_timeout, error).await),
             }
         }
-    }
-
-    /// Applies pending migrations. On PostgreSQL they run on a connection of their own with
-    /// the statement and transaction timeouts lifted: a migration that rewrites a large table
-    /// may rightly take longer than any pipeline statement.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        match &self.0 {
-            Pool::Postgres(pool) => {
-                // Taken from the pool (so within its acquire timeout) and detached: a session
-                // with the limits lifted must not serve the pipeline afterwards. Dropping it
-                // closes the socket without waiting for the server.
-                let mut conn = pool.acquire().await?.detach();
-                sqlx::raw_sql(ServerTimeouts::LIFT)
-                    .execute(&mut conn)
-                    .await?;
-                let migrated = sqlx::migrate!("migrations/postgres").run(&mut conn).await;
-                drop(conn);
-                migrated?
-            }
-            Pool::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
-        }
-        Ok(())
     }
 
     pub fn backend_name(&self) -> &'static str {
