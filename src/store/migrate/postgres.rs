@@ -260,7 +260,10 @@ async fn move_into_schema(conn: &mut PgConnection, versions: &[i64]) -> Result<(
 /// `search_path` back (`RESET`: the role's, database's or URL's default, without the store's
 /// [`PUT_SCHEMA_FIRST`]), so its `_sqlx_migrations` and its tables are the application's
 /// (`public` by default), never the library's. Detached, like [`migrate_postgres`]'s, with
-/// the timeouts lifted for the same reason.
+/// the timeouts lifted for the same reason. Under [`LAYOUT_LOCK`] too, taken by asking: sqlx's
+/// own lock blocks, so processes running the application's migrations at once would deadlock
+/// on one of its `CREATE INDEX CONCURRENTLY` (see [`lock_layout`]); with ours taken first,
+/// sqlx's never waits for another process of this library.
 pub(crate) async fn run_user_postgres(
     pool: &PgPool,
     migrator: &Migrator,
@@ -272,7 +275,11 @@ pub(crate) async fn run_user_postgres(
     sqlx::raw_sql("RESET search_path")
         .execute(&mut conn)
         .await?;
-    let migrated = migrator.run(&mut conn).await;
-    drop(conn);
-    migrated
+    lock_layout(&mut conn).await?;
+    migrator.run(&mut conn).await?;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LAYOUT_LOCK)
+        .execute(&mut conn)
+        .await?;
+    Ok(())
 }
