@@ -252,7 +252,11 @@ impl Store {
     }
 
     /// The PostgreSQL pool, for tools and tests that query the store's tables directly; `None`
-    /// on SQLite.
+    /// on SQLite. Its connections put schema [`SCHEMA`] first in `search_path`: unqualified
+    /// names resolve to the library's tables before the application's (write `public.outbox`
+    /// for a table of the application's that shares a name with one of ours), and `CREATE`
+    /// without a schema lands in [`SCHEMA`]. Run an application's migrations with
+    /// [`Store::run_user_migrator`], not `migrator.run(pool)` on this pool.
     pub fn postgres_pool(&self) -> Option<&PgPool> {
         match &self.0 {
             Pool::Postgres(pool) => Some(pool),
