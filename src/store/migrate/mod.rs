@@ -44,8 +44,8 @@ pub enum LayoutError {
     /// process of the previous version holds (the move waits at most `lock_timeout`, 10 s).
     /// Nothing was moved: the move is one transaction.
     #[error(
-        "cannot move dedup-worker's tables from public into schema dedup_worker: \
-         stop every process of the previous version, then migrate again"
+        "cannot move dedup-worker's tables from public into schema dedup_worker \
+         (a lock wait that timed out: stop every process of the previous version, then migrate again)"
     )]
     Move {
         #[source]

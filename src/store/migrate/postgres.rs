@@ -158,7 +158,7 @@ async fn upgrade_layout(conn: &mut PgConnection) -> Result<(), StoreError> {
     let mut tx = conn.begin().await?;
     let old = library_rows(&mut tx, "public._sqlx_migrations", &versions).await?;
     if old == 0 {
-        return Ok(()); // dropping the transaction rolls back what it did not write
+        return Ok(()); // nothing written: the transaction rolls back on drop
     }
     if library_rows(&mut tx, "dedup_worker._sqlx_migrations", &versions).await? > 0 {
         return Err(LayoutError::BothLayouts {

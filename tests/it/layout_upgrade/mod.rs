@@ -329,3 +329,40 @@ async fn both_layouts_at_once_are_refused() {
         db.remove().await;
     }
 }
+
+/// A process of the previous version still at work holds locks on the tables: the upgrade gives
+/// up after its lock timeout with what to do, moves nothing, and succeeds once it is gone.
+#[tokio::test]
+async fn a_previous_version_still_at_work_makes_the_upgrade_give_up_saying_what_to_do() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let user_dir = tempfile::tempdir().unwrap();
+    let raw = previous_version_database(&db, Backend::Postgres, user_dir.path()).await;
+    let Raw::Pg(pool) = &raw else { unreachable!() };
+    let mut at_work = pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM outbox")
+        .execute(&mut *at_work)
+        .await
+        .unwrap();
+    let store = Store::connect_url(&db.url, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let error = store.migrate().await.expect_err("a lock held");
+    let chain = format!("{:#}", anyhow::Error::from(error));
+    assert!(
+        chain.contains("stop every process of the previous version") && chain.contains("lock"),
+        "{chain}"
+    );
+    let public = public_relations(&raw).await;
+    assert!(
+        public.iter().any(|(name, _)| name == "outbox"),
+        "nothing moved"
+    );
+    at_work.rollback().await.unwrap();
+    store
+        .migrate()
+        .await
+        .expect("the upgrade, once the old process is gone");
+    assert_eq!(counts(&store, true).await, expected_counts(true));
+    store.close().await;
+    db.remove().await;
+}
