@@ -52,6 +52,9 @@ CONSUMERS=${CONSUMERS:-1}
 ROTATION_HEADROOM=${ROTATION_HEADROOM:-3600}
 PORT=18083
 PG=postgres://postgres@127.0.0.1:5432
+# psql below names the library's tables unqualified: they live in schema dedup_worker (the
+# binary's own connections put it first; an older binary's tables in public are found too).
+export PGOPTIONS='-c search_path=dedup_worker,public'
 WORK=$(mktemp -d)
 if [ -n "${BIN:-}" ]; then
   cargo build --release --quiet --example loadgen

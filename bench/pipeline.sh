@@ -12,6 +12,9 @@ SECONDS_LOAD=${2:-10}
 BACKEND=${3:-postgres}
 PORT=18080
 PG=postgres://postgres@127.0.0.1:5432
+# psql below names the library's tables unqualified: they live in schema dedup_worker (the
+# binary's own connections put it first; an older binary's tables in public are found too).
+export PGOPTIONS='-c search_path=dedup_worker,public'
 WORK=$(mktemp -d)
 cargo build --release --quiet --bin dedup-worker --example loadgen
 

@@ -14,6 +14,9 @@ EVENTS=${2:-30000}
 DUPLICATES=${3:-0.2}
 PORT=18081
 PG=postgres://postgres@127.0.0.1:5432
+# psql below names the library's tables unqualified: they live in schema dedup_worker (the
+# binary's own connections put it first; an older binary's tables in public are found too).
+export PGOPTIONS='-c search_path=dedup_worker,public'
 WORK=$(mktemp -d)
 cargo build --release --quiet --bin dedup-worker --example loadgen
 export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn DEDUP_TRANSPORT=rabbitmq

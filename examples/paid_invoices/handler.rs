@@ -105,17 +105,35 @@ mod tests {
     async fn records_each_invoice_once(backend: Backend) {
         let db = TestDb::new(backend).await;
         let store = db.store_with(&crate::migrations()).await;
-        let first = event("stripe", "evt_1", "invoice.paid", &invoice_paid("in_1", json!(2000)));
-        let sent = handle(&store, &PaidInvoices, &first).await.expect("handled");
+        let first = event(
+            "stripe",
+            "evt_1",
+            "invoice.paid",
+            &invoice_paid("in_1", json!(2000)),
+        );
+        let sent = handle(&store, &PaidInvoices, &first)
+            .await
+            .expect("handled");
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].event_type, "invoice.recorded");
         assert_eq!(sent[0].idempotency_key, "evt_1");
         let body: serde_json::Value = serde_json::from_slice(&sent[0].payload).expect("json");
-        assert_eq!(body, json!({"id": "in_1", "amount_paid": 2000, "currency": "eur"}));
+        assert_eq!(
+            body,
+            json!({"id": "in_1", "amount_paid": 2000, "currency": "eur"})
+        );
 
         // The same invoice under another event id: no second row, nothing more to send.
-        let resent = event("stripe", "evt_2", "invoice.paid", &invoice_paid("in_1", json!(2000)));
-        assert!(handle(&store, &PaidInvoices, &resent).await.expect("handled").is_empty());
+        let resent = event(
+            "stripe",
+            "evt_2",
+            "invoice.paid",
+            &invoice_paid("in_1", json!(2000)),
+        );
+        assert!(handle(&store, &PaidInvoices, &resent)
+            .await
+            .expect("handled")
+            .is_empty());
         assert_eq!(rows(&db).await, vec![("in_1".into(), "evt_1".into(), 2000)]);
         store.close().await;
         db.remove().await;
@@ -125,7 +143,10 @@ mod tests {
         let db = TestDb::new(backend).await;
         let store = db.store_with(&crate::migrations()).await;
         let created = event("stripe", "evt_3", "customer.created", br#"{"id":"evt_3"}"#);
-        assert!(handle(&store, &PaidInvoices, &created).await.expect("handled").is_empty());
+        assert!(handle(&store, &PaidInvoices, &created)
+            .await
+            .expect("handled")
+            .is_empty());
         assert!(rows(&db).await.is_empty());
         store.close().await;
         db.remove().await;
@@ -134,7 +155,12 @@ mod tests {
     async fn a_malformed_invoice_is_fatal(backend: Backend) {
         let db = TestDb::new(backend).await;
         let store = db.store_with(&crate::migrations()).await;
-        let malformed = event("stripe", "evt_4", "invoice.paid", &invoice_paid("in_4", json!("lots")));
+        let malformed = event(
+            "stripe",
+            "evt_4",
+            "invoice.paid",
+            &invoice_paid("in_4", json!("lots")),
+        );
         let error = handle(&store, &PaidInvoices, &malformed)
             .await
             .expect_err("a payload that does not parse");

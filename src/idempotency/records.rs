@@ -27,6 +27,9 @@ pub enum StoreError {
     /// The migration failed.
     #[error("idempotency migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The library's tables could not be put in their place (schema `dedup_worker`).
+    #[error(transparent)]
+    Layout(#[from] crate::store::LayoutError),
     /// A stored row does not have the expected shape.
     #[error("idempotency store: corrupt row: {0}")]
     Corrupt(&'static str),

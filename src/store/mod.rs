@@ -14,6 +14,7 @@
 
 mod backlog;
 pub mod dedup;
+mod migrate;
 mod postgres;
 mod queries;
 mod rows;
@@ -37,6 +38,7 @@ use crate::config::Settings;
 
 pub use backlog::AlertCounts;
 pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
+pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 pub use user_migrations::Migrations;
@@ -64,6 +66,9 @@ pub enum StoreError {
     /// The application passed migrations, but none for the store in use.
     #[error("the application's migrations have no set for {0}: pass one in Migrations")]
     NoMigrationsFor(&'static str),
+    /// The library's tables could not be put in their place (see [`LayoutError`]).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
     /// A statement the caller bounded did not answer in time (a database that stopped
     /// answering); whether it took effect is unknown.
     #[error("the database did not answer within {0:?}")]
@@ -244,6 +249,9 @@ impl Store {
             let pool = PoolOptions::new()
                 .max_connections(max_connections)
                 .acquire_timeout(acquire_timeout)
+                // The pipeline's SQL names the library's tables unqualified: schema
+                // dedup_worker first, the session's own search_path behind it (migrate/).
+                .after_connect(|conn, _| Box::pin(migrate::put_schema_first(conn)))
                 .connect_with(options.clone())
                 .await;
             match pool {
@@ -251,28 +259,6 @@ impl Store {
                 Err(error) => Err(why_not_connected(&options, acquire_timeout, error).await),
             }
         }
-    }
-
-    /// Applies pending migrations. On PostgreSQL they run on a connection of their own with
-    /// the statement and transaction timeouts lifted: a migration that rewrites a large table
-    /// may rightly take longer than any pipeline statement.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        match &self.0 {
-            Pool::Postgres(pool) => {
-                // Taken from the pool (so within its acquire timeout) and detached: a session
-                // with the limits lifted must not serve the pipeline afterwards. Dropping it
-                // closes the socket without waiting for the server.
-                let mut conn = pool.acquire().await?.detach();
-                sqlx::raw_sql(ServerTimeouts::LIFT)
-                    .execute(&mut conn)
-                    .await?;
-                let migrated = sqlx::migrate!("migrations/postgres").run(&mut conn).await;
-                drop(conn);
-                migrated?
-            }
-            Pool::Sqlite(pool) => sqlx::migrate!("migrations/sqlite").run(pool).await?,
-        }
-        Ok(())
     }
 
     pub fn backend(&self) -> Backend {
@@ -317,7 +303,11 @@ impl Store {
     }
 
     /// The PostgreSQL pool, for tools and tests that query the store's tables directly; `None`
-    /// on SQLite.
+    /// on SQLite. Its connections put schema [`SCHEMA`] first in `search_path`: unqualified
+    /// names resolve to the library's tables before the application's (write `public.outbox`
+    /// for a table of the application's that shares a name with one of ours), and `CREATE`
+    /// without a schema lands in [`SCHEMA`]. Run an application's migrations with
+    /// [`Store::run_user_migrator`], not `migrator.run(pool)` on this pool.
     pub fn postgres_pool(&self) -> Option<&PgPool> {
         match &self.0 {
             Pool::Postgres(pool) => Some(pool),

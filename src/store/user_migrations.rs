@@ -12,7 +12,7 @@
 
 use sqlx::migrate::Migrator;
 
-use super::{Backend, Pool, Store, StoreError};
+use super::{Backend, Store, StoreError};
 
 /// Whose history a migration failure is in, as [`StoreError::Migrate`] names it.
 pub(crate) const LIBRARY_HISTORY: &str = "dedup-worker's";
@@ -97,37 +97,13 @@ impl Store {
         let Some(migrator) = user else {
             return Ok(());
         };
-        let applied = match &self.0 {
-            Pool::Postgres(pool) => {
-                // A connection of its own, detached so its session settings do not serve the
-                // pipeline afterwards; its search_path is the role's default, where the
-                // application's tables and `_sqlx_migrations` live.
-                let mut conn = application_connection(pool).await?;
-                let applied = migrator.run(&mut conn).await;
-                drop(conn);
-                applied
-            }
-            Pool::Sqlite(pool) => migrator.run(pool).await,
-        };
-        applied.map_err(|source| StoreError::Migrate {
-            history: APPLICATION_HISTORY,
-            source,
-        })
+        // At the application's own search_path on PostgreSQL, where its tables and its
+        // `_sqlx_migrations` live (see `run_user_migrator`).
+        self.run_user_migrator(migrator)
+            .await
+            .map_err(|source| StoreError::Migrate {
+                history: APPLICATION_HISTORY,
+                source,
+            })
     }
-}
-
-/// A connection for the application's migrations: taken from the pool (within its acquire
-/// timeout), detached, with the pipeline's statement limits lifted (a migration may rightly
-/// take long) and `search_path` back at the session's default. The pool puts schema
-/// `dedup_worker` first on every connection; the application's migrations must resolve
-/// `_sqlx_migrations` and their own unqualified names where the application keeps them.
-async fn application_connection(pool: &sqlx::PgPool) -> Result<sqlx::PgConnection, StoreError> {
-    let mut conn = pool.acquire().await?.detach();
-    sqlx::raw_sql(super::ServerTimeouts::LIFT)
-        .execute(&mut conn)
-        .await?;
-    sqlx::raw_sql("RESET search_path")
-        .execute(&mut conn)
-        .await?;
-    Ok(conn)
 }

@@ -27,6 +27,10 @@
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
+//! * [`layout_upgrade`]: a database of the previous version (library tables in `public`, one
+//!   `_sqlx_migrations` shared with the application's) moves to schema `dedup_worker` (SQLite:
+//!   `_dedup_worker_migrations`) keeping every row; the old migrations cannot start again;
+//!   two processes upgrading at once; the SQLite runner's refusals;
 //! * [`operations`]: JSON log lines carry the event they are about; no colours off a terminal;
 //!   start-up errors name the database, its address and the cause, never the password;
 //!   `/metrics` of the binary after traffic (histogram buckets, gauges that follow
@@ -75,6 +79,7 @@ mod fifo;
 mod handler_errors;
 mod hostile;
 mod idempotency;
+mod layout_upgrade;
 mod operations;
 mod outage;
 mod pipeline;

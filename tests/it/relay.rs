@@ -501,13 +501,12 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
         |c| c.failed == 1,
     )
     .await;
-    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let pool = app.store.postgres_pool().expect("a PostgreSQL store");
     let last_error: String =
         sqlx::query_scalar("SELECT last_error FROM outbox WHERE event_id = 'evt_stalled_1'")
-            .fetch_one(&pool)
+            .fetch_one(pool)
             .await
             .unwrap();
-    pool.close().await;
     assert!(
         last_error.contains(&format!("http://{addr}/hook")) && last_error.contains("timed out"),
         "last_error names the URL and the cause: {last_error}"

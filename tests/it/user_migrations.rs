@@ -95,11 +95,19 @@ impl AppPool {
         const SELECT: &str = "SELECT colour FROM widgets ORDER BY id";
         match self {
             AppPool::Postgres(pool) => {
-                sqlx::query(INSERT).bind(id).execute(pool).await.expect("insert");
+                sqlx::query(INSERT)
+                    .bind(id)
+                    .execute(pool)
+                    .await
+                    .expect("insert");
                 sqlx::query_scalar(SELECT).fetch_all(pool).await
             }
             AppPool::Sqlite(pool) => {
-                sqlx::query(INSERT).bind(id).execute(pool).await.expect("insert");
+                sqlx::query(INSERT)
+                    .bind(id)
+                    .execute(pool)
+                    .await
+                    .expect("insert");
                 sqlx::query_scalar(SELECT).fetch_all(pool).await
             }
         }

@@ -17,7 +17,7 @@ use super::{ClaimEntry, CompletionEntry};
 // (another statement's uncommitted row for one of its keys), it waits for in a fixed order.
 const CLAIMS_CTE: &str = r#"
 claimed AS (
-    INSERT INTO idempotency_keys AS k
+    INSERT INTO dedup_worker.idempotency_keys AS k
         (account, key, fingerprint, status, claim_token, locked_until, created_at, expires_at)
     SELECT u.account, u.key, u.fingerprint, 'in_progress', u.token,
            now() + u.lease_ms * interval '1 millisecond', now(),
@@ -32,7 +32,7 @@ claimed AS (
 // `$7..$12`: the completions.
 const COMPLETIONS_CTE: &str = r#"
 completed AS (
-    UPDATE idempotency_keys AS k
+    UPDATE dedup_worker.idempotency_keys AS k
        SET status = 'completed', claim_token = NULL, locked_until = NULL,
            response_status = u.status, response_headers = u.headers, response_body = u.body
       FROM unnest($7::text[], $8::text[], $9::uuid[], $10::int2[], $11::jsonb[], $12::bytea[])
@@ -52,7 +52,7 @@ found AS (
            GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms,
            k.response_status, k.response_headers, k.response_body
       FROM unnest($1::text[], $2::text[], $4::uuid[]) AS u(account, key, token)
-      JOIN idempotency_keys AS k ON k.account = u.account AND k.key = u.key
+      JOIN dedup_worker.idempotency_keys AS k ON k.account = u.account AND k.key = u.key
      WHERE (k.status = 'completed' AND k.expires_at > now())
         OR (k.status = 'in_progress' AND k.locked_until > now())
 )"#;

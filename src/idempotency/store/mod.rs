@@ -40,7 +40,7 @@ pub struct PgIdempotencyStore {
 
 const CLAIM_SQL: &str = r#"
 WITH claimed AS (
-    INSERT INTO idempotency_keys AS k
+    INSERT INTO dedup_worker.idempotency_keys AS k
         (account, key, fingerprint, status, claim_token, locked_until, created_at, expires_at)
     VALUES ($1, $2, $3, 'in_progress', $4::uuid,
             now() + $5::bigint * interval '1 millisecond', now(),
@@ -82,7 +82,7 @@ SELECT false, k.fingerprint, k.status,
        GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::bigint,
        GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint,
        k.response_status, k.response_headers, k.response_body
-FROM idempotency_keys k
+FROM dedup_worker.idempotency_keys k
 WHERE k.account = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
   -- An expired result seen in this statement's snapshot may already have been taken over by
   -- a transaction we waited on; leave it to the fresh read below rather than replay it.
@@ -96,7 +96,7 @@ SELECT false AS claimed, k.fingerprint, k.status,
        GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::bigint AS lease_ms,
        GREATEST(0, floor(extract(epoch FROM (k.expires_at - now())) * 1000))::bigint AS ttl_ms,
        k.response_status, k.response_headers, k.response_body
-FROM idempotency_keys k
+FROM dedup_worker.idempotency_keys k
 WHERE k.account = $1 AND k.key = $2 AND NOT (k.status = 'completed' AND k.expires_at <= now())
 "#;
 
@@ -134,10 +134,22 @@ impl PgIdempotencyStore {
         }))
     }
 
-    /// Applies the crate's PostgreSQL migrations (the lead's and this module's).
+    /// Applies the crate's PostgreSQL migrations (the pipeline's and this module's) on a
+    /// connection of `pool`, into schema `dedup_worker`, exactly as the store does
+    /// ([`crate::store::migrate_postgres`]). The pool is the application's: its tables and its
+    /// own migration history stay where its `search_path` puts them (`public` by default),
+    /// which is why this module's SQL names `dedup_worker.idempotency_keys` in full.
     pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-        sqlx::migrate!("migrations/postgres").run(pool).await?;
-        Ok(())
+        use crate::store::StoreError as Library;
+        crate::store::migrate_postgres(pool)
+            .await
+            .map_err(|e| match e {
+                Library::Database(e) => StoreError::Database(e),
+                Library::Migrate { source, .. } => StoreError::Migrate(source),
+                Library::Layout(e) => StoreError::Layout(e),
+                // The migration opens no connection of its own and bounds no call.
+                other => StoreError::Database(sqlx::Error::Protocol(other.to_string())),
+            })
     }
 
     /// The pool.
@@ -285,12 +297,12 @@ impl PgIdempotencyStore {
         self.count();
         let released: i64 = sqlx::query_scalar(
             r#"WITH forgotten AS (
-                   DELETE FROM idempotency_keys
+                   DELETE FROM dedup_worker.idempotency_keys
                    WHERE account = $1 AND key = $2 AND claim_token = $3::uuid
                      AND status = 'in_progress' AND recovery_point IS NULL
                    RETURNING 1),
                kept AS (
-                   UPDATE idempotency_keys SET claim_token = NULL, locked_until = now()
+                   UPDATE dedup_worker.idempotency_keys SET claim_token = NULL, locked_until = now()
                    WHERE account = $1 AND key = $2 AND claim_token = $3::uuid
                      AND status = 'in_progress' AND recovery_point IS NOT NULL
                    RETURNING 1)
@@ -320,7 +332,7 @@ impl PgIdempotencyStore {
     ) -> Result<Ownership, StoreError> {
         self.count();
         let done = sqlx::query(
-            r#"UPDATE idempotency_keys SET locked_until = now() + $4::bigint * interval '1 millisecond',
+            r#"UPDATE dedup_worker.idempotency_keys SET locked_until = now() + $4::bigint * interval '1 millisecond',
                       expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 millisecond')
                WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,
         )
@@ -343,9 +355,9 @@ impl PgIdempotencyStore {
         // SKIP LOCKED: a row being taken over right now is left for the next pass, and several
         // collectors never block each other.
         let done = sqlx::query(
-            r#"DELETE FROM idempotency_keys
+            r#"DELETE FROM dedup_worker.idempotency_keys
                WHERE (account, key) IN (
-                   SELECT account, key FROM idempotency_keys
+                   SELECT account, key FROM dedup_worker.idempotency_keys
                    WHERE expires_at <= now()
                      AND (status = 'completed' OR locked_until <= now())
                    LIMIT $1
@@ -390,7 +402,7 @@ impl PgIdempotencyStore {
 }
 
 const COMPLETE_SQL: &str = r#"
-UPDATE idempotency_keys
+UPDATE dedup_worker.idempotency_keys
    SET status = 'completed', claim_token = NULL, locked_until = NULL,
        response_status = $4, response_headers = $5, response_body = $6
  WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'

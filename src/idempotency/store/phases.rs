@@ -22,7 +22,7 @@ impl PgIdempotencyStore {
         self.count();
         let row: Option<Option<Json<serde_json::Map<String, serde_json::Value>>>> =
             sqlx::query_scalar(
-                r#"SELECT phase_data FROM idempotency_keys
+                r#"SELECT phase_data FROM dedup_worker.idempotency_keys
                    WHERE account = $1 AND key = $2 AND claim_token = $3::uuid
                      AND status = 'in_progress'"#,
             )
@@ -47,7 +47,7 @@ impl PgIdempotencyStore {
     ) -> Result<Ownership, StoreError> {
         self.count();
         let done = sqlx::query(
-            r#"UPDATE idempotency_keys
+            r#"UPDATE dedup_worker.idempotency_keys
                   SET recovery_point = $4,
                       phase_data = COALESCE(phase_data, '{}'::jsonb) || jsonb_build_object($4::text, $5::jsonb)
                WHERE account = $1 AND key = $2 AND claim_token = $3::uuid AND status = 'in_progress'"#,

@@ -38,9 +38,9 @@ impl TestEnv {
             .connect(&db.url)
             .await
             .expect("connect test db");
-        // All migrations, the lead's included, exactly as the binary applies them.
-        sqlx::migrate!("migrations/postgres")
-            .run(&pool)
+        // All migrations, the lead's included, exactly as the binary applies them (into schema
+        // dedup_worker; the pool is the application's, with its default search_path).
+        dedup_worker::idempotency::migrate(&pool)
             .await
             .expect("migrations");
         example::setup(&pool).await.expect("example tables");

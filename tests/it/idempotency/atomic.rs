@@ -191,7 +191,7 @@ async fn only_kept_results_commit_the_handlers_writes() {
 }
 
 async fn key_rows(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
+    sqlx::query_scalar("SELECT count(*) FROM dedup_worker.idempotency_keys WHERE key = $1")
         .bind(key)
         .fetch_one(pool)
         .await
@@ -332,7 +332,7 @@ async fn a_transaction_whose_claim_was_taken_over_commits_nothing() {
     })
     .await;
     // The takeover, as a claim after a lapsed lease writes it: a new token.
-    sqlx::query("UPDATE idempotency_keys SET claim_token = gen_random_uuid() WHERE key = 'k-lost'")
+    sqlx::query("UPDATE dedup_worker.idempotency_keys SET claim_token = gen_random_uuid() WHERE key = 'k-lost'")
         .execute(&env.pool)
         .await
         .unwrap();
@@ -342,7 +342,7 @@ async fn a_transaction_whose_claim_was_taken_over_commits_nothing() {
     assert!(lost.header("retry-after").is_some());
     assert_eq!(order_rows(&env.pool).await, 0);
     let status: String =
-        sqlx::query_scalar("SELECT status FROM idempotency_keys WHERE key = 'k-lost'")
+        sqlx::query_scalar("SELECT status FROM dedup_worker.idempotency_keys WHERE key = 'k-lost'")
             .fetch_one(&env.pool)
             .await
             .unwrap();

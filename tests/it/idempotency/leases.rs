@@ -70,9 +70,9 @@ pub(super) async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_dele
         let pool = env.pool.clone();
         async move {
             let sql = if expired_only {
-                "SELECT count(*) FROM idempotency_keys WHERE account = 'gc' AND expires_at <= now()"
+                "SELECT count(*) FROM dedup_worker.idempotency_keys WHERE account = 'gc' AND expires_at <= now()"
             } else {
-                "SELECT count(*) FROM idempotency_keys WHERE account = 'gc'"
+                "SELECT count(*) FROM dedup_worker.idempotency_keys WHERE account = 'gc'"
             };
             sqlx::query_scalar::<_, i64>(sql)
                 .fetch_one(&pool)
@@ -215,7 +215,7 @@ async fn a_request_whose_lease_was_taken_over_cannot_complete_or_release() {
         let pool = env.pool.clone();
         async move {
             let lapsed: bool = sqlx::query_scalar(
-                "SELECT locked_until <= now() FROM idempotency_keys WHERE account = 'a' AND key = 'k'",
+                "SELECT locked_until <= now() FROM dedup_worker.idempotency_keys WHERE account = 'a' AND key = 'k'",
             )
             .fetch_one(&pool)
             .await
@@ -283,7 +283,7 @@ async fn a_running_claim_past_its_ttl_is_neither_taken_over_nor_collected() {
         let pool = env.pool.clone();
         async move {
             let expired: bool = sqlx::query_scalar(
-                "SELECT expires_at <= now() FROM idempotency_keys WHERE account = 'a' AND key = 'slow'",
+                "SELECT expires_at <= now() FROM dedup_worker.idempotency_keys WHERE account = 'a' AND key = 'slow'",
             )
             .fetch_one(&pool)
             .await
@@ -340,7 +340,7 @@ pub(super) async fn a_handler_slower_than_the_lease_keeps_its_claim() {
         let pool = env.pool.clone();
         async move {
             let old: bool = sqlx::query_scalar(
-                "SELECT now() - created_at > interval '1800 milliseconds' FROM idempotency_keys WHERE key = 'k-slow'",
+                "SELECT now() - created_at > interval '1800 milliseconds' FROM dedup_worker.idempotency_keys WHERE key = 'k-slow'",
             )
             .fetch_one(&pool)
             .await

@@ -53,7 +53,7 @@ async fn grouped_writes_probe_the_primary_key_after_the_table_has_grown() {
         claim_and_complete(&store, format!("warm-{i}")).await;
     }
     sqlx::query(
-        "INSERT INTO idempotency_keys (account, key, fingerprint, status, response_status,
+        "INSERT INTO dedup_worker.idempotency_keys (account, key, fingerprint, status, response_status,
                                        response_headers, response_body, expires_at)
          SELECT 'other', 'k' || g, '\\x00', 'completed', 201, '[]', '\\x00',
                 now() + interval '1 hour'

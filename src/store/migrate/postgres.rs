@@ -1,0 +1,285 @@
+//! PostgreSQL: the library's tables and its sqlx history in schema [`SCHEMA`].
+//!
+//! sqlx's migrator names its history `_sqlx_migrations`, unqualified, so it resolves through
+//! `search_path`: run with `search_path = dedup_worker`, it keeps `dedup_worker._sqlx_migrations`
+//! and creates every table of the (unchanged, checksummed) migration files in that schema.
+//! The application's migrator, run with its own `search_path`, keeps `public._sqlx_migrations`.
+//!
+//! Databases written by earlier versions hold the library's tables in `public` and its history
+//! rows in `public._sqlx_migrations` (beside the application's, if it used the same history).
+//! [`upgrade_layout`] moves both, in one transaction, before the migrator runs.
+
+use std::time::Duration;
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{Connection, PgConnection, PgPool};
+
+use super::LayoutError;
+use crate::store::{ServerTimeouts, StoreError};
+
+/// The schema of the library's tables and history on PostgreSQL.
+pub const SCHEMA: &str = "dedup_worker";
+
+static LIBRARY: Migrator = sqlx::migrate!("migrations/postgres");
+
+/// The advisory lock the library's migrations run under (layout move and migrator together),
+/// so two processes migrating at once take turns. Not sqlx's own key (derived from the
+/// database name), which the application's migrator takes too. ASCII "dw_layou".
+const LAYOUT_LOCK: i64 = 0x6477_5f6c_6179_6f75;
+
+/// How often a process waiting for [`LAYOUT_LOCK`] asks again.
+const LOCK_POLL: Duration = Duration::from_millis(100);
+
+/// Every relation the library's migrations ever created in `public`, as earlier versions left
+/// them (a name absent from a database is skipped: an older database lacks the later ones).
+/// `SET SCHEMA` moves a table with its indexes, constraints and owned sequences (BIGSERIAL),
+/// and keeps its OID, so the view `processed_events` stays valid; partitions are tables of
+/// their own and move one by one.
+const LIBRARY_RELATIONS: &[&str] = &[
+    "processed_events",
+    "processed_events_legacy",
+    "processed_events_0",
+    "processed_events_1",
+    "processed_events_2",
+    "processed_events_3",
+    "processed_events_4",
+    "dedup_generations",
+    "duplicate_deliveries",
+    "duplicate_deliveries_0",
+    "duplicate_deliveries_1",
+    "duplicate_deliveries_2",
+    "duplicate_deliveries_3",
+    "duplicate_deliveries_4",
+    "outbox",
+    "dead_letters",
+    "dead_letter_redrives",
+    "queue_messages",
+    "event_ledger",
+    "idempotency_keys",
+    "object_versions",
+    "stale_events",
+];
+
+/// Left in `public` after an upgrade, where the library's first table was: a process of the
+/// previous version that starts with `migrate_on_start` sees no applied migration in
+/// `public._sqlx_migrations` and re-runs the first one, whose `CREATE TABLE processed_events`
+/// (not `IF NOT EXISTS`) then fails and rolls back, instead of creating an empty second
+/// pipeline in `public` that would forget every processed id.
+const SENTINEL: &str = "CREATE VIEW public.processed_events AS \
+     SELECT 'dedup-worker keeps its tables in schema dedup_worker; drop this view once no older \
+     version can start'::text AS notice";
+
+/// The `after_connect` statement of the store's pools: [`SCHEMA`] first, then whatever
+/// `search_path` the role, database or URL gave the session. The pipeline's SQL is unqualified
+/// (and shared with SQLite, which has no schemas), so it finds the library's tables; a
+/// handler's `public.…` and unqualified names of the application's own tables still resolve.
+const PUT_SCHEMA_FIRST: &str = "SELECT set_config('search_path', \
+     concat_ws(', ', 'dedup_worker', nullif(current_setting('search_path'), '')), false)";
+
+/// Runs [`PUT_SCHEMA_FIRST`] on a new pool connection.
+pub(in crate::store) async fn put_schema_first(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(PUT_SCHEMA_FIRST).execute(conn).await.map(drop)
+}
+
+/// Applies the library's pending PostgreSQL migrations on a connection of `pool` (any pool:
+/// the store's, or an application's that runs the idempotency layer), upgrading an earlier
+/// version's layout first.
+pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
+    // Taken from the pool (so within its acquire timeout) and detached: a session with the
+    // limits lifted and its search_path changed must not serve anything afterwards. Dropping it
+    // closes the socket, which also frees the advisory lock if a step failed while holding it.
+    let mut conn = pool.acquire().await?.detach();
+    let migrated = migrate_on(&mut conn).await;
+    drop(conn);
+    migrated
+}
+
+async fn migrate_on(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::raw_sql(ServerTimeouts::LIFT)
+        .execute(&mut *conn)
+        .await?;
+    lock_layout(conn).await?;
+    upgrade_layout(conn).await?;
+    create_schema(conn).await?;
+    sqlx::raw_sql("SET search_path TO dedup_worker")
+        .execute(&mut *conn)
+        .await?;
+    LIBRARY.run(&mut *conn).await?;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LAYOUT_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Takes [`LAYOUT_LOCK`] by asking until it is free, not with a blocking `pg_advisory_lock`: a
+/// session blocked in a statement holds a snapshot, and the holder's `CREATE INDEX
+/// CONCURRENTLY` (20261210000001) waits for every older snapshot to go: both would wait for
+/// each other until the deadlock detector cancels one.
+async fn lock_layout(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let mut waiting = false;
+    loop {
+        let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LAYOUT_LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+        if taken {
+            return Ok(());
+        }
+        if !waiting {
+            tracing::info!("waiting for another process's migration of the dedup-worker schema");
+            waiting = true;
+        }
+        tokio::time::sleep(LOCK_POLL).await;
+    }
+}
+
+/// Creates [`SCHEMA`] unless it exists: a role without CREATE on the database can then use a
+/// schema an administrator created for it (`CREATE SCHEMA dedup_worker AUTHORIZATION role`),
+/// where `CREATE SCHEMA IF NOT EXISTS` would still be refused.
+async fn create_schema(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let missing: bool = sqlx::query_scalar("SELECT to_regnamespace('dedup_worker') IS NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if missing {
+        sqlx::raw_sql("CREATE SCHEMA IF NOT EXISTS dedup_worker")
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Moves an earlier version's layout (library tables in `public`, history rows in
+/// `public._sqlx_migrations`) into [`SCHEMA`], in one transaction: all of it or nothing.
+/// A no-op when `public._sqlx_migrations` holds no library version (a fresh database, or one
+/// already moved). The application's history rows and tables stay where they are.
+async fn upgrade_layout(conn: &mut PgConnection) -> Result<(), StoreError> {
+    let versions: Vec<i64> = LIBRARY.iter().map(|m| m.version).collect();
+    let mut tx = conn.begin().await?;
+    let old = library_rows(&mut tx, "public._sqlx_migrations", &versions).await?;
+    if old == 0 {
+        return Ok(()); // nothing written: the transaction rolls back on drop
+    }
+    if library_rows(&mut tx, "dedup_worker._sqlx_migrations", &versions).await? > 0 {
+        return Err(LayoutError::BothLayouts {
+            old: "public._sqlx_migrations",
+            new: "dedup_worker._sqlx_migrations",
+        }
+        .into());
+    }
+    let moved = move_into_schema(&mut tx, &versions).await;
+    moved.map_err(|source| LayoutError::Move { source })?;
+    tx.commit().await?;
+    tracing::info!("moved dedup-worker's tables and migration history into schema dedup_worker");
+    Ok(())
+}
+
+/// Rows of `table` (if it exists) whose version is one of the library's.
+async fn library_rows(
+    conn: &mut PgConnection,
+    table: &str,
+    versions: &[i64],
+) -> Result<i64, sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(0);
+    }
+    // `table` is one of two constants of this file, never input.
+    sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {table} WHERE version = ANY($1)"
+    ))
+    .bind(versions)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// The move itself, inside the caller's transaction.
+async fn move_into_schema(conn: &mut PgConnection, versions: &[i64]) -> Result<(), sqlx::Error> {
+    // Each ALTER takes an ACCESS EXCLUSIVE lock; a process of the previous version still at
+    // work holds locks that would make it wait without end. Give up instead, with a message
+    // that says what to do (the caller's LayoutError::Move).
+    sqlx::raw_sql("SET LOCAL lock_timeout = '10s'")
+        .execute(&mut *conn)
+        .await?;
+    create_schema(conn).await?;
+    for name in LIBRARY_RELATIONS {
+        let kind: Option<String> = sqlx::query_scalar(
+            "SELECT c.relkind::text FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = 'public' AND c.relname = $1",
+        )
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let statement = match kind.as_deref() {
+            Some("r" | "p") => "TABLE",
+            Some("v") => "VIEW",
+            _ => continue, // absent (an older database), or not ours (a sequence, an index)
+        };
+        // `name` comes from LIBRARY_RELATIONS above, never from input.
+        sqlx::raw_sql(&format!(
+            "ALTER {statement} public.{name} SET SCHEMA dedup_worker"
+        ))
+        .execute(&mut *conn)
+        .await?;
+    }
+    // The library's history rows go with its tables, checksums and all, so sqlx then finds
+    // them applied and unchanged; the application's rows stay in public for its own migrator.
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS dedup_worker._sqlx_migrations \
+             (LIKE public._sqlx_migrations INCLUDING ALL)",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dedup_worker._sqlx_migrations \
+                (version, description, installed_on, success, checksum, execution_time) \
+         SELECT version, description, installed_on, success, checksum, execution_time \
+           FROM public._sqlx_migrations WHERE version = ANY($1)",
+    )
+    .bind(versions)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM public._sqlx_migrations WHERE version = ANY($1)")
+        .bind(versions)
+        .execute(&mut *conn)
+        .await?;
+    let free: bool = sqlx::query_scalar("SELECT to_regclass('public.processed_events') IS NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if free {
+        sqlx::raw_sql(SENTINEL).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Runs an application's migrator on a connection of `pool` with the session's own
+/// `search_path` back (`RESET`: the role's, database's or URL's default, without the store's
+/// [`PUT_SCHEMA_FIRST`]), so its `_sqlx_migrations` and its tables are the application's
+/// (`public` by default), never the library's. Detached, like [`migrate_postgres`]'s, with
+/// the timeouts lifted for the same reason. Under [`LAYOUT_LOCK`] too, taken by asking: sqlx's
+/// own lock blocks, so processes running the application's migrations at once would deadlock
+/// on one of its `CREATE INDEX CONCURRENTLY` (see [`lock_layout`]); with ours taken first,
+/// sqlx's never waits for another process of this library.
+pub(crate) async fn run_user_postgres(
+    pool: &PgPool,
+    migrator: &Migrator,
+) -> Result<(), MigrateError> {
+    let mut conn = pool.acquire().await?.detach();
+    sqlx::raw_sql(ServerTimeouts::LIFT)
+        .execute(&mut conn)
+        .await?;
+    sqlx::raw_sql("RESET search_path")
+        .execute(&mut conn)
+        .await?;
+    lock_layout(&mut conn).await?;
+    migrator.run(&mut conn).await?;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LAYOUT_LOCK)
+        .execute(&mut conn)
+        .await?;
+    Ok(())
+}
