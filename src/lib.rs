@@ -37,7 +37,8 @@
 //!
 //! On top: [`cli`], the whole command line, which the binary's `main.rs` runs with nothing
 //! overridden and a service's own `main` runs with its handler and migrations (`anyhow` is used
-//! only there).
+//! only there); and, with the `testing` feature, `testing`: the kit for a handler crate's own
+//! tests (a database per test, the handler in one transaction, the application on port 0).
 //!
 //! Imports go down the floors of README's "Layout" only (checked by
 //! `tests/it/architecture.rs`): config and the vocabulary, store, queue, outbox, the stages,
@@ -66,6 +67,8 @@ pub mod startup;
 pub mod store;
 pub mod stripe;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod webhook;
 
 /// The versions a handler crate's own code must match: `sqlx` for `DbTx`'s connections and
