@@ -33,14 +33,19 @@
 //! them until shutdown), [`http`] (the server with its timeouts and limits against slow and
 //! hostile clients, problem+json, the operational routes), [`lease`] (the heartbeat that
 //! extends leases while work runs), [`error`] (the cause every boundary error keeps),
-//! [`telemetry`] (tracing and Prometheus metrics). The binary's commands live in `src/cli.rs`,
-//! beside a thin `main.rs`; `anyhow` is used only there.
+//! [`telemetry`] (tracing and Prometheus metrics).
+//!
+//! On top: [`cli`], the whole command line, which the binary's `main.rs` runs with nothing
+//! overridden and a service's own `main` runs with its handler and migrations (`anyhow` is used
+//! only there); and, with the `testing` feature, `testing`: the kit for a handler crate's own
+//! tests (a database per test, the handler in one transaction, the application on port 0).
 //!
 //! Imports go down the floors of README's "Layout" only (checked by
 //! `tests/it/architecture.rs`): config and the vocabulary, store, queue, outbox, the stages,
-//! the webhook routes, startup.
+//! the webhook routes, startup, the command line.
 
 pub mod backfill;
+pub mod cli;
 pub mod config;
 pub mod consumer;
 pub mod dlq;
@@ -62,6 +67,8 @@ pub mod startup;
 pub mod store;
 pub mod stripe;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod webhook;
 
 /// The versions a handler crate's own code must match: `sqlx` for `DbTx`'s connections and

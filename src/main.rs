@@ -1,15 +1,9 @@
-//! `dedup-worker`: see `src/cli.rs` for the commands and the library for everything else.
-
-mod cli;
+//! `dedup-worker`: the library's command line ([`dedup_worker::cli`]) with nothing overridden.
+//! A service with a handler of its own has the same `main`, with its [`Overrides`].
+//!
+//! [`Overrides`]: dedup_worker::startup::Overrides
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match cli::run().await {
-        Ok(code) => code,
-        Err(error) => {
-            // `{:#}` prints the whole cause chain on one line, without a backtrace.
-            eprintln!("dedup-worker: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    dedup_worker::cli::run(dedup_worker::startup::Overrides::default()).await
 }

@@ -57,7 +57,7 @@ pub enum DecodeError {
 /// and the default pointer `/id`, its `snapshot_event` when it has one); the type is the
 /// transport's, else the payload's `type`; the source is the producer's, else
 /// `options.source`. An EventBridge envelope (when `options.envelope` says so) is keyed by its
-/// `detail` alone ([`decode_eventbridge`]). Each of them must pass [`check_event_field`].
+/// `detail` alone (`decode_eventbridge`). Each of them must pass [`check_event_field`].
 pub fn decode_delivery(
     delivery: &Delivery,
     options: &ConsumerOptions,

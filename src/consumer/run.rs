@@ -39,7 +39,7 @@ impl Consumer {
     ///   (the grace period is nearly over): then its transaction is dropped, rolling back, and
     ///   its deliveries are given back;
     /// * a receive in progress (it may have claimed messages already) gets
-    ///   [`RECEIVE_DRAIN`] to return, and what it returns is given back; past that it is
+    ///   `RECEIVE_DRAIN` to return, and what it returns is given back; past that it is
     ///   dropped (an SQS long poll that took nothing), and anything it had taken comes back
     ///   after its lease.
     pub async fn run(self, shutdown: CancellationToken, abandon: CancellationToken) {

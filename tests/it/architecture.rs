@@ -1,7 +1,10 @@
 //! The shape of `src/`, checked on every run (README's "Layout" draws it):
 //!
 //! * every module imports only from modules on a lower floor of [`FLOORS`] (or from itself):
-//!   configuration and the shared vocabulary at the bottom, the binary's wiring at the top;
+//!   configuration and the shared vocabulary at the bottom, the wiring and then the command
+//!   line at the top;
+//! * the binary is `main.rs` alone, one call of the library's command line, so a service's own
+//!   `main` runs every command the stock binary has;
 //! * the import graph between modules and their direct submodules has no circle (two files of
 //!   one folder that import each other cannot be read, or changed, one at a time);
 //! * no file in `src/` is longer than [`MAX_LINES`].
@@ -45,10 +48,16 @@ const FLOORS: &[&[&str]] = &[
     &["webhook", "idempotency"],
     // Wiring.
     &["startup"],
+    // What a service built on the library runs and tests with: the command line (every
+    // subcommand, over startup's wiring) and the `testing` feature's kit for a handler crate's
+    // own tests.
+    &["cli", "testing"],
 ];
 
-/// Files of the binary, not of the library (`dedup_worker::` paths, not `crate::`).
-const BINARY_FILES: &[&str] = &["main.rs", "cli.rs"];
+/// Files of the binary, not of the library (`dedup_worker::` paths, not `crate::`): only its
+/// `main`, which runs the library's command line (see
+/// [`the_binary_is_the_librarys_command_line`]).
+const BINARY_FILES: &[&str] = &["main.rs"];
 
 /// The longest a file in `src/` may be.
 const MAX_LINES: usize = 500;
@@ -270,6 +279,38 @@ fn the_import_graph_has_no_circle() {
     for node in graph.edges.keys() {
         if let Some(circle) = visit(node, &graph, &mut Vec::new(), &mut done) {
             panic!("import circle: {}", circle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_binary_is_the_librarys_command_line() {
+    let main = code(&std::fs::read_to_string(src_dir().join("main.rs")).expect("read main.rs"));
+    let declares_a_module = main
+        .lines()
+        .any(|line| line.trim_start().starts_with("mod ") || line.contains(" mod "));
+    assert!(
+        !declares_a_module,
+        "src/main.rs declares a module: the binary's code belongs in the library (src/cli/), \
+         where a service's own main runs it too"
+    );
+    assert!(
+        main.contains("dedup_worker::cli::run("),
+        "src/main.rs does not run dedup_worker::cli::run"
+    );
+    // Nothing else in src/ is the binary's: a file at the top of src/ beside main.rs and lib.rs
+    // is a module of the library, declared in lib.rs.
+    let lib = code(&std::fs::read_to_string(src_dir().join("lib.rs")).expect("read lib.rs"));
+    for entry in std::fs::read_dir(src_dir()).expect("read src/") {
+        let path = entry.expect("dir entry").path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if path.extension().is_some_and(|e| e == "rs") && !["main", "lib"].contains(&stem) {
+            assert!(
+                lib.contains(&format!("mod {stem};")),
+                "src/{stem}.rs is not a module of the library (lib.rs has no `mod {stem};`)"
+            );
         }
     }
 }

@@ -15,12 +15,13 @@ use dedup_worker::startup::Overrides;
 use dedup_worker::store::DbTx;
 use serde_json::json;
 
-use crate::helpers::{
-    file_sink_ids, ledger_counts, pipeline_drained, post_signed, stripe_event, test_settings,
-    wait_for, Backend, TestApp, TestDb, Transport,
+// The test kit a handler crate's own tests use, as they would use it; the suite's own helpers
+// for the rest.
+use dedup_worker::testing::{
+    post_signed, stripe_event, test_settings, Backend, TestApp, TestDb, TEST_SECRET as SECRET,
 };
 
-const SECRET: &str = "whsec_test_secret";
+use crate::helpers::{file_sink_ids, ledger_counts, pipeline_drained, wait_for, Transport};
 
 /// Writes the ledger row first (so a rollback is observable), then fails for chosen ids.
 struct Picky {

@@ -56,6 +56,9 @@
 //!   envelopes on SQS handled once, in the webhooks' key space;
 //! * [`stripe_ingress`]: signatures of the official `stripe` library verify; every failed check
 //!   is a 400 naming it; invalid configuration stops the start;
+//! * [`testing_kit`]: the `testing` feature's kit as a handler crate's tests use it: the handler
+//!   alone in one transaction on both stores (committed, or rolled back with its error), and in
+//!   the application with its own migrations;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
 //! * [`wakeup`]: LISTEN/NOTIFY wakes the consumer and relay of another process.
@@ -92,6 +95,7 @@ mod standard_v1a;
 mod store_contract;
 mod stripe_channels;
 mod stripe_ingress;
+mod testing_kit;
 mod transport_contract;
 mod user_migrations;
 mod wakeup;

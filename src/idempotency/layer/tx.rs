@@ -12,7 +12,7 @@
 //! 1. the layer claims the key as in the plain mode (grouped, committed, with a lease and its
 //!    heartbeat), so duplicates are answered exactly as there: 409 while it runs, 422 for
 //!    another body, never a second execution;
-//! 2. it puts a [`TxSlot`] in the request's extensions. Nothing is opened until the handler
+//! 2. it puts a `TxSlot` in the request's extensions. Nothing is opened until the handler
 //!    asks: a handler that does not take an `IdempotentTx` runs as in the plain mode, so one
 //!    layer serves both kinds of handler;
 //! 3. the extractor opens a transaction on the store's pool and lends it to the handler; when

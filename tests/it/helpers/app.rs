@@ -1,6 +1,6 @@
-//! The application under test: in this process on port 0 ([`TestApp`]), or as the real binary
-//! on port 0 ([`RunningBinary`], killed on drop) and its CLI ([`run_cli`]); and reading what the
-//! binary logs and exposes.
+//! The application under test: in this process on port 0 (the test kit's [`TestApp`]), or as
+//! the real binary on port 0 ([`RunningBinary`], killed on drop) and its CLI ([`run_cli`]); and
+//! reading what the binary logs and exposes.
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};
@@ -9,67 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dedup_worker::store::Store;
+pub use dedup_worker::testing::{test_settings, TestApp};
 
 use super::poll_until;
-
-/// Settings for an in-process app: the defaults plus `values`, never the process environment
-/// (CI's own DATABASE_URL must not leak into a test).
-pub fn test_settings(
-    db_url: &str,
-    values: &[(&str, serde_json::Value)],
-) -> dedup_worker::config::Settings {
-    use figment::providers::{Format, Serialized, Toml};
-    let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML))
-        .merge(Serialized::default("database_url", db_url))
-        .merge(Serialized::default("http.listen", "127.0.0.1:0"))
-        .merge(Serialized::default("stripe.secrets", "whsec_test_secret"));
-    for (key, value) in values {
-        figment = figment.merge(Serialized::default(key, value.clone()));
-    }
-    dedup_worker::config::Settings::from_figment(figment).expect("valid test settings")
-}
-
-/// An application running in this process on port 0.
-pub struct TestApp {
-    pub addr: SocketAddr,
-    pub store: Store,
-    pub shutdown: tokio_util::sync::CancellationToken,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl TestApp {
-    pub async fn spawn(
-        settings: dedup_worker::config::Settings,
-        overrides: dedup_worker::startup::Overrides,
-    ) -> Self {
-        let app = dedup_worker::startup::Application::build(settings, overrides)
-            .await
-            .expect("build app");
-        let addr = app.local_addr().expect("addr");
-        let store = app.store().clone();
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move {
-            app.run(token).await.expect("app run");
-        });
-        TestApp {
-            addr,
-            store,
-            shutdown,
-            task,
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
-    }
-}
 
 /// The binary with a clean environment: `PATH`, the brokers' and the AWS SDK's own settings
 /// (scripts/test.sh sets them), then `env`. No developer configuration leaks in.

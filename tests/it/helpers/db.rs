@@ -1,112 +1,11 @@
-//! A database that exists for one test (PostgreSQL database or SQLite file), a dedup row the test
-//! holds open, and what the stores hold.
+//! A database that exists for one test (PostgreSQL database or SQLite file: the test kit's
+//! [`TestDb`]), a dedup row the test holds open, and what the stores hold.
 
 use std::time::Duration;
 
 use dedup_worker::store::Store;
-use sqlx::{Connection, PgConnection};
 
-/// PostgreSQL server for tests (trust auth); a database per test is created on it.
-pub fn pg_admin_url() -> String {
-    std::env::var("DEDUP_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// Which store a test runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-/// A database that exists for one test and is removed after it.
-pub struct TestDb {
-    pub url: String,
-    /// PostgreSQL database name to drop.
-    pg_name: Option<String>,
-    /// Keeps the SQLite directory alive.
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl TestDb {
-    pub async fn new(backend: Backend) -> Self {
-        match backend {
-            Backend::Postgres => {
-                let name = format!("dw_test_{}", uuid::Uuid::new_v4().simple());
-                let mut admin = PgConnection::connect(&pg_admin_url())
-                    .await
-                    .expect("connect to PostgreSQL");
-                sqlx::query(&format!("CREATE DATABASE {name}"))
-                    .execute(&mut admin)
-                    .await
-                    .expect("create test database");
-                admin.close().await.ok();
-                let base = pg_admin_url();
-                let url = match base.rsplit_once('/') {
-                    Some((prefix, _)) => format!("{prefix}/{name}"),
-                    None => panic!("bad admin url"),
-                };
-                TestDb {
-                    url,
-                    pg_name: Some(name),
-                    _dir: None,
-                }
-            }
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let url = format!("sqlite://{}", dir.path().join("dedup.db").display());
-                TestDb {
-                    url,
-                    pg_name: None,
-                    _dir: Some(dir),
-                }
-            }
-        }
-    }
-
-    /// A migrated store on this database.
-    pub async fn store(&self) -> Store {
-        let store = Store::connect_url(&self.url, 8, Duration::from_secs(5))
-            .await
-            .expect("connect store");
-        store.migrate().await.expect("migrate");
-        store
-    }
-
-    /// Removes the database now, on the test's runtime (dropping does it from a thread).
-    pub async fn remove(mut self) {
-        if let Some(name) = self.pg_name.take() {
-            drop_database(&name).await;
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Some(name) = self.pg_name.take() {
-            // Drop runs outside any runtime guarantee (the test's may be unwinding): use a
-            // thread with its own runtime.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
-                rt.block_on(drop_database(&name));
-                Some(())
-            })
-            .join();
-        }
-    }
-}
-
-async fn drop_database(name: &str) {
-    if let Ok(mut admin) = PgConnection::connect(&pg_admin_url()).await {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .execute(&mut admin)
-            .await;
-        admin.close().await.ok();
-    }
-}
+pub use dedup_worker::testing::{pg_admin_url, Backend, TestDb};
 
 /// An event's dedup row, inserted by the test in a transaction it keeps open: a consumer step
 /// that receives the event waits server-side on its `INSERT … ON CONFLICT DO NOTHING` until the

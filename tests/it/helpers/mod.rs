@@ -1,4 +1,7 @@
-//! Shared test support, one harness for every module of the suite:
+//! Shared test support, one harness for every module of the suite. Its most used parts are the
+//! `testing` feature's kit (`dedup_worker::testing`: [`TestDb`], [`TestApp`], [`test_settings`],
+//! [`stripe_event`], [`post_signed`]), re-exported here under the same names; the rest is the
+//! suite's own:
 //!
 //! * [`db`]: a fresh database per test (a PostgreSQL database `dw_test_<uuid>` on the server
 //!   named by `DEDUP_TEST_POSTGRES`, or an SQLite file), a dedup row held open by the test, and

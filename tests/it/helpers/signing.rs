@@ -1,4 +1,5 @@
-//! Stripe events for the tests, signed with our code or with the official `stripe` library;
+//! Stripe events for the tests, signed with our code (the test kit's) or with the official
+//! `stripe` library;
 //! Standard Webhooks deliveries checked with the official `standardwebhooks` library, and
 //! `v1a` (ed25519) signatures made and checked by Python's `cryptography` package, independent
 //! of ed25519-dalek.
@@ -10,59 +11,7 @@ pub fn now() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
-/// A Stripe-like event (pretty-printed, as Stripe sends it).
-pub fn stripe_event(id: &str, event_type: &str) -> Vec<u8> {
-    serde_json::to_vec_pretty(&serde_json::json!({
-        "id": id,
-        "object": "event",
-        "api_version": "2024-06-20",
-        "created": 1_700_000_000,
-        "type": event_type,
-        "livemode": false,
-        "data": { "object": { "id": format!("pi_{id}"), "object": "payment_intent", "amount": 1999, "currency": "usd" } }
-    }))
-    .expect("serialize")
-}
-
-/// Signs `body` with `secret` at the current time (our signer) and POSTs it to `url` as a
-/// Stripe webhook.
-pub async fn post_signed(
-    client: &reqwest::Client,
-    url: &str,
-    secret: &str,
-    body: Vec<u8>,
-) -> reqwest::Result<reqwest::Response> {
-    let header = dedup_worker::webhook::stripe::signature_header(secret, now(), &body);
-    client
-        .post(url)
-        .header("Stripe-Signature", header)
-        .body(body)
-        .send()
-        .await
-}
-
-/// Posts a signed event as Stripe delivers it: a 503 (the transport not reachable yet, a first
-/// publish slower than `transport.publish_timeout_ms` under load) is sent again, signed afresh,
-/// until another answer or 30 s. Whatever it answers then is the test's to check.
-pub async fn post_signed_until_not_503(
-    client: &reqwest::Client,
-    url: &str,
-    secret: &str,
-    body: Vec<u8>,
-) -> reqwest::Response {
-    super::wait_for(
-        "an answer other than 503 to a signed event",
-        std::time::Duration::from_secs(30),
-        || {
-            let body = body.clone();
-            async move {
-                let response = post_signed(client, url, secret, body).await.ok()?;
-                (response.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(response)
-            }
-        },
-    )
-    .await
-}
+pub use dedup_worker::testing::{post_signed, post_signed_until_not_503, stripe_event};
 
 /// Signs with the official stripe-python library, one process for many payloads.
 /// Returns one header per payload, in order.

@@ -35,7 +35,7 @@ const FIXED_NAMES: &[(&str, &str)] = &[
 fn assert_settings_load(role: &str, what: &str, env: &BTreeMap<String, String>) {
     use figment::providers::{Format, Serialized, Toml};
     let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML));
-    // As src/cli.rs sets them for each subcommand.
+    // As src/cli/mod.rs sets them for each subcommand.
     for (key, on) in [
         ("ingress", "ingest"),
         ("consumer", "consume"),

@@ -195,3 +195,44 @@ async fn start_up_errors_name_the_database_its_address_and_the_cause_never_the_p
         );
     }
 }
+
+/// How many times `needle` is in `haystack`.
+fn occurrences(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_is_one_line_that_says_each_cause_once() {
+    // Three errors whose message includes their source's: sqlx's I/O error (the OS's words),
+    // the server's refusal, and the store's own (an io::Error it names and keeps as source).
+    let port = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port()
+    };
+    let refused = failed_start(format!("postgres://app@127.0.0.1:{port}/orders")).await;
+    let missing_db = format!("dw_missing_{}", uuid::Uuid::new_v4().simple());
+    let base = crate::helpers::db::pg_admin_url();
+    let (server, _) = base.rsplit_once('/').expect("a database URL");
+    let missing = failed_start(format!("{server}/{missing_db}")).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let not_a_dir = failed_start(format!("sqlite://{}/dedup.db", file.path().display())).await;
+    for (printed, cause) in [
+        (&refused, "Connection refused".to_owned()),
+        (
+            &missing,
+            format!("database \"{missing_db}\" does not exist"),
+        ),
+        (&not_a_dir, "File exists".to_owned()),
+    ] {
+        let line = printed.trim_end();
+        assert!(
+            line.starts_with("dedup-worker: ") && !line.contains('\n'),
+            "not one line of the program's: {printed:?}"
+        );
+        assert_eq!(
+            occurrences(line, &cause),
+            1,
+            "{cause:?} not said once: {line}"
+        );
+    }
+}
