@@ -234,6 +234,10 @@ async fn serve(
     let settings = Settings::from_figment(figment)?;
     let app = Application::build(settings, overrides).await?;
     let addr = app.local_addr()?;
+    // Installed before the listening line: a stop signal sent right after it (a rollout that
+    // changes its mind, a supervisor that read the line) drains the process instead of
+    // meeting the default action, which kills it mid-batch.
+    let stop_signal = stop_signal()?;
     // Machine-readable for scripts and tests that bind port 0: the same words whatever the
     // program is called.
     println!("dedup-worker listening on http://{addr}");
@@ -243,7 +247,7 @@ async fn serve(
     let shutdown = CancellationToken::new();
     let signal_token = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        stop_signal.await;
         tracing::info!("stop signal received; draining");
         signal_token.cancel();
     });
@@ -251,26 +255,26 @@ async fn serve(
     Ok(())
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM or SIGINT, registered now (the returned future only waits): a signal that arrives
+/// before anything polls it is kept, not lost to the default action.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 

@@ -59,10 +59,16 @@ impl Telemetry {
     }
 }
 
+/// The lines written when `RUST_LOG` is not set: `info`, except PostgreSQL's own notices
+/// ("relation … already exists, skipping" on every `migrate`), which say nothing an operator
+/// acts on; its warnings still show.
+const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
+
 /// Installs the subscriber once (later calls install nothing: tests start many apps) with the
 /// traces layer when the environment asks for traces (see [`traces`]).
 pub fn init(format: LogFormat) -> Telemetry {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let terminal = std::io::stderr().is_terminal();
     // Per-layer filters: `RUST_LOG` for the lines written, `info` for the spans exported. No
     // `Option` layers: a `None` one is interested in every callsite, which would enable every

@@ -39,6 +39,10 @@
 //!   naming only exposed metrics, the compose file and Kubernetes manifests validated;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
+//! * [`paid_invoices`]: the example service of one's own (`examples/paid_invoices`) as its own
+//!   binary on both stores: serves, restarts twice without a migration error, its `migrate`,
+//!   `dlq list`, `outbox failed` and `events show` work; one row and one delivery per invoice,
+//!   a malformed event a dead letter after one attempt;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and
 //!   transport; an idle SQS consumer long-polls;
 //! * [`redrive`]: dead letters on RabbitMQ and SQS redriven through the transport and handled
@@ -61,6 +65,9 @@
 //!   the application with its own migrations;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
+//! * [`user_migrations`]: an application's own migrations applied by every start and by
+//!   `migrate`, in order, once each, with its history apart from the library's; a changed one
+//!   reported once; a handler or migrations for the other store refused before anything runs;
 //! * [`wakeup`]: LISTEN/NOTIFY wakes the consumer and relay of another process.
 //!
 //! [`helpers`] is the harness they share. All tests run in this one process, as many at a time
@@ -85,6 +92,7 @@ mod idempotency;
 mod layout_upgrade;
 mod operations;
 mod outage;
+mod paid_invoices;
 mod pipeline;
 mod redrive;
 mod relay;

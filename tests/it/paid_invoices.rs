@@ -52,7 +52,10 @@ fn example_cli(db: &TestDb, work: &Path, args: &[&str]) -> String {
         .expect("run the example");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "paid_invoices {args:?}: {stderr}");
-    assert!(!stderr.contains("migration"), "paid_invoices {args:?}: {stderr}");
+    assert!(
+        !stderr.contains("migration"),
+        "paid_invoices {args:?}: {stderr}"
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -103,7 +106,11 @@ async fn the_example_serves_restarts_and_its_commands_work(backend: Backend) {
     let bin = RunningBinary::start_program(&program, &env(&db, work.path()), work.path());
     post(&bin, invoice_paid("evt_1", "in_1", json!(2000))).await;
     post(&bin, invoice_paid("evt_2", "in_2", json!(3500))).await;
-    post(&bin, crate::helpers::stripe_event("evt_3", "customer.created")).await;
+    post(
+        &bin,
+        crate::helpers::stripe_event("evt_3", "customer.created"),
+    )
+    .await;
     post(&bin, invoice_paid("evt_4", "in_4", json!("lots"))).await;
     let dead = bin
         .wait_for("the malformed event's dead letter", WAIT, || async {
@@ -158,7 +165,10 @@ async fn the_example_serves_restarts_and_its_commands_work(backend: Backend) {
     assert_eq!(delivered, vec!["in_1", "in_2"], "one delivery each");
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0]["event_id"], "evt_4", "{dead:?}");
-    assert_eq!(dead[0]["attempts"], 1, "fatal: one attempt, not eight: {dead:?}");
+    assert_eq!(
+        dead[0]["attempts"], 1,
+        "fatal: one attempt, not eight: {dead:?}"
+    );
     assert_eq!(counter_value(&metrics, "dedup_events_retried_total"), 0);
     db.remove().await;
 }

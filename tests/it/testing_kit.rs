@@ -16,18 +16,9 @@ use dedup_worker::testing::{
 use serde_json::json;
 use sqlx::migrate::Migrator;
 
-// `ignore_missing`: on this branch the library's history still shares `_sqlx_migrations` with
-// the application's (its own history arrives with issue 16's steps 4-6), and sqlx refuses
-// versions it does not know there. A handler crate's plain `sqlx::migrate!` needs none of it
-// once the library keeps its history apart.
-static POSTGRES: Migrator = Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("tests/it/testing_kit/postgres")
-};
-static SQLITE: Migrator = Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("tests/it/testing_kit/sqlite")
-};
+// A handler crate's plain `sqlx::migrate!`: the library keeps its own history apart.
+static POSTGRES: Migrator = sqlx::migrate!("tests/it/testing_kit/postgres");
+static SQLITE: Migrator = sqlx::migrate!("tests/it/testing_kit/sqlite");
 const MIGRATIONS: Migrations = Migrations::new(&POSTGRES, &SQLITE);
 
 /// Credits `data.object.amount` once per event; a negative amount is refused (fatal) after the

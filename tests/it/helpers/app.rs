@@ -16,7 +16,30 @@ use super::poll_until;
 /// The binary with a clean environment: `PATH`, the brokers' and the AWS SDK's own settings
 /// (scripts/test.sh sets them), then `env`. No developer configuration leaks in.
 pub fn dedup_command(env: &[(&str, String)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedup-worker"));
+    program_command(Path::new(env!("CARGO_BIN_EXE_dedup-worker")), env)
+}
+
+/// The binary of example `name` (a service of one's own on the library, built by
+/// `cargo build --example NAME`, which scripts/test.sh runs before the suite): beside the
+/// crate's own binary, under `examples/`.
+pub fn example_binary(name: &str) -> PathBuf {
+    let binary = Path::new(env!("CARGO_BIN_EXE_dedup-worker"));
+    let path = binary
+        .parent()
+        .expect("the binary's directory")
+        .join("examples")
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --example {name}` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// [`dedup_command`] for another program built on the library (an example service).
+pub fn program_command(program: &Path, env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(program);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default());
     for name in [
@@ -66,20 +89,30 @@ pub struct RunningBinary {
 
 impl RunningBinary {
     pub fn start(env: &[(&str, String)], log_dir: &Path) -> Self {
+        Self::start_program(Path::new(env!("CARGO_BIN_EXE_dedup-worker")), env, log_dir)
+    }
+
+    /// [`RunningBinary::start`] for another program built on the library: its `serve`.
+    pub fn start_program(program: &Path, env: &[(&str, String)], log_dir: &Path) -> Self {
         let stderr_path = log_dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&stderr_path).expect("log file");
         // Text logs, which the tests read for `field=value` (a test of the JSON lines sets
         // DEDUP_LOG__FORMAT=json, later in `env`).
-        let mut cmd = dedup_command(&[
-            ("DEDUP_LISTEN", "127.0.0.1:0".into()),
-            ("RUST_LOG", "warn".into()),
-            ("DEDUP_LOG__FORMAT", "text".into()),
-        ]);
+        let mut cmd = program_command(
+            program,
+            &[
+                ("DEDUP_LISTEN", "127.0.0.1:0".into()),
+                ("RUST_LOG", "warn".into()),
+                ("DEDUP_LOG__FORMAT", "text".into()),
+            ],
+        );
         cmd.arg("serve").stdout(Stdio::piped()).stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("start dedup-worker");
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let line = lines.next().and_then(Result::ok).unwrap_or_else(|| {
