@@ -12,7 +12,9 @@
 //! * the handler alone, in one store transaction as the consumer runs it ([`handle`], with an
 //!   [`event`] built as the consumer would), so a unit test sees the rows it wrote;
 //! * the whole application in the test's process on port 0 ([`TestApp`], [`test_settings`]),
-//!   and Stripe events signed as Stripe sends them ([`stripe_event`], [`post_signed`]).
+//!   and Stripe events signed as Stripe sends them ([`stripe_event`], [`post_signed`]);
+//! * a TCP proxy between the application and a dependency that black-holes, refuses, cuts or
+//!   slows it ([`fault_proxy::FaultProxy`]).
 //!
 //! ```
 //! use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
@@ -62,6 +64,7 @@
 
 mod app;
 mod db;
+pub mod fault_proxy;
 mod signing;
 
 pub use app::{test_settings, TestApp, TEST_SECRET};

@@ -16,7 +16,8 @@
 //! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
 //! * [`queue`]: a queue of the test's own on every transport, and the turns the tests take on
 //!   the SQS emulator;
-//! * [`fault_proxy`]: a TCP proxy that black-holes, refuses or cuts a dependency;
+//! * [`fault_proxy`] (the test kit's): a TCP proxy that black-holes, refuses, cuts or slows a
+//!   dependency;
 //! * [`idempotency`]: a database and Redis prefix for the Idempotency-Key layer, and the
 //!   counting handler behind it;
 //!
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 pub mod app;
 pub mod db;
-pub mod fault_proxy;
+pub use dedup_worker::testing::fault_proxy;
 pub mod idempotency;
 pub mod queue;
 pub mod receiver;

@@ -9,7 +9,14 @@
 //! * [`Mode::Refuse`]: open connections are reset and new ones are reset as soon as accepted
 //!   (a server that is down or restarting);
 //! * [`FaultProxy::cut_all`]: every open connection is reset once, new ones pass (a broker
-//!   restart, a load balancer dropping idle connections).
+//!   restart, a load balancer dropping idle connections);
+//! * [`FaultProxy::set_latency`]: every chunk of bytes, either way, is held that long before it
+//!   is passed on (a slow network, a far region, a throttled or overloaded service), on open
+//!   connections too; a delay line, so throughput is not cut, only every round trip lengthened
+//!   by twice the latency.
+//!
+//! It is part of the test kit so that the integration suite and the soak (`bench/soak.sh`)
+//! inject faults with one proxy.
 //!
 //! Connections held by a black hole are reset when the mode changes again: their bytes in
 //! flight are gone, as after a real partition longer than the server's patience.
@@ -18,8 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// What the proxy does with connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +55,9 @@ pub struct FaultProxy {
     forwarding: Arc<Mutex<Arc<()>>>,
     /// Connections accepted since start, in any mode (attempts to reach the dependency).
     accepted: Arc<AtomicU64>,
+    /// The delay added to every chunk forwarded, in microseconds (read per chunk, so a change
+    /// reaches open connections without resetting them).
+    latency: Arc<AtomicU64>,
     /// The accept loop, stopped on drop (its connection tasks end with the test's runtime).
     accept: tokio::task::JoinHandle<()>,
 }
@@ -60,18 +73,21 @@ impl FaultProxy {
         });
         let forwarding = Arc::new(Mutex::new(Arc::new(())));
         let accepted = Arc::new(AtomicU64::new(0));
+        let latency = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn(accept_loop(
             listener,
             upstream.to_owned(),
             state.clone(),
             forwarding.clone(),
             accepted.clone(),
+            latency.clone(),
         ));
         FaultProxy {
             port,
             state,
             forwarding,
             accepted,
+            latency,
             accept,
         }
     }
@@ -97,6 +113,18 @@ impl FaultProxy {
         let before = self.new_epoch();
         self.state.send_modify(|s| s.cuts += 1);
         Self::until_stopped(before).await;
+    }
+
+    /// Holds every chunk forwarded from now on, either way, `latency` before passing it on
+    /// (`Duration::ZERO`: none). Open connections stay open.
+    pub fn set_latency(&self, latency: Duration) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency.store(micros, Ordering::SeqCst);
+    }
+
+    /// The latency [`FaultProxy::set_latency`] set last.
+    pub fn latency(&self) -> Duration {
+        Duration::from_micros(self.latency.load(Ordering::SeqCst))
     }
 
     /// Connections accepted so far.
@@ -134,6 +162,7 @@ async fn accept_loop(
     state: watch::Sender<State>,
     forwarding: Arc<Mutex<Arc<()>>>,
     accepted: Arc<AtomicU64>,
+    latency: Arc<AtomicU64>,
 ) {
     while let Ok((client, _)) = listener.accept().await {
         accepted.fetch_add(1, Ordering::SeqCst);
@@ -143,6 +172,7 @@ async fn accept_loop(
             upstream.clone(),
             watcher,
             forwarding.clone(),
+            latency.clone(),
         ));
     }
 }
@@ -150,10 +180,11 @@ async fn accept_loop(
 /// One client connection, for its life: forwarded while the mode passes, held in a black
 /// hole, reset when refused or cut.
 async fn connection(
-    client: TcpStream,
+    mut client: TcpStream,
     upstream: String,
     mut state: watch::Receiver<State>,
     forwarding: Arc<Mutex<Arc<()>>>,
+    latency: Arc<AtomicU64>,
 ) {
     let start = *state.borrow_and_update();
     match start.mode {
@@ -164,14 +195,13 @@ async fn connection(
     let Ok(mut server) = TcpStream::connect(&upstream).await else {
         return reset(client);
     };
-    let mut client = client;
     // Taken before looking at the state again: a change made after this sees this connection.
     let epoch = forwarding.lock().unwrap().clone();
     // Biased, the state first: a connection that starts after a change forwards nothing.
     let next = tokio::select! {
         biased;
         changed = state.wait_for(|s| *s != start) => changed.ok().map(|s| *s),
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
+        _ = forward(&mut client, &mut server, &latency) => None,
     };
     drop(epoch);
     match next {
@@ -206,4 +236,109 @@ fn reset(client: TcpStream) {
     #[allow(deprecated)]
     let _ = client.set_linger(Some(Duration::ZERO));
     drop(client);
+}
+
+/// Forwards both ways, each through a delay line, until both directions ended or either
+/// failed (as `copy_bidirectional` does).
+async fn forward(client: &mut TcpStream, server: &mut TcpStream, latency: &AtomicU64) {
+    let (mut client_read, mut client_write) = client.split();
+    let (mut server_read, mut server_write) = server.split();
+    let up = delay_line(&mut client_read, &mut server_write, latency);
+    let down = delay_line(&mut server_read, &mut client_write, latency);
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
+        let ended = tokio::select! {
+            ended = &mut up, if !up_done => { up_done = true; ended }
+            ended = &mut down, if !down_done => { down_done = true; ended }
+        };
+        if ended.is_err() {
+            return;
+        }
+    }
+}
+
+/// Chunks read from `from` are written to `to` once `latency` (as it was when each was read)
+/// has passed; the end of `from` shuts `to`'s writing half. Reading goes on while earlier chunks
+/// wait, so a delay does not cut throughput.
+async fn delay_line(
+    from: &mut ReadHalf<'_>,
+    to: &mut WriteHalf<'_>,
+    latency: &AtomicU64,
+) -> std::io::Result<()> {
+    let (chunks, mut due) = mpsc::channel::<(Instant, Vec<u8>)>(64);
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = from.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            let at = Instant::now() + Duration::from_micros(latency.load(Ordering::SeqCst));
+            if chunks.send((at, buf[..n].to_vec())).await.is_err() {
+                return Ok(());
+            }
+        }
+    };
+    // Owns the receiving end: a failed write drops it, so the reader stops at its next chunk.
+    let write = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            to.write_all(&chunk).await?;
+        }
+        to.shutdown().await
+    };
+    let (read, write) = tokio::join!(read, write);
+    read.and(write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on port 0: what it reads, it writes back.
+    async fn echo() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = conn.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(conn: &mut TcpStream, bytes: &[u8]) -> Duration {
+        let started = Instant::now();
+        conn.write_all(bytes).await.unwrap();
+        let mut back = vec![0u8; bytes.len()];
+        conn.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, bytes);
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn latency_lengthens_each_round_trip_on_open_connections_without_resetting_them() {
+        let proxy = FaultProxy::start(&echo().await).await;
+        let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+        round_trip(&mut conn, b"before").await;
+
+        proxy.set_latency(Duration::from_millis(150));
+        assert_eq!(proxy.latency(), Duration::from_millis(150));
+        // Held once each way: at least twice the latency (a lower bound only; the machine may
+        // add to it, never take away).
+        let slow = round_trip(&mut conn, b"during").await;
+        assert!(slow >= Duration::from_millis(300), "{slow:?}");
+
+        // Many chunks in flight at once still arrive whole and in order.
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        round_trip(&mut conn, &big).await;
+
+        proxy.set_latency(Duration::ZERO);
+        round_trip(&mut conn, b"after").await;
+        assert_eq!(proxy.accepted(), 1, "the same connection throughout");
+    }
 }
