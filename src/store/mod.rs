@@ -242,7 +242,10 @@ impl Store {
                 .await?;
             Ok(Store(Pool::Sqlite(pool)))
         } else {
-            let mut options = PgConnectOptions::from_str(url)?;
+            // Every session READ COMMITTED, whatever the database's default (the dedup ring's
+            // protocol needs it: postgres::BEGIN_READ_COMMITTED says why).
+            let mut options =
+                PgConnectOptions::from_str(url)?.options([postgres::READ_COMMITTED_OPTION]);
             if let Some(timeouts) = server_timeouts {
                 options = timeouts.apply(options);
             }
@@ -283,7 +286,7 @@ impl Store {
 
     pub async fn begin(&self) -> Result<StoreTx, StoreError> {
         Ok(match &self.0 {
-            Pool::Postgres(pool) => StoreTx::Postgres(pool.begin().await?),
+            Pool::Postgres(pool) => StoreTx::Postgres(postgres::begin(pool).await?),
             Pool::Sqlite(pool) => StoreTx::Sqlite(sqlite::begin_immediate(pool).await?, now_ms()),
         })
     }

@@ -12,6 +12,36 @@ use super::{
     QueuedMessage, StoreError, Wakeups, OUTBOX_CHANNEL, QUEUE_CHANNEL,
 };
 
+/// The isolation every transaction of the pipeline runs at on PostgreSQL, whatever the server's,
+/// the database's or the role's default (`default_transaction_isolation`, which shops set to
+/// `repeatable read` or `serializable` cluster-wide). The dedup ring needs it: a batch reads
+/// which generation is current in a statement after the one that waited for the shared ring
+/// lock, and only at READ COMMITTED does that statement see a seal that committed during the
+/// wait. At REPEATABLE READ the snapshot is taken by the waiting statement, so a batch that
+/// waited during a seal records its ids in the sealed generation while a retry after the seal
+/// records them in the new one, neither seeing the other's uncommitted row: handled twice.
+/// Queue and outbox claims (single statements) rely on it too: at READ COMMITTED a row another
+/// claim updated meanwhile is re-checked, not a serialization failure.
+///
+/// Set twice, at the mechanism rather than per call site: as a startup parameter of every
+/// connection of the store's pools ([`READ_COMMITTED_OPTION`], no round trip, and it outranks
+/// database and role defaults), and in the `BEGIN` of each transaction the store opens
+/// ([`begin`]), should a session's default be changed after it connected.
+pub(super) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// The startup parameter of [`BEGIN_READ_COMMITTED`]: `-c default_transaction_isolation=…` (the
+/// space escaped, as the `options` string splits on unescaped spaces). Appended after any
+/// `options` of the database URL, so it wins over them as well.
+pub(super) const READ_COMMITTED_OPTION: (&str, &str) =
+    ("default_transaction_isolation", r"read\ committed");
+
+/// Begins a transaction of the pipeline, at READ COMMITTED (see [`BEGIN_READ_COMMITTED`]).
+pub(super) async fn begin(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    pool.begin_with(BEGIN_READ_COMMITTED).await
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -332,7 +362,7 @@ pub(super) async fn purge_expired(
     outbox_older_than: Duration,
     batch: i64,
 ) -> Result<u64, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = begin(pool).await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(RETENTION_LOCK)
         .fetch_one(&mut *tx)

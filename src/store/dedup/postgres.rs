@@ -146,7 +146,7 @@ pub(crate) async fn maintain_generations(
     seal: Seal,
 ) -> Result<RingMaintenance, StoreError> {
     let mut done = RingMaintenance::default();
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::store::postgres::begin(pool).await?;
     let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(RETENTION_LOCK)
         .fetch_one(&mut *tx)

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use dedup_worker::store::Store;
 use sqlx::PgPool;
 
 use super::{deliver, seal, start_binary, wait_for_waiters, Holder};
@@ -54,6 +55,23 @@ async fn the_store_reads_committed_whatever_the_database_default() {
             "a pool session on a {level} database"
         );
         store.close().await;
+        // A session whose default was changed after it connected: each BEGIN still pins it.
+        let one = Store::connect_url(&db.url, 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let pool = one.postgres_pool().unwrap();
+        sqlx::query(&format!("SET default_transaction_isolation = '{level}'"))
+            .execute(pool)
+            .await
+            .unwrap();
+        let mut tx = one.begin().await.unwrap();
+        let in_tx: String = sqlx::query_scalar("SHOW transaction_isolation")
+            .fetch_one(tx.conn().postgres().unwrap())
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(in_tx, "read committed", "Store::begin after SET {level}");
+        one.close().await;
         db.remove().await;
     }
 }
