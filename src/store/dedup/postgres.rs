@@ -140,6 +140,13 @@ pub(crate) async fn processed_among(
 /// the current one if due (or at once with [`Seal::Now`]) and starts the next. One process at
 /// a time (the retention lock; others return at once), in one short transaction whose lock
 /// waits are bounded by [`RING_LOCK_TIMEOUT`].
+///
+/// Lock order: the ring lock (exclusive) before any generation table's lock, as batches take
+/// the ring lock (shared) before they read the generations. Emptying a table first and asking
+/// for the ring lock after it made a cycle with a batch that held the shared lock and had not
+/// yet read that table ("deadlock detected"). The ring lock is taken only when the pass has
+/// something to expire or seal: a pass with nothing to do never waits for, nor holds up, the
+/// batches.
 pub(crate) async fn maintain_generations(
     pool: &PgPool,
     window: Duration,
@@ -160,6 +167,8 @@ pub(crate) async fn maintain_generations(
     ))
     .execute(&mut *tx)
     .await?;
+    // What to do, read before any lock but the retention lock: only a maintenance pass (which
+    // that lock keeps to one at a time) changes dedup_generations.
     let expired: Vec<i16> = sqlx::query_scalar(
         "SELECT slot FROM dedup_generations
           WHERE sealed_at < now() - make_interval(secs => $1) ORDER BY slot",
@@ -167,6 +176,38 @@ pub(crate) async fn maintain_generations(
     .bind(window.as_secs_f64())
     .fetch_all(&mut *tx)
     .await?;
+    let (current, due): (i16, bool) = sqlx::query_as(
+        "SELECT slot, started_at <= now() - make_interval(secs => $1)
+           FROM dedup_generations WHERE sealed_at IS NULL",
+    )
+    .bind(generation_length(window).as_secs_f64())
+    .fetch_one(&mut *tx)
+    .await?;
+    let next = next_slot(current);
+    let sealing = due || matches!(seal, Seal::Now);
+    // The next slot is free if no generation uses it, or if this pass empties it.
+    let next_free = sealing
+        && (expired.contains(&next)
+            || sqlx::query_scalar(
+                "SELECT NOT EXISTS (SELECT 1 FROM dedup_generations WHERE slot = $1)",
+            )
+            .bind(next)
+            .fetch_one(&mut *tx)
+            .await?);
+    done.next_slot_busy = sealing && !next_free;
+    if expired.is_empty() && !next_free {
+        tx.commit().await?;
+        return Ok(done);
+    }
+
+    // Waits for every batch in flight (they hold it shared from before they read any
+    // generation to their commit), so none of them holds a lock on a table emptied below, nor
+    // can still commit into `current`; batches that start from here wait for this commit and
+    // then read `next`.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(RING_LOCK)
+        .execute(&mut *tx)
+        .await?;
     for slot in &expired {
         // The generation's duplicate deliveries go with its ids.
         sqlx::query(&format!(
@@ -182,45 +223,18 @@ pub(crate) async fn maintain_generations(
             .await?;
     }
     done.expired = expired.len();
-
-    let (current, due): (i16, bool) = sqlx::query_as(
-        "SELECT slot, started_at <= now() - make_interval(secs => $1)
-           FROM dedup_generations WHERE sealed_at IS NULL",
-    )
-    .bind(generation_length(window).as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
-    if due || matches!(seal, Seal::Now) {
-        let next = next_slot(current);
-        let free: bool = sqlx::query_scalar(
-            "SELECT NOT EXISTS (SELECT 1 FROM dedup_generations WHERE slot = $1)",
-        )
-        .bind(next)
-        .fetch_one(&mut *tx)
-        .await?;
-        if free {
-            // Waits for every batch that read `current` to end; batches that start from here
-            // wait for this commit and then read `next`.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(RING_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            // The clock after the lock: every id of `current` committed before this instant,
-            // which lookups by creation time rely on.
-            sqlx::query(
-                "UPDATE dedup_generations SET sealed_at = clock_timestamp() WHERE slot = $1",
-            )
+    if next_free {
+        // The clock after the lock: every id of `current` committed before this instant,
+        // which lookups by creation time rely on.
+        sqlx::query("UPDATE dedup_generations SET sealed_at = clock_timestamp() WHERE slot = $1")
             .bind(current)
             .execute(&mut *tx)
             .await?;
-            sqlx::query("INSERT INTO dedup_generations (slot) VALUES ($1)")
-                .bind(next)
-                .execute(&mut *tx)
-                .await?;
-            done.sealed = true;
-        } else {
-            done.next_slot_busy = true;
-        }
+        sqlx::query("INSERT INTO dedup_generations (slot) VALUES ($1)")
+            .bind(next)
+            .execute(&mut *tx)
+            .await?;
+        done.sealed = true;
     }
     tx.commit().await?;
     Ok(done)
