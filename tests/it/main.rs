@@ -83,6 +83,7 @@ mod backfill;
 mod broker_outage;
 mod consumer;
 mod crash;
+mod dedup_model;
 mod dedup_ring;
 mod dedup_window;
 mod events_show;

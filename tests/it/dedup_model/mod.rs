@@ -1,0 +1,327 @@
+//! The stateful property test of the dedup record (issue 26): random schedules of batches on
+//! several connections (begin, insert ids new, repeated and shared between open batches, commit
+//! or roll back), seals, retention passes, window changes and time travel, on both stores, the
+//! PostgreSQL ones with the database's `default_transaction_isolation` at each level PostgreSQL
+//! offers, against a model ([`model`]) that predicts every answer and which calls wait on which
+//! lock. Events carry a creation time or none; an authentic one is at most the margin
+//! (`CREATED_MARGIN`) ahead of its first delivery, a forged one far ahead.
+//!
+//! Checked after every step, on what the store answered ([`sut`]):
+//! * an id committed less than the window ago (the shortest window in effect since) is never
+//!   recorded as new again ("ACCEPTED TWICE"), nor taken for a duplicate if never committed
+//!   ("LOST");
+//! * it is still recorded (`processed_among`) until then ("LOST EARLY"), and an id no committed
+//!   batch recorded is not ("ROLLED BACK");
+//! * the ring has one current generation ("RING");
+//! * and every answer, the ring's shape and what is recorded are the model's ("MODEL").
+//!
+//! Deterministic: a fixed seed (`PROPTEST_RNG_SEED` overrides it), no failure persistence; a
+//! failure prints the shrunk schedule. Sized by `CASES` × up to `STEPS` steps per store variant
+//! (`PROPTEST_CASES` overrides the cases).
+
+mod model;
+mod sut;
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use dedup_worker::store::{RingMaintenance, Store, StoreError, StoreTx};
+use proptest::test_runner::{Config, RngSeed, TestRunner};
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+
+use crate::helpers::db::{database_name, pg_admin_url};
+use crate::helpers::{Backend, TestDb};
+use model::DedupModel;
+use sut::DedupTest;
+
+/// Schedules per store variant, and the longest schedule.
+const CASES: u32 = 64;
+const STEPS: usize = 40;
+const SEED: u64 = 26;
+
+#[test]
+fn postgres_read_committed() {
+    run::<true>(Backend::Postgres, Some("read committed"), 0);
+}
+
+#[test]
+fn postgres_repeatable_read() {
+    run::<true>(Backend::Postgres, Some("repeatable read"), 1);
+}
+
+#[test]
+fn postgres_serializable() {
+    run::<true>(Backend::Postgres, Some("serializable"), 2);
+}
+
+#[test]
+fn sqlite() {
+    run::<false>(Backend::Sqlite, None, 3);
+}
+
+/// A call of a case that failed, ended by the next case.
+enum Leftover {
+    Begin(JoinHandle<Result<StoreTx, StoreError>>),
+    Insert(JoinHandle<(StoreTx, Result<Vec<String>, StoreError>)>),
+    Maintenance(JoinHandle<Result<RingMaintenance, StoreError>>),
+    Tx(StoreTx),
+}
+
+/// What the cases of one test share: the runtime, the database and a store on it.
+struct Context {
+    rt: tokio::runtime::Runtime,
+    db_url: String,
+    store: Store,
+    /// PostgreSQL: a session of its own that watches the others wait.
+    observer: Option<PgPool>,
+    leftovers: Vec<Leftover>,
+    coverage: Coverage,
+}
+
+/// What the schedules exercised, summed over the cases (printed at the end: is the property
+/// reaching the corners it is about?).
+#[derive(Debug, Default)]
+struct Coverage {
+    cases: u32,
+    steps: u32,
+    inserts: u32,
+    /// Ids answered as duplicates of an id recorded in a sealed generation.
+    duplicates_in_sealed: u32,
+    /// Deliveries with a creation time, and those with a forged one.
+    with_created: u32,
+    forged: u32,
+    /// Calls that waited: a batch for an id another holds, a batch behind a seal, a begin
+    /// behind the writer, a seal or expiry for the batches.
+    waits_for_key: u32,
+    waits_for_ring: u32,
+    waits_for_begin: u32,
+    waits_of_maintenance: u32,
+    seals: u32,
+    expired: u32,
+    next_slot_busy: u32,
+}
+
+thread_local! {
+    static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
+}
+
+fn with_context<R>(f: impl FnOnce(&mut Context) -> R) -> R {
+    CONTEXT.with(|c| f(c.borrow_mut().as_mut().expect("the test's context")))
+}
+
+fn leave(left: Vec<Leftover>) {
+    CONTEXT.with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            if let Some(ctx) = c.as_mut() {
+                ctx.leftovers.extend(left);
+            }
+        }
+    });
+}
+
+impl Context {
+    /// Empties the dedup record and starts the ring afresh (slot 0 current, started now);
+    /// returns the store's clock then (Unix seconds, the model's time 0). A failed case's
+    /// leftovers are ended first, on fresh connections.
+    async fn reset(&mut self) -> i64 {
+        if !self.leftovers.is_empty() {
+            for left in self.leftovers.drain(..) {
+                match left {
+                    Leftover::Begin(h) => h.abort(),
+                    Leftover::Insert(h) => h.abort(),
+                    Leftover::Maintenance(h) => h.abort(),
+                    Leftover::Tx(tx) => drop(tx),
+                }
+            }
+            if let Some(observer) = &self.observer {
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                      WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                )
+                .execute(observer)
+                .await
+                .expect("end the failed case's sessions");
+            }
+            self.store.close().await;
+            self.store = connect(&self.db_url).await;
+        }
+        let t0 = chrono::Utc::now().timestamp();
+        let tables = (0..5).map(|s| format!("processed_events_{s}"));
+        if let Some(pool) = self.store.postgres_pool() {
+            let all: Vec<String> = tables.collect();
+            sqlx::raw_sql(&format!(
+                "TRUNCATE {}, processed_events_legacy;
+                 DELETE FROM dedup_generations;
+                 INSERT INTO dedup_generations (slot) VALUES (0);",
+                all.join(", ")
+            ))
+            .execute(pool)
+            .await
+            .expect("reset");
+        } else if let Some(pool) = self.store.sqlite_pool() {
+            for table in tables.chain(["dedup_generations".into()]) {
+                sqlx::query(&format!("DELETE FROM {table}"))
+                    .execute(pool)
+                    .await
+                    .expect("reset");
+            }
+            sqlx::query("INSERT INTO dedup_generations (slot, started_at) VALUES (0, $1)")
+                .bind(chrono::Utc::now().timestamp_millis())
+                .execute(pool)
+                .await
+                .expect("reset");
+        }
+        t0
+    }
+
+    /// Moves every timestamp of the ring `seconds` back: the model's clock moves on.
+    async fn travel(&self, seconds: i64) {
+        let done = if let Some(pool) = self.store.postgres_pool() {
+            sqlx::query(
+                "UPDATE dedup_generations
+                    SET started_at = started_at - make_interval(secs => $1),
+                        sealed_at = sealed_at - make_interval(secs => $1)",
+            )
+            .bind(seconds as f64)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected())
+        } else {
+            sqlx::query(
+                "UPDATE dedup_generations
+                    SET started_at = started_at - $1, sealed_at = sealed_at - $1",
+            )
+            .bind(seconds * 1000)
+            .execute(self.store.sqlite_pool().expect("one of the two"))
+            .await
+            .map(|done| done.rows_affected())
+        };
+        done.expect("time travel");
+    }
+
+    /// `(slot, current)` of each generation in use.
+    async fn generations(&self) -> Vec<(i64, bool)> {
+        let sql = "SELECT CAST(slot AS BIGINT), sealed_at IS NULL FROM dedup_generations
+                    ORDER BY slot";
+        match (self.store.postgres_pool(), self.store.sqlite_pool()) {
+            (Some(pool), _) => sqlx::query_as(sql).fetch_all(pool).await,
+            (_, Some(pool)) => sqlx::query_as(sql).fetch_all(pool).await,
+            (None, None) => unreachable!(),
+        }
+        .expect("the ring")
+    }
+
+    /// PostgreSQL: the sessions of the database waiting on a lock.
+    async fn lock_waiters(&self) -> i64 {
+        let observer = self.observer.as_ref().expect("PostgreSQL");
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(observer)
+        .await
+        .expect("pg_stat_activity")
+    }
+}
+
+async fn connect(url: &str) -> Store {
+    Store::connect_url(url, 8, Duration::from_secs(5))
+        .await
+        .expect("connect the store")
+}
+
+/// Runs the property on a database of its own: `isolation` is the PostgreSQL database's
+/// `default_transaction_isolation` (the store must not depend on it); each variant's schedules
+/// come from the seed plus `variant`.
+fn run<const POSTGRES: bool>(backend: Backend, isolation: Option<&str>, variant: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Timers and spawns outside `block_on` too (the steps build their timeouts first).
+    let handle = rt.handle().clone();
+    let _in_runtime = handle.enter();
+    let db = rt.block_on(TestDb::new(backend));
+    let observer = rt.block_on(async {
+        let migrated = db.store().await;
+        migrated.close().await;
+        let level = isolation?;
+        let admin = PgPool::connect(&pg_admin_url()).await.expect("admin");
+        sqlx::query(&format!(
+            "ALTER DATABASE {} SET default_transaction_isolation = '{level}'",
+            database_name(&db.url)
+        ))
+        .execute(&admin)
+        .await
+        .expect("set the database's default isolation");
+        admin.close().await;
+        Some(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&db.url)
+                .await
+                .expect("observer"),
+        )
+    });
+    assert_eq!(observer.is_some(), POSTGRES);
+    // Connected after the database's default was set: its sessions start with it.
+    let store = rt.block_on(connect(&db.url));
+    CONTEXT.with(|c| {
+        *c.borrow_mut() = Some(Context {
+            rt,
+            db_url: db.url.clone(),
+            store,
+            observer,
+            leftovers: Vec::new(),
+            coverage: Coverage::default(),
+        })
+    });
+
+    let mut config = Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(CASES),
+        failure_persistence: None,
+        max_shrink_time: 300_000,
+        ..Config::default()
+    };
+    if matches!(config.rng_seed, RngSeed::Random) {
+        config.rng_seed = RngSeed::Fixed(SEED + variant);
+    }
+    let seed = format!("{:?}", config.rng_seed);
+    let mut runner = TestRunner::new(config.clone());
+    let result = runner.run(
+        &DedupModel::<POSTGRES>::sequential_strategy(1..=STEPS),
+        |(initial, steps, seen)| {
+            DedupTest::<POSTGRES>::test_sequential(config.clone(), initial, steps, seen);
+            Ok(())
+        },
+    );
+
+    let ctx = CONTEXT
+        .with(|c| c.borrow_mut().take())
+        .expect("the context");
+    eprintln!(
+        "dedup model on {backend:?} (database default {isolation:?}): {:?}",
+        ctx.coverage
+    );
+    ctx.rt.block_on(async {
+        for left in ctx.leftovers {
+            if let Leftover::Tx(tx) = left {
+                drop(tx);
+            }
+        }
+        ctx.store.close().await;
+        if let Some(observer) = ctx.observer {
+            observer.close().await;
+        }
+        db.remove().await;
+    });
+    if let Err(failure) = result {
+        panic!("{failure}\n(seed {seed}, {backend:?}, database default {isolation:?})");
+    }
+}

@@ -1,0 +1,496 @@
+//! The system under test: the real store, driven through its public API by the steps the model
+//! generated, each call that waits on a lock spawned and awaited only once the model says it can
+//! go on. After every step the invariants are checked against what the store answered (its own
+//! history, not the model's predictions), then the answers against the model's.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use dedup_worker::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
+use tokio::task::JoinHandle;
+
+use super::model::{
+    event_id, DedupModel, Done, State, Step, Wait, BATCHES, FORGED_AHEAD, IDS, SOURCE,
+};
+use super::{with_context, Context, Leftover};
+
+/// The longest any call may take once nothing holds it up, and the longest the store may take
+/// to show the waits the model predicts.
+const LIMIT: Duration = Duration::from_secs(20);
+
+type Inserted = (StoreTx, Result<Vec<String>, StoreError>);
+
+/// One connection's batch.
+#[derive(Default)]
+enum Conn {
+    #[default]
+    Closed,
+    Beginning(JoinHandle<Result<StoreTx, StoreError>>),
+    Idle(StoreTx, BTreeSet<usize>),
+    Inserting(JoinHandle<Inserted>, BTreeSet<usize>, Vec<usize>),
+}
+
+/// What the store answered so far: when each id was committed, and the shortest window in effect
+/// since.
+#[derive(Default)]
+struct History {
+    committed: [Option<(i64, i64)>; IDS],
+    ever: [bool; IDS],
+}
+
+impl History {
+    fn in_window(&self, id: usize, now: i64) -> Option<(i64, i64)> {
+        self.committed[id].filter(|(at, window)| now - at < *window)
+    }
+}
+
+pub struct Sut {
+    /// The store's clock (Unix seconds) at the model's time 0.
+    t0: i64,
+    conns: [Conn; BATCHES],
+    maintenance: Option<JoinHandle<Result<RingMaintenance, StoreError>>>,
+    history: History,
+    /// The steps so far, and what the store did that the model did not expect it to do yet.
+    log: Vec<String>,
+}
+
+impl Sut {
+    fn fail(&self, what: String) -> ! {
+        panic!("{what}\nsteps applied:\n  {}", self.log.join("\n  "));
+    }
+
+    fn id_of(&self, event: &str) -> usize {
+        event
+            .strip_prefix("evt_")
+            .and_then(|n| n.parse().ok())
+            .filter(|n| *n < IDS)
+            .unwrap_or_else(|| self.fail(format!("the store answered an unknown id {event:?}")))
+    }
+
+    fn wait<T>(&self, ctx: &Context, what: &str, handle: JoinHandle<T>) -> T {
+        match ctx.rt.block_on(tokio::time::timeout(LIMIT, handle)) {
+            Ok(Ok(value)) => value,
+            Ok(Err(join)) => self.fail(format!("{what}: the task failed: {join}")),
+            Err(_) => self.fail(format!(
+                "{what} did not finish within {LIMIT:?} though the model says nothing holds it up"
+            )),
+        }
+    }
+
+    fn apply_step(&mut self, ctx: &mut Context, state: &State, step: &Step) {
+        self.log.push(format!("{step:?}"));
+        match step {
+            Step::Begin(b) => {
+                let store = ctx.store.clone();
+                self.conns[*b] = Conn::Beginning(ctx.rt.spawn(async move { store.begin().await }));
+            }
+            Step::Insert(b, deliveries) => {
+                let Conn::Idle(mut tx, accepted) = std::mem::take(&mut self.conns[*b]) else {
+                    self.fail(format!("batch {b} is not open and idle"))
+                };
+                let events: Vec<ProcessedEvent> = deliveries
+                    .iter()
+                    .map(|d| ProcessedEvent {
+                        id: event_id(d.id),
+                        event_type: "test.event".into(),
+                        // In the store's clock, which the model's travel does not move.
+                        created: d
+                            .with_created
+                            .then(|| state.created[d.id].map(|c| self.t0 + c - state.now))
+                            .flatten(),
+                        ..ProcessedEvent::default()
+                    })
+                    .collect();
+                let ids = deliveries.iter().map(|d| d.id).collect();
+                let handle = ctx.rt.spawn(async move {
+                    let result = tx.insert_processed_events(SOURCE, &events).await;
+                    (tx, result)
+                });
+                self.conns[*b] = Conn::Inserting(handle, accepted, ids);
+            }
+            Step::Commit(b) | Step::Rollback(b) => {
+                let Conn::Idle(tx, accepted) = std::mem::take(&mut self.conns[*b]) else {
+                    self.fail(format!("batch {b} is not open and idle"))
+                };
+                let commit = matches!(step, Step::Commit(_));
+                let ended = ctx.rt.block_on(tokio::time::timeout(LIMIT, async move {
+                    if commit {
+                        tx.commit().await
+                    } else {
+                        tx.rollback().await
+                    }
+                }));
+                match ended {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => self.fail(format!("batch {b} failed to end: {e:?}")),
+                    Err(_) => self.fail(format!("batch {b}'s end did not answer")),
+                }
+                if commit {
+                    for id in accepted {
+                        if let Some((at, window)) = self.history.in_window(id, state.now) {
+                            self.fail(format!(
+                                "ACCEPTED TWICE: batch {b} committed evt_{id}, which a batch \
+                                 committed at {at} s, less than the window ({window} s) before now \
+                                 ({} s)",
+                                state.now
+                            ));
+                        }
+                        self.history.committed[id] = Some((state.now, state.window));
+                        self.history.ever[id] = true;
+                    }
+                }
+            }
+            Step::Seal | Step::Retention => {
+                let store = ctx.store.clone();
+                // The window before this step (a Window step changes it, not this one).
+                let window = Duration::from_secs(state.window as u64);
+                let seal = matches!(step, Step::Seal);
+                self.maintenance = Some(ctx.rt.spawn(async move {
+                    if seal {
+                        store.seal_dedup_generation(window).await
+                    } else {
+                        store.maintain_dedup_generations(window).await
+                    }
+                }));
+            }
+            Step::Window(_) => {
+                for (_, window) in self.history.committed.iter_mut().flatten() {
+                    *window = (*window).min(state.window);
+                }
+            }
+            Step::Travel(seconds) => ctx.rt.block_on(ctx.travel(*seconds)),
+        }
+    }
+
+    /// Collects the calls the model says finished in this step and checks their answers, then
+    /// (PostgreSQL) waits until the store's sessions wait as the model says.
+    fn settle(&mut self, ctx: &mut Context, state: &State) {
+        for done in &state.done {
+            match done {
+                Done::Begin(b) => {
+                    let Conn::Beginning(handle) = std::mem::take(&mut self.conns[*b]) else {
+                        self.fail(format!("batch {b} was not beginning"))
+                    };
+                    match self.wait(ctx, &format!("batch {b}'s begin"), handle) {
+                        Ok(tx) => self.conns[*b] = Conn::Idle(tx, BTreeSet::new()),
+                        Err(e) => self.fail(format!("batch {b}'s begin failed: {e:?}")),
+                    }
+                }
+                Done::Insert { batch, accepted } => {
+                    let Conn::Inserting(handle, mut all, ids) =
+                        std::mem::take(&mut self.conns[*batch])
+                    else {
+                        self.fail(format!("batch {batch} was not inserting"))
+                    };
+                    let (tx, result) = self.wait(ctx, &format!("batch {batch}'s insert"), handle);
+                    let answered = result.unwrap_or_else(|e| {
+                        self.fail(format!("batch {batch}'s insert of {ids:?} failed: {e:?}"))
+                    });
+                    let new = self.check_insert(state, *batch, &ids, &all, &answered);
+                    if new.iter().copied().collect::<Vec<_>>() != *accepted {
+                        self.fail(format!(
+                            "MODEL: batch {batch}'s insert of {ids:?} recorded {new:?}, the model \
+                             expected {accepted:?}"
+                        ));
+                    }
+                    ctx.coverage.duplicates_in_sealed += ids
+                        .iter()
+                        .filter(|id| {
+                            !new.contains(id)
+                                && state.recorded[**id]
+                                    .is_some_and(|(slot, _)| slot != state.current)
+                        })
+                        .count() as u32;
+                    all.extend(new);
+                    self.conns[*batch] = Conn::Idle(tx, all);
+                }
+                Done::Maintenance(expected) => {
+                    let Some(handle) = self.maintenance.take() else {
+                        self.fail("no maintenance pass was running".into())
+                    };
+                    let done = self
+                        .wait(ctx, "the maintenance pass", handle)
+                        .unwrap_or_else(|e| {
+                            self.fail(format!("the maintenance pass failed: {e:?}"))
+                        });
+                    let got = (done.expired, done.sealed, done.next_slot_busy);
+                    let want = (expected.expired, expected.sealed, expected.next_slot_busy);
+                    if got != want {
+                        self.fail(format!(
+                            "MODEL: the maintenance pass did (expired, sealed, next slot busy) \
+                             {got:?}, the model expected {want:?}"
+                        ));
+                    }
+                }
+            }
+        }
+        if state.postgres {
+            self.wait_for_waits(ctx, state);
+        }
+    }
+
+    /// The checks of one insert's answer against the store's own history; returns its new ids.
+    fn check_insert(
+        &self,
+        state: &State,
+        batch: usize,
+        ids: &[usize],
+        before: &BTreeSet<usize>,
+        answered: &[String],
+    ) -> BTreeSet<usize> {
+        let mut new = BTreeSet::new();
+        for event in answered {
+            let id = self.id_of(event);
+            if !ids.contains(&id) || !new.insert(id) || before.contains(&id) {
+                self.fail(format!(
+                    "ACCEPTED TWICE: batch {batch}'s insert of {ids:?} answered {answered:?} (it \
+                     had recorded {before:?})"
+                ));
+            }
+            if let Some((at, window)) = self.history.in_window(id, state.now) {
+                self.fail(format!(
+                    "ACCEPTED TWICE: batch {batch} recorded evt_{id} as new, committed at {at} s, \
+                     less than the window ({window} s) before now ({} s)",
+                    state.now
+                ));
+            }
+        }
+        for id in ids {
+            if !new.contains(id) && !before.contains(id) && !self.history.ever[*id] {
+                self.fail(format!(
+                    "LOST: batch {batch} took evt_{id} for a duplicate though no batch ever \
+                     committed it"
+                ));
+            }
+        }
+        new
+    }
+
+    /// Waits until as many sessions wait on a lock as the model has calls waiting (a call the
+    /// model says waits may also have finished early: noted, and collected when the model says).
+    fn wait_for_waits(&mut self, ctx: &mut Context, state: &State) {
+        let expected = state.waiting() as i64;
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let early = self.running().filter(|h| *h).count() as i64;
+            let waiting = ctx.rt.block_on(ctx.lock_waiters());
+            if waiting + early == expected {
+                if early > 0 {
+                    self.log.push(format!(
+                        "  ({early} call(s) the model says wait had already finished)"
+                    ));
+                }
+                return;
+            }
+            if Instant::now() > deadline {
+                self.fail(format!(
+                    "the store has {waiting} session(s) waiting on locks and {early} call(s) \
+                     finished early; the model has {expected} call(s) waiting"
+                ));
+            }
+            ctx.rt
+                .block_on(tokio::time::sleep(Duration::from_millis(2)));
+        }
+    }
+
+    /// For each spawned call not yet collected: whether it has finished.
+    fn running(&self) -> impl Iterator<Item = bool> + '_ {
+        let conns = self.conns.iter().filter_map(|c| match c {
+            Conn::Beginning(h) => Some(h.is_finished()),
+            Conn::Inserting(h, ..) => Some(h.is_finished()),
+            _ => None,
+        });
+        conns.chain(self.maintenance.iter().map(|h| h.is_finished()))
+    }
+
+    /// The invariants on what the store holds (read while no maintenance pass waits, which on
+    /// PostgreSQL may hold a generation's table).
+    fn check_store(&self, ctx: &mut Context, state: &State) {
+        let all: Vec<String> = (0..IDS).map(event_id).collect();
+        let among = ctx
+            .rt
+            .block_on(tokio::time::timeout(
+                LIMIT,
+                ctx.store.processed_among(SOURCE, &all),
+            ))
+            .unwrap_or_else(|_| self.fail("processed_among did not answer".into()))
+            .unwrap_or_else(|e| self.fail(format!("processed_among failed: {e:?}")));
+        let held: BTreeSet<usize> = among.iter().map(|e| self.id_of(e)).collect();
+        for id in &held {
+            if !self.history.ever[*id] {
+                self.fail(format!(
+                    "ROLLED BACK: evt_{id} is recorded though no batch that recorded it committed"
+                ));
+            }
+        }
+        for id in 0..IDS {
+            if let Some((at, window)) = self.history.in_window(id, state.now) {
+                if !held.contains(&id) {
+                    self.fail(format!(
+                        "LOST EARLY: evt_{id}, committed at {at} s, is no longer recorded at {} s, \
+                         inside the window ({window} s)",
+                        state.now
+                    ));
+                }
+            }
+        }
+        let ring = ctx.rt.block_on(ctx.generations());
+        if ring.iter().filter(|(_, current)| *current).count() != 1 {
+            self.fail(format!("RING: not one current generation: {ring:?}"));
+        }
+        let model_ring: Vec<(i64, bool)> = (0..state.ring.len())
+            .filter_map(|s| state.ring[s].map(|g| (s as i64, g.sealed.is_none())))
+            .collect();
+        if ring != model_ring {
+            self.fail(format!(
+                "MODEL: the ring is {ring:?}, the model's {model_ring:?}"
+            ));
+        }
+        let expected: BTreeSet<usize> = (0..IDS)
+            .filter(|id| state.recorded[*id].is_some())
+            .collect();
+        if held != expected {
+            self.fail(format!(
+                "MODEL: the store records {held:?}, the model {expected:?} ({:?})",
+                state.recorded
+            ));
+        }
+    }
+
+    /// Ends every batch and collects every call, so the next case starts on an idle store.
+    fn clean(&mut self, ctx: &mut Context) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            for conn in &mut self.conns {
+                match std::mem::take(conn) {
+                    Conn::Idle(tx, _) => {
+                        let _ = ctx.rt.block_on(tokio::time::timeout(LIMIT, tx.rollback()));
+                    }
+                    Conn::Beginning(h) if h.is_finished() => {
+                        if let Ok(Ok(tx)) = ctx.rt.block_on(h) {
+                            *conn = Conn::Idle(tx, BTreeSet::new());
+                        }
+                    }
+                    Conn::Inserting(h, ..) if h.is_finished() => {
+                        if let Ok((tx, _)) = ctx.rt.block_on(h) {
+                            *conn = Conn::Idle(tx, BTreeSet::new());
+                        }
+                    }
+                    other => *conn = other,
+                }
+            }
+            if self.maintenance.as_ref().is_some_and(|h| h.is_finished()) {
+                self.maintenance = None;
+            }
+            let busy = self.conns.iter().any(|c| !matches!(c, Conn::Closed));
+            if !busy && self.maintenance.is_none() {
+                return;
+            }
+            if Instant::now() > deadline {
+                return; // what is left goes to the context's leftovers (Drop)
+            }
+            ctx.rt
+                .block_on(tokio::time::sleep(Duration::from_millis(5)));
+        }
+    }
+}
+
+impl Drop for Sut {
+    /// A case that failed leaves its transactions and calls to the next case, which ends them.
+    fn drop(&mut self) {
+        let mut left = Vec::new();
+        for conn in &mut self.conns {
+            match std::mem::take(conn) {
+                Conn::Closed => {}
+                Conn::Beginning(h) => left.push(Leftover::Begin(h)),
+                Conn::Idle(tx, _) => left.push(Leftover::Tx(tx)),
+                Conn::Inserting(h, ..) => left.push(Leftover::Insert(h)),
+            }
+        }
+        if let Some(h) = self.maintenance.take() {
+            left.push(Leftover::Maintenance(h));
+        }
+        if !left.is_empty() {
+            super::leave(left);
+        }
+    }
+}
+
+fn count(coverage: &mut super::Coverage, state: &State, step: &Step) {
+    coverage.steps += 1;
+    match step {
+        Step::Insert(b, deliveries) => {
+            coverage.inserts += 1;
+            coverage.with_created += deliveries.iter().filter(|d| d.with_created).count() as u32;
+            coverage.forged += deliveries
+                .iter()
+                .filter(|d| {
+                    d.with_created && state.created[d.id] >= Some(state.now + FORGED_AHEAD / 2)
+                })
+                .count() as u32;
+            match state.batches[*b].waiting {
+                Some(Wait::Key { .. }) => coverage.waits_for_key += 1,
+                Some(Wait::Ring) => coverage.waits_for_ring += 1,
+                _ => {}
+            }
+        }
+        Step::Begin(b) if state.batches[*b].waiting.is_some() => coverage.waits_for_begin += 1,
+        Step::Seal | Step::Retention if state.maintenance.is_some() => {
+            coverage.waits_of_maintenance += 1
+        }
+        _ => {}
+    }
+    for done in &state.done {
+        match done {
+            Done::Maintenance(m) => {
+                coverage.seals += u32::from(m.sealed);
+                coverage.expired += m.expired as u32;
+                coverage.next_slot_busy += u32::from(m.next_slot_busy);
+            }
+            Done::Insert { .. } | Done::Begin(_) => {}
+        }
+    }
+}
+
+/// The model and the store, for one backend.
+pub struct DedupTest<const POSTGRES: bool>;
+
+impl<const POSTGRES: bool> StateMachineTest for DedupTest<POSTGRES> {
+    type SystemUnderTest = Sut;
+    type Reference = DedupModel<POSTGRES>;
+
+    fn init_test(_: &<Self::Reference as ReferenceStateMachine>::State) -> Sut {
+        let t0 = with_context(|ctx| {
+            ctx.coverage.cases += 1;
+            let rt = ctx.rt.handle().clone();
+            rt.block_on(ctx.reset())
+        });
+        Sut {
+            t0,
+            conns: Default::default(),
+            maintenance: None,
+            history: History::default(),
+            log: Vec::new(),
+        }
+    }
+
+    fn apply(mut sut: Sut, state: &State, step: Step) -> Sut {
+        with_context(|ctx| {
+            sut.apply_step(ctx, state, &step);
+            sut.settle(ctx, state);
+            count(&mut ctx.coverage, state, &step);
+        });
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, state: &State) {
+        if state.maintenance.is_none() {
+            with_context(|ctx| sut.check_store(ctx, state));
+        }
+    }
+
+    fn teardown(mut sut: Sut) {
+        with_context(|ctx| sut.clean(ctx));
+    }
+}
