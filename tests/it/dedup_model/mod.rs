@@ -22,7 +22,7 @@
 mod model;
 mod sut;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use dedup_worker::store::{RingMaintenance, Store, StoreError, StoreTx};
@@ -105,6 +105,9 @@ struct Coverage {
 
 thread_local! {
     static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
+    /// Cases begun, and the first that failed (before shrinking).
+    static CASES_RUN: Cell<u32> = const { Cell::new(0) };
+    static FIRST_FAILURE: Cell<Option<u32>> = const { Cell::new(None) };
 }
 
 fn with_context<R>(f: impl FnOnce(&mut Context) -> R) -> R {
@@ -306,8 +309,10 @@ fn run<const POSTGRES: bool>(backend: Backend, isolation: Option<&str>, variant:
         .with(|c| c.borrow_mut().take())
         .expect("the context");
     eprintln!(
-        "dedup model on {backend:?} (database default {isolation:?}): {:?}",
-        ctx.coverage
+        "dedup model on {backend:?} (database default {isolation:?}): {:?}, first failure in \
+         case {:?}",
+        ctx.coverage,
+        FIRST_FAILURE.with(|f| f.get())
     );
     ctx.rt.block_on(async {
         for left in ctx.leftovers {

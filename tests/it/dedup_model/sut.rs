@@ -57,6 +57,11 @@ pub struct Sut {
 
 impl Sut {
     fn fail(&self, what: String) -> ! {
+        super::FIRST_FAILURE.with(|first| {
+            if first.get().is_none() {
+                first.set(Some(super::CASES_RUN.with(|n| n.get())));
+            }
+        });
         panic!("{what}\nsteps applied:\n  {}", self.log.join("\n  "));
     }
 
@@ -463,6 +468,7 @@ impl<const POSTGRES: bool> StateMachineTest for DedupTest<POSTGRES> {
     fn init_test(_: &<Self::Reference as ReferenceStateMachine>::State) -> Sut {
         let t0 = with_context(|ctx| {
             ctx.coverage.cases += 1;
+            super::CASES_RUN.with(|n| n.set(n.get() + 1));
             let rt = ctx.rt.handle().clone();
             rt.block_on(ctx.reset())
         });
