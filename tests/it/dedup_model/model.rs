@@ -249,7 +249,7 @@ impl State {
     }
 
     /// What a maintenance pass with `window` decides, from the ring as it is.
-    fn plan(&self, window: i64, seal_now: bool) -> (Vec<usize>, bool, Rotated) {
+    pub fn plan(&self, window: i64, seal_now: bool) -> (Vec<usize>, bool, Rotated) {
         let expired: Vec<usize> = (0..SLOTS)
             .filter(|&s| matches!(self.ring[s], Some(Generation { sealed: Some(at), .. }) if self.now - at >= window))
             .collect();
@@ -393,22 +393,30 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
         let ready: Vec<usize> = (0..BATCHES)
             .filter(|&b| state.batches[b].open && state.batches[b].waiting.is_none())
             .collect();
-        // Seals are most telling while batches hold the ring lock.
+        // Seals and expiry are most telling while batches hold the ring lock, and while one
+        // waits for them, so are batches beginning and inserting (they queue behind it).
         let holders = state.batches.iter().any(|b| b.ring_lock);
-        let mut options: Vec<(u32, BoxedStrategy<Step>)> = vec![
-            (1, (2..=9i64).prop_map(Step::Window).boxed()),
-            (
-                3,
-                (0..=120i64)
-                    .prop_map(|h| Step::Travel(h * HOUR + 7 * 60))
-                    .boxed(),
-            ),
-            (if holders { 4 } else { 2 }, Just(Step::Seal).boxed()),
-            (2, Just(Step::Retention).boxed()),
-        ];
+        let pending = state.maintenance.is_some();
+        let mut options: Vec<(u32, BoxedStrategy<Step>)> =
+            vec![(1, (2..=9i64).prop_map(Step::Window).boxed())];
+        if !pending {
+            let maintenance = if holders { 4 } else { 2 };
+            options.extend([
+                (
+                    2,
+                    (0..=120i64)
+                        .prop_map(|h| Step::Travel(h * HOUR + 7 * 60))
+                        .boxed(),
+                ),
+                // Just past the window: the oldest sealed generations expire at the next pass.
+                (1, Just(Step::Travel(state.window + 7 * 60)).boxed()),
+                (maintenance, Just(Step::Seal).boxed()),
+                (maintenance, Just(Step::Retention).boxed()),
+            ]);
+        }
         if !closed.is_empty() {
             options.push((
-                3,
+                if pending { 5 } else { 3 },
                 prop::sample::select(closed).prop_map(Step::Begin).boxed(),
             ));
         }
@@ -426,7 +434,11 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                 })
                 .collect();
             options.push((
-                8,
+                if pending && !state.batches[b].ring_lock {
+                    12
+                } else {
+                    8
+                },
                 prop::collection::vec(delivery(interesting), 1..=3)
                     .prop_map(move |d| Step::Insert(b, d))
                     .boxed(),

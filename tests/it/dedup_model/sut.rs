@@ -50,6 +50,8 @@ pub struct Sut {
     t0: i64,
     conns: [Conn; BATCHES],
     maintenance: Option<JoinHandle<Result<RingMaintenance, StoreError>>>,
+    /// When the running maintenance pass started (it may wait at most `RING_LOCK_TIMEOUT`).
+    maintenance_since: Option<Instant>,
     history: History,
     /// The steps so far, and what the store did that the model did not expect it to do yet.
     log: Vec<String>,
@@ -151,6 +153,7 @@ impl Sut {
                 // The window before this step (a Window step changes it, not this one).
                 let window = Duration::from_secs(state.window as u64);
                 let seal = matches!(step, Step::Seal);
+                self.maintenance_since = Some(Instant::now());
                 self.maintenance = Some(ctx.rt.spawn(async move {
                     if seal {
                         store.seal_dedup_generation(window).await
@@ -219,6 +222,11 @@ impl Sut {
                         .unwrap_or_else(|e| {
                             self.fail(format!("the maintenance pass failed: {e:?}"))
                         });
+                    if let Some(since) = self.maintenance_since.take() {
+                        let took = since.elapsed().as_millis() as u64;
+                        let longest = &mut ctx.coverage.longest_maintenance_ms;
+                        *longest = (*longest).max(took);
+                    }
                     let got = (done.expired, done.sealed, done.next_slot_busy);
                     let want = (expected.expired, expected.sealed, expected.next_slot_busy);
                     if got != want {
@@ -436,7 +444,14 @@ fn count(coverage: &mut super::Coverage, state: &State, step: &Step) {
                 .count() as u32;
             match state.batches[*b].waiting {
                 Some(Wait::Key { .. }) => coverage.waits_for_key += 1,
-                Some(Wait::Ring) => coverage.waits_for_ring += 1,
+                Some(Wait::Ring) => {
+                    coverage.waits_for_ring += 1;
+                    if let Some(m) = state.maintenance {
+                        if !state.plan(m.window, m.seal_now).0.is_empty() {
+                            coverage.waits_behind_expiry += 1;
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -476,6 +491,7 @@ impl<const POSTGRES: bool> StateMachineTest for DedupTest<POSTGRES> {
             t0,
             conns: Default::default(),
             maintenance: None,
+            maintenance_since: None,
             history: History::default(),
             log: Vec::new(),
         }

@@ -74,7 +74,7 @@ async fn lock_waiters(observer: &PgPool, kind: Option<&str>) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity
           WHERE datname = current_database() AND wait_event_type = 'Lock'
-            AND ($1::text IS NULL OR wait_event = $1)",
+            AND backend_type = 'client backend' AND ($1::text IS NULL OR wait_event = $1)",
     )
     .bind(kind)
     .fetch_one(observer)
