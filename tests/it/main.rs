@@ -17,6 +17,13 @@
 //!   overlapping batches of two processes;
 //! * [`crash`]: SIGKILL and SIGTERM under load: nothing acknowledged lost, no effect twice,
 //!   every redelivery under the same `Idempotency-Key`;
+//! * [`dedup_model`]: the stateful property test of the dedup record on both stores (PostgreSQL
+//!   at each default isolation level): random schedules of batches, seals, retention passes,
+//!   window changes and time travel against a model; never accepted twice inside the window,
+//!   never lost early;
+//! * [`dedup_ring`]: the ring's locking whatever the database's default isolation (a batch that
+//!   waited on a seal and a retry after it handle an event once), and retention's lock order
+//!   (no deadlock with the batches), through the binary and at the store;
 //! * [`events_show`]: `dedup-worker events show` reports each outcome (handled, deduplicated,
 //!   dead-lettered and redriven, stale, a failed outbox row, queued, not seen) of events driven
 //!   through the binary, as text and as JSON;
