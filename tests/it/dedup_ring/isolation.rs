@@ -21,6 +21,10 @@ async fn a_batch_that_waited_on_a_seal_and_a_retry_after_it_handle_an_event_once
     handled_once_across_a_seal_under("repeatable read").await;
 }
 
+/// At SERIALIZABLE, PostgreSQL's own conflict detection already kept the event from being
+/// handled twice before the store pinned READ COMMITTED, by aborting one of the batches ("could
+/// not serialize access", a failed step that counts towards a broker's delivery limit; the
+/// property test in `dedup_model` shows those aborts). Kept as the guard for the level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_waited_on_a_seal_and_a_retry_after_it_handle_an_event_once_under_serializable(
 ) {
