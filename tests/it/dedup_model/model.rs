@@ -25,7 +25,7 @@ const SLOTS: usize = RING_SLOTS as usize;
 pub const HOUR: i64 = 3_600;
 pub const DAY: i64 = 86_400;
 /// Creation times claimed this far ahead of an event's first delivery are forged: the store must
-/// not skip a generation for them. Beyond any case's time travel (at most 40 steps of 5 days),
+/// not skip a generation for them. Beyond any case's time travel (at most 40 steps of 9 days),
 /// so every delivery finds the claim too far ahead. Closer (2 days and a minute), a later
 /// delivery finds it within the margin, and the store of issue 26 item 2 trusted it then: an
 /// event first delivered without a creation time, recorded, the generation sealed, delivered a
