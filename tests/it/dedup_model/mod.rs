@@ -20,6 +20,7 @@
 //! (`PROPTEST_CASES` overrides the cases).
 
 mod model;
+mod schedule;
 mod sut;
 
 use std::cell::{Cell, RefCell};
@@ -33,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use crate::helpers::db::{database_name, pg_admin_url};
 use crate::helpers::{Backend, TestDb};
-use model::DedupModel;
+use schedule::DedupModel;
 use sut::DedupTest;
 
 /// Schedules per store variant, and the longest schedule.
