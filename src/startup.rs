@@ -245,7 +245,7 @@ impl Application {
                 });
             }
             let retention = RetentionOptions {
-                dedup_window: Duration::from_secs(c.dedup_retention_days * 86_400),
+                dedup_window: c.dedup_window(),
                 outbox_window: Duration::from_secs(settings.outbox.retention_hours * 3_600),
                 interval: Duration::from_secs(c.retention_interval_secs.max(1)),
                 batch: c.retention_batch,

@@ -316,6 +316,11 @@ pub struct ConsumerSettings {
     /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
     /// never to redeliver that late. Off by default: the floor protects Stripe events.
     pub allow_short_dedup_retention: bool,
+    /// The dedup window in seconds; when set it replaces `dedup_retention_days` (see
+    /// [`ConsumerSettings::dedup_window`]). Below the same minimum only with
+    /// `allow_short_dedup_retention`.
+    #[serde(default)]
+    pub dedup_window_secs: Option<u64>,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
@@ -323,6 +328,25 @@ pub struct ConsumerSettings {
     /// What wraps the events in the queue's messages: nothing, or EventBridge envelopes.
     pub envelope: EnvelopeKind,
     pub stale_guard: StaleGuardSettings,
+}
+
+impl ConsumerSettings {
+    /// How long processed ids are kept: `dedup_window_secs` when set, else
+    /// `dedup_retention_days` (saturating: an absurd value keeps ids longer, never shorter).
+    pub fn dedup_window(&self) -> Duration {
+        match self.dedup_window_secs {
+            Some(secs) => Duration::from_secs(secs),
+            None => Duration::from_secs(self.dedup_retention_days.saturating_mul(86_400)),
+        }
+    }
+
+    /// The key that set [`ConsumerSettings::dedup_window`], for error messages.
+    pub fn dedup_window_key(&self) -> &'static str {
+        match self.dedup_window_secs {
+            Some(_) => "consumer.dedup_window_secs",
+            None => "consumer.dedup_retention_days",
+        }
+    }
 }
 
 /// `consumer.envelope`: what the queue's messages wrap their event in.
