@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -84,12 +85,16 @@ impl Record {
 #[derive(Clone)]
 pub struct History {
     started: Instant,
-    lines: mpsc::UnboundedSender<Record>,
+    /// The one sender of the writer's channel, shared, so [`HistoryWriter::finish`] can close
+    /// it while tasks (the sink's server) still hold handles; records after that are dropped.
+    lines: Arc<Mutex<Option<mpsc::UnboundedSender<Record>>>>,
 }
 
-/// The task writing the file; [`HistoryWriter::finish`] flushes it once every [`History`]
-/// handle is dropped.
-pub struct HistoryWriter(tokio::task::JoinHandle<std::io::Result<()>>);
+/// The task writing the file.
+pub struct HistoryWriter {
+    lines: Arc<Mutex<Option<mpsc::UnboundedSender<Record>>>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
 
 impl History {
     pub fn create(path: &Path, started: Instant) -> std::io::Result<(History, HistoryWriter)> {
@@ -102,8 +107,18 @@ impl History {
             }
             file.flush()
         });
-        let history = History { started, lines };
-        Ok((history, HistoryWriter(writer)))
+        let lines = Arc::new(Mutex::new(Some(lines)));
+        let history = History {
+            started,
+            lines: lines.clone(),
+        };
+        Ok((
+            history,
+            HistoryWriter {
+                lines,
+                task: writer,
+            },
+        ))
     }
 
     /// Milliseconds since the run started.
@@ -112,9 +127,10 @@ impl History {
     }
 
     pub fn record(&self, record: Record) {
-        // The writer outlives every handle; a send fails only after it stopped on an I/O
-        // error, which `finish` reports.
-        let _ = self.lines.send(record);
+        // A send fails only after the writer stopped on an I/O error, which `finish` reports.
+        if let Some(lines) = &*self.lines.lock().expect("history lock") {
+            let _ = lines.send(record);
+        }
     }
 
     pub fn fault(&self, phase: &str, kind: &str, detail: impl Into<String>) {
@@ -135,8 +151,10 @@ impl History {
 }
 
 impl HistoryWriter {
+    /// Closes the history (later records are dropped) and waits until it is written.
     pub async fn finish(self) -> std::io::Result<()> {
-        self.0.await.map_err(std::io::Error::other)?
+        self.lines.lock().expect("history lock").take();
+        self.task.await.map_err(std::io::Error::other)?
     }
 }
 

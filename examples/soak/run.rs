@@ -113,7 +113,11 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         lane_env(&infra),
         run_dir.join("logs"),
     ));
-    let ran = exercise(&plan, &infra, &cluster, &history, &seen, &run_dir).await;
+    // A SIGINT or SIGTERM at any point ends the run where it is; the cleanup below still runs.
+    let ran = tokio::select! {
+        ran = exercise(&plan, &infra, &cluster, &history, &seen, &run_dir) => ran,
+        signal = stop_signal() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
     // Whatever happened: every process stopped, then the history closed.
     for process in 0..LAYOUT.len() {
         cluster.kill(process);
@@ -201,18 +205,10 @@ async fn exercise(
     let faults = tokio::spawn(nemesis.clone().run(stop_faults.clone()));
     let stop_watch = CancellationToken::new();
     let watch = tokio::spawn(nemesis::watch_crashes(nemesis.clone(), stop_watch.clone()));
-    let interrupted = tokio::select! {
-        _ = tokio::time::sleep(Duration::from_secs(plan.seconds)) => false,
-        _ = tokio::signal::ctrl_c() => true,
-    };
+    tokio::time::sleep(Duration::from_secs(plan.seconds)).await;
     stop_new.cancel();
     stop_faults.cancel();
     let _ = faults.await;
-    if interrupted {
-        give_up.cancel();
-        stop_watch.cancel();
-        bail!("interrupted");
-    }
 
     history.phase("drain");
     nemesis::heal_all(cluster, infra, history).await;
@@ -348,6 +344,21 @@ fn explain_failure(
             "soak: … and {} more in summary.json",
             keys.len() - KEYS_SHOWN
         );
+    }
+}
+
+/// SIGINT or SIGTERM, whichever comes first.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
     }
 }
 
