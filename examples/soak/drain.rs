@@ -96,7 +96,7 @@ impl DrainWatch<'_> {
     async fn queues_empty(&self) -> bool {
         let depths = self.infra.queue_depths(self.store).await;
         let pending = tokio::time::timeout(CALL_TIMEOUT, self.store.outbox_counts()).await;
-        matches!(depths, Ok([0, 0, 0])) && matches!(pending, Ok(Ok(c)) if c.pending == 0)
+        depths == [0, 0, 0] && matches!(pending, Ok(Ok(c)) if c.pending == 0)
     }
 
     fn ended(&self, started: Instant, complete: bool, stopped_by: Option<String>) -> Drained {
@@ -178,7 +178,7 @@ pub async fn read_final(
         .await
         .context("outbox counts")?
         .pending;
-    let left_in_queues = infra.queue_depths(store).await.unwrap_or([-1, -1, -1]);
+    let left_in_queues = infra.queue_depths(store).await;
     Ok(FinalState {
         effects,
         dead_letters: dead_letters.len(),

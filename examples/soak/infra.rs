@@ -179,19 +179,20 @@ impl Infra {
             .context("connecting to the run's database")
     }
 
-    /// Messages still in each queue: the database queue's rows, RabbitMQ's ready messages
-    /// (unacked ones are not counted by the broker), SQS's visible, in-flight and delayed ones.
-    pub async fn queue_depths(&self, store: &Store) -> anyhow::Result<[i64; 3]> {
-        let database = tokio::time::timeout(CALL_TIMEOUT, store.queue_depth(DATABASE_QUEUE))
-            .await
-            .context("database queue depth timed out")??;
-        let rabbit = tokio::time::timeout(CALL_TIMEOUT, self.rabbit_depth())
-            .await
-            .context("RabbitMQ depth timed out")??;
-        let sqs = tokio::time::timeout(CALL_TIMEOUT, self.sqs_depth())
-            .await
-            .context("SQS depth timed out")??;
-        Ok([database, rabbit, sqs])
+    /// Messages still in each queue (the database queue, RabbitMQ, SQS; -1 where the count
+    /// could not be read): the database queue's rows, RabbitMQ's ready messages (unacked ones
+    /// are not counted by the broker), SQS's visible, in-flight and delayed ones.
+    pub async fn queue_depths(&self, store: &Store) -> [i64; 3] {
+        let database = async { Ok::<_, anyhow::Error>(store.queue_depth(DATABASE_QUEUE).await?) };
+        let (database, rabbit, sqs) = tokio::join!(
+            tokio::time::timeout(CALL_TIMEOUT, database),
+            tokio::time::timeout(CALL_TIMEOUT, self.rabbit_depth()),
+            tokio::time::timeout(CALL_TIMEOUT, self.sqs_depth()),
+        );
+        [database, rabbit, sqs].map(|depth| match depth {
+            Ok(Ok(n)) => n,
+            _ => -1,
+        })
     }
 
     async fn rabbit_depth(&self) -> anyhow::Result<i64> {

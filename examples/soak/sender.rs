@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::{History, Outcome, Record};
 use crate::plan::{Plan, Post, Shape};
 
-/// Posts in flight at once (each waits at most [`REQUEST_TIMEOUT`] per attempt).
+/// Requests in flight at once (each waits at most [`REQUEST_TIMEOUT`]). Held per attempt, not
+/// across a post's backoff: as at Stripe, events that keep failing do not hold back new ones.
 const IN_FLIGHT: usize = 256;
 /// Stripe waits this long for an answer before counting a delivery failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -68,24 +69,17 @@ impl Sender {
         let mut totals = SenderTotals::default();
         for (index, post) in this.plan.posts.iter().enumerate() {
             let due = started_at + Duration::from_millis(post.at_ms);
-            let permit = tokio::select! {
-                _ = stop_new.cancelled() => None,
-                permit = async {
-                    tokio::time::sleep_until(due).await;
-                    permits.clone().acquire_owned().await
-                } => permit.ok(),
-            };
-            let Some(permit) = permit else {
-                totals.posts_not_started = this.plan.posts.len() - index;
-                break;
-            };
+            tokio::select! {
+                _ = stop_new.cancelled() => {
+                    totals.posts_not_started = this.plan.posts.len() - index;
+                    break;
+                }
+                _ = tokio::time::sleep_until(due) => {}
+            }
             totals.posts_started += 1;
             let (this, client, give_up) = (this.clone(), client.clone(), give_up.clone());
-            tasks.spawn(async move {
-                let done = this.deliver(&client, index, &give_up).await;
-                drop(permit);
-                done
-            });
+            let permits = permits.clone();
+            tasks.spawn(async move { this.deliver(&client, &permits, index, &give_up).await });
             // Reap finished ones as we go, so the set stays small in a long run.
             while let Some(done) = tasks.try_join_next() {
                 totals.posts_abandoned += usize::from(!done.unwrap_or(false));
@@ -101,6 +95,7 @@ impl Sender {
     async fn deliver(
         &self,
         client: &reqwest::Client,
+        permits: &Semaphore,
         index: usize,
         give_up: &CancellationToken,
     ) -> bool {
@@ -112,6 +107,10 @@ impl Sender {
         loop {
             let address = self.ingress.read().expect("ingress lock")[post.ingress];
             if let Some(address) = address {
+                let permit = tokio::select! {
+                    _ = give_up.cancelled() => return false,
+                    permit = permits.acquire() => permit.expect("the semaphore is never closed"),
+                };
                 attempt += 1;
                 self.history.record(Record::Invoke {
                     t: self.history.now(),
@@ -131,6 +130,7 @@ impl Sender {
                     .send()
                     .await;
                 let (outcome, status, error) = classify(sent).await;
+                drop(permit);
                 self.history.record(Record::Complete {
                     t: self.history.now(),
                     key: key.clone(),
