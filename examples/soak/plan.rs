@@ -365,3 +365,83 @@ pub fn consumer_processes() -> impl Iterator<Item = usize> {
         .filter(|(_, spec)| spec.role == Role::Consume)
         .map(|(i, _)| i)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(plan: &Plan) -> String {
+        serde_json::to_string(plan).expect("a plan serialises")
+    }
+
+    #[test]
+    fn a_seed_gives_one_plan_and_another_seed_another() {
+        let plan = Plan::generate(42, 120, 30, 60);
+        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60)));
+        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60)));
+        assert!(!plan.faults.is_empty());
+    }
+
+    #[test]
+    fn the_stream_mixes_duplicates_thin_events_and_old_events_in_order() {
+        let plan = Plan::generate(7, 300, 30, 60);
+        assert_eq!(plan.events.len(), 9_000);
+        assert!(plan.posts.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        assert!(plan.posts.iter().all(|p| p.at_ms < 300_000));
+        let copies = plan.posts.iter().filter(|p| p.copy > 0).count();
+        let thin = plan
+            .posts
+            .iter()
+            .filter(|p| p.shape == Shape::Thin && p.copy == 0)
+            .count();
+        let old = plan
+            .events
+            .iter()
+            .filter(|e| e.created_offset_secs < 0)
+            .count();
+        for (what, n, share) in [
+            ("duplicates", copies, DUPLICATED * 2.0),
+            ("thin events", thin, THIN_PAIRS),
+            ("old events", old, OLD_EVENTS),
+        ] {
+            let expected = share * 9_000.0;
+            assert!(
+                (n as f64 - expected).abs() < expected * 0.2,
+                "{what}: {n}, expected about {expected}"
+            );
+        }
+        // Every thin post has its snapshot event posted too: one change, two shapes.
+        for thin in plan.posts.iter().filter(|p| p.shape == Shape::Thin) {
+            assert!(plan
+                .posts
+                .iter()
+                .any(|p| p.event == thin.event && p.shape == Shape::Snapshot));
+        }
+    }
+
+    #[test]
+    fn faults_come_every_few_seconds_and_pauses_outlast_every_lease() {
+        let plan = Plan::generate(9, 600, 10, 60);
+        assert!(plan.faults.windows(2).all(|w| {
+            let gap = w[1].at_ms - w[0].at_ms;
+            (2_000..=4 * 6_000).contains(&gap)
+        }));
+        let mut kinds = std::collections::HashSet::new();
+        for fault in &plan.faults {
+            kinds.insert(fault.kind.name());
+            match fault.kind {
+                FaultKind::Pause { ms, .. } => assert!(ms > Tuning::MAX_LEASE_SECS * 1_000),
+                FaultKind::Latency { latency_ms, ms, .. } => {
+                    assert!((200..2_000).contains(&latency_ms));
+                    assert!((5_000..40_000).contains(&ms));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            kinds.len(),
+            9,
+            "every kind of fault in ten minutes: {kinds:?}"
+        );
+    }
+}
