@@ -22,7 +22,10 @@
 //! From `SEED`, `SECONDS` and the rate (`SOAK_RATE` events a second, default 60) the driver
 //! draws, before anything starts ([`plan::Plan`]):
 //!
-//! * the event stream: events at the rate, each posted to one of the six ingress processes;
+//! * the event stream: events at the rate, each posted to one of the six ingress processes
+//!   (`SOAK_SQS_PERCENT`, default 15 %, to the SQS lane's two, the rest evenly to the other
+//!   four: moto_server's calls slow down as its queue grows, and a third of a high rate buries
+//!   it under the first backlog);
 //!   a quarter re-sent one to three times up to 25 s later to any ingress, in shuffled order;
 //!   every post up to 1.5 s late (reordering); 12 % delivered as a snapshot event and its thin
 //!   event (`v2.core.event` with `snapshot_event`: one change, one key); 10 % with a `created`
@@ -34,7 +37,7 @@
 //!   every chunk to one dependency for 10–40 s; a seal of the current dedup generation; a
 //!   retention pass; a restart with another batch size, lease and parallelism (a config reload).
 //!
-//! The same `SECONDS SEED` (and rate and window) gives the same stream and the same schedule:
+//! The same `SECONDS SEED` (and rate, SQS share and window) gives the same stream and the same schedule:
 //! `bench/soak.sh SECONDS SEED` replays a run. What the processes then do is real concurrency,
 //! not a simulation: timings, 503s and retries differ between replays, so a replay reproduces
 //! the conditions of a failure, and usually the failure, not its every step.
@@ -108,6 +111,10 @@ struct Args {
     /// Events a second.
     #[arg(long, env = "SOAK_RATE", default_value_t = 60)]
     rate: u32,
+    /// Percent of the posts sent to the SQS lane (the emulator slows down as its queue grows:
+    /// an equal third of a high rate buries it under any backlog).
+    #[arg(long, env = "SOAK_SQS_PERCENT", default_value_t = 15)]
+    sqs_percent: u32,
     /// The dedup window (`consumer.dedup_window_secs`).
     #[arg(long, env = "SOAK_WINDOW_SECS", default_value_t = 60)]
     window_secs: u64,
@@ -137,6 +144,7 @@ async fn main() -> ExitCode {
                 seconds,
                 seed,
                 rate: args.rate,
+                sqs_percent: args.sqs_percent.min(100),
                 window_secs: args.window_secs,
                 parent_dir: args.dir.clone(),
                 service,

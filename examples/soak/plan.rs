@@ -1,13 +1,13 @@
 //! The run's plan, drawn from the seed before anything starts: the event stream (what the
 //! sender posts, to which ingress, when) and the fault schedule (what the nemesis does, when).
-//! The same seed, length and rate give the same plan, which is what makes a run replayable.
+//! The same seed and parameters give the same plan, which is what makes a run replayable.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{Role, Tuning, INGRESS_COUNT, LAYOUT};
+use crate::cluster::{Lane, Role, Tuning, INGRESS_COUNT, LAYOUT};
 
 /// Stripe event types the stream mixes (the handler does not care; the sink sees them).
 const EVENT_TYPES: [&str; 4] = [
@@ -33,6 +33,9 @@ pub struct Plan {
     pub seconds: u64,
     pub rate: u32,
     pub window_secs: u64,
+    /// Percent of the posts sent to the SQS lane's ingress (the rest split evenly between the
+    /// database queue's and RabbitMQ's).
+    pub sqs_percent: u32,
     pub events: Vec<PlannedEvent>,
     /// Sorted by `at_ms`.
     pub posts: Vec<Post>,
@@ -161,15 +164,22 @@ pub struct Fault {
 }
 
 impl Plan {
-    pub fn generate(seed: u64, seconds: u64, rate: u32, window_secs: u64) -> Plan {
+    pub fn generate(
+        seed: u64,
+        seconds: u64,
+        rate: u32,
+        window_secs: u64,
+        sqs_percent: u32,
+    ) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (events, posts) = event_stream(&mut rng, seed, seconds, rate);
+        let (events, posts) = event_stream(&mut rng, seed, seconds, rate, sqs_percent);
         let faults = fault_schedule(&mut rng, seconds);
         Plan {
             seed,
             seconds,
             rate,
             window_secs,
+            sqs_percent,
             events,
             posts,
             faults,
@@ -182,7 +192,18 @@ fn event_stream(
     seed: u64,
     seconds: u64,
     rate: u32,
+    sqs_percent: u32,
 ) -> (Vec<PlannedEvent>, Vec<Post>) {
+    let (sqs, others): (Vec<usize>, Vec<usize>) =
+        (0..INGRESS_COUNT).partition(|i| LAYOUT[*i].lane == Lane::Sqs);
+    let ingress = |rng: &mut StdRng| {
+        let lane = if rng.gen_range(0..100) < sqs_percent {
+            &sqs
+        } else {
+            &others
+        };
+        lane[rng.gen_range(0..lane.len())]
+    };
     let end_ms = seconds * 1_000;
     let count = seconds * u64::from(rate);
     let mut events = Vec::with_capacity(count as usize);
@@ -205,7 +226,7 @@ fn event_stream(
             at_ms: at_ms + rng.gen_range(0..1_500),
             event: index,
             shape,
-            ingress: rng.gen_range(0..INGRESS_COUNT),
+            ingress: ingress(rng),
             copy,
         };
         let mut shapes = vec![Shape::Snapshot];
@@ -376,15 +397,15 @@ mod tests {
 
     #[test]
     fn a_seed_gives_one_plan_and_another_seed_another() {
-        let plan = Plan::generate(42, 120, 30, 60);
-        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60)));
-        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60)));
+        let plan = Plan::generate(42, 120, 30, 60, 15);
+        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60, 15)));
+        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60, 15)));
         assert!(!plan.faults.is_empty());
     }
 
     #[test]
     fn the_stream_mixes_duplicates_thin_events_and_old_events_in_order() {
-        let plan = Plan::generate(7, 300, 30, 60);
+        let plan = Plan::generate(7, 300, 30, 60, 15);
         assert_eq!(plan.events.len(), 9_000);
         assert!(plan.posts.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         assert!(plan.posts.iter().all(|p| p.at_ms < 300_000));
@@ -410,8 +431,13 @@ mod tests {
                 "{what}: {n}, expected about {expected}"
             );
         }
-        // Every thin post has its snapshot event posted too: one change, two shapes.
-        for thin in plan.posts.iter().filter(|p| p.shape == Shape::Thin) {
+        let to_sqs = plan.posts.iter().filter(|p| p.ingress >= 4).count() as f64;
+        let share = to_sqs / plan.posts.len() as f64;
+        assert!((0.12..0.18).contains(&share), "SQS share {share}");
+        // Every thin post has its snapshot event posted too: one change, two shapes (except at
+        // the very end, where the snapshot's turn may fall after the run).
+        let thin_posts = plan.posts.iter().filter(|p| p.shape == Shape::Thin);
+        for thin in thin_posts.filter(|p| p.at_ms < 295_000) {
             assert!(plan
                 .posts
                 .iter()
@@ -421,7 +447,7 @@ mod tests {
 
     #[test]
     fn faults_come_every_few_seconds_and_pauses_outlast_every_lease() {
-        let plan = Plan::generate(9, 600, 10, 60);
+        let plan = Plan::generate(9, 600, 10, 60, 15);
         assert!(plan.faults.windows(2).all(|w| {
             let gap = w[1].at_ms - w[0].at_ms;
             (2_000..=4 * 6_000).contains(&gap)

@@ -31,6 +31,7 @@ pub struct Options {
     pub seconds: u64,
     pub seed: u64,
     pub rate: u32,
+    pub sqs_percent: u32,
     pub window_secs: u64,
     pub parent_dir: PathBuf,
     pub service: PathBuf,
@@ -66,6 +67,7 @@ struct Summary<'a> {
     outbox_pending: i64,
     left_in_queues: [i64; 3],
     rate: u32,
+    sqs_percent: u32,
     window_secs: u64,
     verdict: &'static str,
     run_dir: String,
@@ -91,10 +93,17 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         replay_command(&o),
         run_dir.display()
     );
-    let plan = Arc::new(Plan::generate(o.seed, o.seconds, o.rate, o.window_secs));
+    let plan = Arc::new(Plan::generate(
+        o.seed,
+        o.seconds,
+        o.rate,
+        o.window_secs,
+        o.sqs_percent,
+    ));
     let schedule = serde_json::json!({
         "seed": plan.seed, "seconds": plan.seconds, "rate": plan.rate,
-        "window_secs": plan.window_secs, "events": plan.events.len(), "posts": plan.posts.len(),
+        "window_secs": plan.window_secs, "sqs_percent": plan.sqs_percent,
+        "events": plan.events.len(), "posts": plan.posts.len(),
         "faults": plan.faults,
     });
     std::fs::write(
@@ -285,6 +294,7 @@ fn report(
         outbox_pending: ran.last.outbox_pending,
         left_in_queues: ran.last.left_in_queues,
         rate: o.rate,
+        sqs_percent: o.sqs_percent,
         window_secs: o.window_secs,
         verdict: if holds { "held" } else { "violated" },
         run_dir: run_dir.display().to_string(),
@@ -366,6 +376,9 @@ fn replay_command(o: &Options) -> String {
     let mut command = format!("bench/soak.sh {} {}", o.seconds, o.seed);
     if o.rate != 60 {
         command = format!("SOAK_RATE={} {command}", o.rate);
+    }
+    if o.sqs_percent != 15 {
+        command = format!("SOAK_SQS_PERCENT={} {command}", o.sqs_percent);
     }
     if o.window_secs != 60 {
         command = format!("SOAK_WINDOW_SECS={} {command}", o.window_secs);

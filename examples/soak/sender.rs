@@ -25,8 +25,13 @@ use crate::plan::{Plan, Post, Shape};
 const IN_FLIGHT: usize = 256;
 /// Stripe waits this long for an answer before counting a delivery failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// Retries back off from this…
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// …to at most this. Stripe's own retries are minutes to hours apart; a cap this short keeps
+/// the drain short, and long enough that a sender retrying every unanswered post does not
+/// become the load that keeps a slow dependency slow (each 503'd SendMessage may still land:
+/// a copy).
+const MAX_BACKOFF: Duration = Duration::from_secs(20);
 
 pub struct Sender {
     pub plan: Arc<Plan>,
