@@ -23,9 +23,9 @@
 //! draws, before anything starts ([`plan::Plan`]):
 //!
 //! * the event stream: events at the rate, each posted to one of the six ingress processes
-//!   (`SOAK_SQS_PERCENT`, default 15 %, to the SQS lane's two, the rest evenly to the other
-//!   four: moto_server's calls slow down as its queue grows, and a third of a high rate buries
-//!   it under the first backlog);
+//!   (`SOAK_SQS_RATE` events a second, default 4, to the SQS lane's two, the rest evenly to the
+//!   other four: moto_server, one Python process, slows down as its queue grows and stops
+//!   accepting connections under a backlog of a few hundred at a third of 60 events a second);
 //!   a quarter re-sent one to three times up to 25 s later to any ingress, in shuffled order;
 //!   every post up to 1.5 s late (reordering); 12 % delivered as a snapshot event and its thin
 //!   event (`v2.core.event` with `snapshot_event`: one change, one key); 10 % with a `created`
@@ -111,10 +111,10 @@ struct Args {
     /// Events a second.
     #[arg(long, env = "SOAK_RATE", default_value_t = 60)]
     rate: u32,
-    /// Percent of the posts sent to the SQS lane (the emulator slows down as its queue grows:
-    /// an equal third of a high rate buries it under any backlog).
-    #[arg(long, env = "SOAK_SQS_PERCENT", default_value_t = 15)]
-    sqs_percent: u32,
+    /// Events a second sent to the SQS lane, out of the rate (the emulator slows down as its
+    /// queue grows: a third of a high rate buries it under the first backlog).
+    #[arg(long, env = "SOAK_SQS_RATE", default_value_t = 4)]
+    sqs_rate: u32,
     /// The dedup window (`consumer.dedup_window_secs`).
     #[arg(long, env = "SOAK_WINDOW_SECS", default_value_t = 60)]
     window_secs: u64,
@@ -144,7 +144,7 @@ async fn main() -> ExitCode {
                 seconds,
                 seed,
                 rate: args.rate,
-                sqs_percent: args.sqs_percent.min(100),
+                sqs_rate: args.sqs_rate,
                 window_secs: args.window_secs,
                 parent_dir: args.dir.clone(),
                 service,

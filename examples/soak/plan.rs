@@ -33,9 +33,9 @@ pub struct Plan {
     pub seconds: u64,
     pub rate: u32,
     pub window_secs: u64,
-    /// Percent of the posts sent to the SQS lane's ingress (the rest split evenly between the
-    /// database queue's and RabbitMQ's).
-    pub sqs_percent: u32,
+    /// Events a second sent to the SQS lane's ingress (at most `rate`; the rest split evenly
+    /// between the database queue's and RabbitMQ's).
+    pub sqs_rate: u32,
     pub events: Vec<PlannedEvent>,
     /// Sorted by `at_ms`.
     pub posts: Vec<Post>,
@@ -164,22 +164,17 @@ pub struct Fault {
 }
 
 impl Plan {
-    pub fn generate(
-        seed: u64,
-        seconds: u64,
-        rate: u32,
-        window_secs: u64,
-        sqs_percent: u32,
-    ) -> Plan {
+    pub fn generate(seed: u64, seconds: u64, rate: u32, window_secs: u64, sqs_rate: u32) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (events, posts) = event_stream(&mut rng, seed, seconds, rate, sqs_percent);
+        let sqs_share = f64::from(sqs_rate.min(rate)) / f64::from(rate.max(1));
+        let (events, posts) = event_stream(&mut rng, seed, seconds, rate, sqs_share);
         let faults = fault_schedule(&mut rng, seconds);
         Plan {
             seed,
             seconds,
             rate,
             window_secs,
-            sqs_percent,
+            sqs_rate,
             events,
             posts,
             faults,
@@ -192,12 +187,12 @@ fn event_stream(
     seed: u64,
     seconds: u64,
     rate: u32,
-    sqs_percent: u32,
+    sqs_share: f64,
 ) -> (Vec<PlannedEvent>, Vec<Post>) {
     let (sqs, others): (Vec<usize>, Vec<usize>) =
         (0..INGRESS_COUNT).partition(|i| LAYOUT[*i].lane == Lane::Sqs);
     let ingress = |rng: &mut StdRng| {
-        let lane = if rng.gen_range(0..100) < sqs_percent {
+        let lane = if rng.gen_bool(sqs_share) {
             &sqs
         } else {
             &others
@@ -397,15 +392,15 @@ mod tests {
 
     #[test]
     fn a_seed_gives_one_plan_and_another_seed_another() {
-        let plan = Plan::generate(42, 120, 30, 60, 15);
-        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60, 15)));
-        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60, 15)));
+        let plan = Plan::generate(42, 120, 30, 60, 4);
+        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60, 4)));
+        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60, 4)));
         assert!(!plan.faults.is_empty());
     }
 
     #[test]
     fn the_stream_mixes_duplicates_thin_events_and_old_events_in_order() {
-        let plan = Plan::generate(7, 300, 30, 60, 15);
+        let plan = Plan::generate(7, 300, 30, 60, 6);
         assert_eq!(plan.events.len(), 9_000);
         assert!(plan.posts.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         assert!(plan.posts.iter().all(|p| p.at_ms < 300_000));
@@ -433,7 +428,7 @@ mod tests {
         }
         let to_sqs = plan.posts.iter().filter(|p| p.ingress >= 4).count() as f64;
         let share = to_sqs / plan.posts.len() as f64;
-        assert!((0.12..0.18).contains(&share), "SQS share {share}");
+        assert!((0.17..0.23).contains(&share), "SQS share {share}");
         // Every thin post has its snapshot event posted too: one change, two shapes (except at
         // the very end, where the snapshot's turn may fall after the run).
         let thin_posts = plan.posts.iter().filter(|p| p.shape == Shape::Thin);
@@ -447,7 +442,7 @@ mod tests {
 
     #[test]
     fn faults_come_every_few_seconds_and_pauses_outlast_every_lease() {
-        let plan = Plan::generate(9, 600, 10, 60, 15);
+        let plan = Plan::generate(9, 600, 10, 60, 4);
         assert!(plan.faults.windows(2).all(|w| {
             let gap = w[1].at_ms - w[0].at_ms;
             (2_000..=4 * 6_000).contains(&gap)

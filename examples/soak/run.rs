@@ -31,7 +31,7 @@ pub struct Options {
     pub seconds: u64,
     pub seed: u64,
     pub rate: u32,
-    pub sqs_percent: u32,
+    pub sqs_rate: u32,
     pub window_secs: u64,
     pub parent_dir: PathBuf,
     pub service: PathBuf,
@@ -67,7 +67,7 @@ struct Summary<'a> {
     outbox_pending: i64,
     left_in_queues: [i64; 3],
     rate: u32,
-    sqs_percent: u32,
+    sqs_rate: u32,
     window_secs: u64,
     verdict: &'static str,
     run_dir: String,
@@ -98,11 +98,11 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         o.seconds,
         o.rate,
         o.window_secs,
-        o.sqs_percent,
+        o.sqs_rate,
     ));
     let schedule = serde_json::json!({
         "seed": plan.seed, "seconds": plan.seconds, "rate": plan.rate,
-        "window_secs": plan.window_secs, "sqs_percent": plan.sqs_percent,
+        "window_secs": plan.window_secs, "sqs_rate": plan.sqs_rate,
         "events": plan.events.len(), "posts": plan.posts.len(),
         "faults": plan.faults,
     });
@@ -294,7 +294,7 @@ fn report(
         outbox_pending: ran.last.outbox_pending,
         left_in_queues: ran.last.left_in_queues,
         rate: o.rate,
-        sqs_percent: o.sqs_percent,
+        sqs_rate: o.sqs_rate,
         window_secs: o.window_secs,
         verdict: if holds { "held" } else { "violated" },
         run_dir: run_dir.display().to_string(),
@@ -377,8 +377,8 @@ fn replay_command(o: &Options) -> String {
     if o.rate != 60 {
         command = format!("SOAK_RATE={} {command}", o.rate);
     }
-    if o.sqs_percent != 15 {
-        command = format!("SOAK_SQS_PERCENT={} {command}", o.sqs_percent);
+    if o.sqs_rate != 4 {
+        command = format!("SOAK_SQS_RATE={} {command}", o.sqs_rate);
     }
     if o.window_secs != 60 {
         command = format!("SOAK_WINDOW_SECS={} {command}", o.window_secs);
