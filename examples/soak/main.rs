@@ -91,6 +91,7 @@ mod nemesis;
 mod plan;
 mod run;
 mod sender;
+mod settings;
 mod sink;
 
 use std::path::PathBuf;
