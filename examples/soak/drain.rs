@@ -133,14 +133,16 @@ pub async fn read_final(
     run_dir: &Path,
 ) -> anyhow::Result<FinalState> {
     let pool = store.postgres_pool().context("a PostgreSQL store")?;
-    let rows: Vec<(String, String, String, i32, i32, i64)> = sqlx::query_as(
-        "SELECT event_id, payload_id, process, backend_pid, delivery_attempt, \
-                (extract(epoch FROM inserted_at) * 1000000)::bigint \
-         FROM public.soak_effects ORDER BY inserted_at",
+    let rows: Vec<(String, String, String, i32, i32, i64)> = bounded(
+        "reading soak_effects",
+        sqlx::query_as(
+            "SELECT event_id, payload_id, process, backend_pid, delivery_attempt, \
+                    (extract(epoch FROM inserted_at) * 1000000)::bigint \
+             FROM public.soak_effects ORDER BY inserted_at",
+        )
+        .fetch_all(pool),
     )
-    .fetch_all(pool)
-    .await
-    .context("reading soak_effects")?;
+    .await?;
     let effects: Vec<EffectRow> = rows
         .into_iter()
         .map(
@@ -163,20 +165,15 @@ pub async fn read_final(
     }
     file.flush()?;
 
-    let dead_letters = store.dead_letters(100_000).await.context("dead letters")?;
-    let failed = store
-        .failed_outbox(100_000)
-        .await
-        .context("failed outbox rows")?;
+    let dead_letters = bounded("reading dead letters", store.dead_letters(100_000)).await?;
+    let failed = bounded("reading failed outbox rows", store.failed_outbox(100_000)).await?;
     std::fs::write(
         run_dir.join("dead_letters.txt"),
         format!("{dead_letters:#?}\n"),
     )?;
     std::fs::write(run_dir.join("outbox_failed.txt"), format!("{failed:#?}\n"))?;
-    let pending = store
-        .outbox_counts()
-        .await
-        .context("outbox counts")?
+    let pending = bounded("counting the outbox", store.outbox_counts())
+        .await?
         .pending;
     let left_in_queues = infra.queue_depths(store).await;
     Ok(FinalState {
@@ -186,4 +183,19 @@ pub async fn read_final(
         outbox_pending: pending,
         left_in_queues,
     })
+}
+
+/// `call`, given up after six times [`CALL_TIMEOUT`] (these read whole tables).
+async fn bounded<T, E>(
+    what: &'static str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let limit = CALL_TIMEOUT * 6;
+    tokio::time::timeout(limit, call)
+        .await
+        .with_context(|| format!("{what}: no answer within {limit:?}"))?
+        .context(what)
 }

@@ -25,7 +25,6 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DATABASE_QUEUE: &str = "soak.events";
 
 pub struct Infra {
-    pub run_id: String,
     admin_url: String,
     /// The run's database, reached directly (the driver) and through the proxy (the processes).
     pub database: String,
@@ -101,7 +100,6 @@ impl Infra {
         );
         let rabbit_queue = format!("dw_soak_{run_id}");
         let mut infra = Infra {
-            run_id: run_id.to_owned(),
             admin_url,
             database: database.clone(),
             database_url: database_url.clone(),

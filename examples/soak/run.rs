@@ -133,7 +133,7 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
     drop(history);
     let written = writer.finish().await;
     let outcome = match (ran, written) {
-        (Ok(ran), Ok(())) => report(&o, &plan, &run_dir, &infra, ran),
+        (Ok(ran), Ok(())) => report(&o, &plan, &run_dir, ran),
         (Err(error), _) => Err(error),
         (_, Err(error)) => Err(anyhow::Error::new(error).context("writing the history")),
     };
@@ -252,13 +252,7 @@ async fn exercise(
 }
 
 /// Judges the run, prints the report and the summary line; whether the promise held.
-fn report(
-    o: &Options,
-    plan: &Plan,
-    run_dir: &Path,
-    infra: &Infra,
-    ran: Ran,
-) -> anyhow::Result<bool> {
+fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<bool> {
     let records = history::read(&run_dir.join("history.jsonl"))?;
     let found = checker::check(&records, &ran.last.effects, plan.window_secs);
     let holds = found.holds()
@@ -309,7 +303,7 @@ fn report(
         eprintln!("soak: the drain did not complete: {:?}", ran.drained);
     }
     if !holds {
-        explain_failure(o, plan, infra, &found, &ran, &records);
+        explain_failure(o, plan, run_dir, &found, &ran, &records);
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(holds)
@@ -318,7 +312,7 @@ fn report(
 fn explain_failure(
     o: &Options,
     plan: &Plan,
-    infra: &Infra,
+    run_dir: &Path,
     found: &Findings,
     ran: &Ran,
     records: &[history::Record],
@@ -338,7 +332,7 @@ fn explain_failure(
     if ran.last.dead_letters > 0 || ran.last.outbox_failed > 0 {
         eprintln!(
             "soak: {} dead letter(s), {} failed outbox row(s): see dead_letters.txt, outbox_failed.txt in {}",
-            ran.last.dead_letters, ran.last.outbox_failed, infra.run_id
+            ran.last.dead_letters, ran.last.outbox_failed, run_dir.display()
         );
     }
     let keys = found.violating_keys();
