@@ -298,16 +298,18 @@ impl Cluster {
         }
     }
 
-    /// SIGKILL (after SIGCONT if paused) and reaped.
-    pub fn kill(&self, process: usize) {
+    /// SIGKILL (after SIGCONT if paused) and reaped; whether a process was running.
+    pub fn kill(&self, process: usize) -> bool {
         self.forget_address(process);
         let mut slot = self.slot(process);
-        if let Some(mut child) = slot.child.take() {
-            signal(&child, libc::SIGCONT);
-            let _ = child.kill();
-            let _ = child.wait();
-        }
         slot.paused = false;
+        let Some(mut child) = slot.child.take() else {
+            return false;
+        };
+        signal(&child, libc::SIGCONT);
+        let _ = child.kill();
+        let _ = child.wait();
+        true
     }
 
     /// Reaps a child that exited by itself.
@@ -318,12 +320,15 @@ impl Cluster {
         }
     }
 
-    pub fn pause(&self, process: usize) {
+    /// SIGSTOP; whether a process was running.
+    pub fn pause(&self, process: usize) -> bool {
         let mut slot = self.slot(process);
-        if let Some(child) = &slot.child {
-            signal(child, libc::SIGSTOP);
-            slot.paused = true;
-        }
+        let Some(child) = &slot.child else {
+            return false;
+        };
+        signal(child, libc::SIGSTOP);
+        slot.paused = true;
+        true
     }
 
     pub fn resume(&self, process: usize) {
@@ -415,6 +420,26 @@ impl Cluster {
 
     pub fn paused(&self) -> Vec<usize> {
         (0..LAYOUT.len()).filter(|p| self.slot(*p).paused).collect()
+    }
+
+    /// Each running process's peak resident memory (`VmHWM`, kB) since it started: a process
+    /// that grows without bound under faults shows here.
+    pub fn peak_memory_kb(&self) -> Vec<(&'static str, u64)> {
+        (0..LAYOUT.len())
+            .filter_map(|p| {
+                let pid = self.slot(p).child.as_ref()?.id();
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let kb = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((LAYOUT[p].name, kb))
+            })
+            .collect()
     }
 }
 

@@ -32,6 +32,10 @@ pub struct Nemesis {
     pub history: History,
     /// Faults injected, by kind (the summary's `faults`).
     pub counts: Mutex<BTreeMap<&'static str, u64>>,
+    /// Of those, the ones that found nothing to do: a kill or pause of a process that was down,
+    /// a seal that did not seal (another process's retention held the ring, or the next slot
+    /// was busy).
+    pub no_effect: Mutex<BTreeMap<&'static str, u64>>,
     /// Processes that exited by themselves.
     pub crashes: Mutex<Vec<String>>,
 }
@@ -67,14 +71,15 @@ impl Nemesis {
                 }
             }
         };
+        let mut effective = true;
         let end = match fault.kind {
             FaultKind::Kill { process, down_ms } => {
-                self.cluster.kill(process);
+                effective = self.cluster.kill(process);
                 hold(down_ms).await;
                 self.restart(process).await
             }
             FaultKind::Pause { process, ms } => {
-                self.cluster.pause(process);
+                effective = self.cluster.pause(process);
                 hold(ms).await;
                 self.cluster.resume(process);
                 String::new()
@@ -121,8 +126,10 @@ impl Nemesis {
             FaultKind::Seal => {
                 let window = Duration::from_secs(self.plan.window_secs);
                 let sealed =
-                    tokio::time::timeout(CALL_TIMEOUT, self.store.seal_dedup_generation(window));
-                format!("{:?}", sealed.await)
+                    tokio::time::timeout(CALL_TIMEOUT, self.store.seal_dedup_generation(window))
+                        .await;
+                effective = matches!(&sealed, Ok(Ok(done)) if done.sealed);
+                format!("{sealed:?}")
             }
             FaultKind::Retention => self.retention().await,
             FaultKind::Reload { process, tuning } => {
@@ -137,6 +144,14 @@ impl Nemesis {
                 end
             }
         };
+        if !effective {
+            *self
+                .no_effect
+                .lock()
+                .expect("counts")
+                .entry(name)
+                .or_default() += 1;
+        }
         self.history.fault("end", name, end);
     }
 

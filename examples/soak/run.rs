@@ -152,6 +152,8 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
 /// What the run produced, for the report.
 struct Ran {
     faults: BTreeMap<&'static str, u64>,
+    faults_without_effect: BTreeMap<&'static str, u64>,
+    peak_memory_kb: Vec<(&'static str, u64)>,
     crashes: Vec<String>,
     totals: SenderTotals,
     drained: Drained,
@@ -208,6 +210,7 @@ async fn exercise(
         store: store.clone(),
         history: history.clone(),
         counts: Mutex::default(),
+        no_effect: Mutex::default(),
         crashes: Mutex::default(),
     });
     let faults = tokio::spawn(nemesis.clone().run(stop_faults.clone()));
@@ -236,14 +239,18 @@ async fn exercise(
     let _ = watch.await;
 
     history.phase("stop");
+    let peak_memory_kb = cluster.peak_memory_kb();
     let stops = (0..LAYOUT.len()).map(|p| cluster.stop(p));
     futures::future::join_all(stops).await;
     let last = drain::read_final(&store, infra, run_dir).await?;
     store.close().await;
     let faults = nemesis.counts.lock().expect("counts").clone();
+    let faults_without_effect = nemesis.no_effect.lock().expect("counts").clone();
     let crashes = nemesis.crashes.lock().expect("crashes").clone();
     Ok(Ran {
         faults,
+        faults_without_effect,
+        peak_memory_kb,
         crashes,
         totals,
         drained,
@@ -294,6 +301,8 @@ fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<
     };
     let full = serde_json::json!({
         "summary": &summary, "findings": &found, "drain": &ran.drained, "crashes": &ran.crashes,
+        "faults_without_effect": &ran.faults_without_effect,
+        "peak_memory_kb": &ran.peak_memory_kb,
     });
     std::fs::write(
         run_dir.join("summary.json"),
