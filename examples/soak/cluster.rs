@@ -230,6 +230,17 @@ impl Cluster {
                 command.envs(env.iter().cloned());
             }
         }
+        // If the driver itself is SIGKILLed, no guard runs: the kernel kills the children then.
+        // (The signal follows the thread that spawned them: a runtime worker, alive as long as
+        // the driver's runtime.)
+        // SAFETY: prctl(2) is async-signal-safe, and this closure allocates nothing.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let stdout = {
             let mut slot = self.slot(process);
             slot.starts += 1;
