@@ -137,7 +137,9 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         (Err(error), _) => Err(error),
         (_, Err(error)) => Err(anyhow::Error::new(error).context("writing the history")),
     };
-    let keep = !matches!(outcome, Ok(true));
+    // Kept only when the promise was violated; a run that could not finish (an error, a
+    // signal) leaves nothing behind.
+    let keep = matches!(outcome, Ok(false));
     if keep {
         eprintln!(
             "soak: the run's database {} is kept for a post-mortem (postgres, same server); \
