@@ -13,16 +13,30 @@
 //! Amazon EventBridge envelope is unwrapped: its `detail` is the event (what the handler gets),
 //! keyed as a Stripe event under source `stripe`, the key space of the webhook ingress.
 //!
+//! Where an earlier release or another setting keyed the same message differently, the event
+//! carries that key as its [`Event::alias`], which the dedup insert looks up too (never
+//! records): a thin event's other id (its own id, the key before thin events were keyed by
+//! their snapshot event, or the reverse for a message that still carries its own id), and an
+//! EventBridge envelope's other id (the envelope's `id` with `consumer.envelope = "none"`, the
+//! `detail`'s key with `"eventbridge"`). So a message handled before such a change, and
+//! delivered again after it, is a duplicate.
+//!
 //! Bounded work whatever the message: one size check first ([`ConsumerOptions`]'s
 //! `max_message_bytes`), then at most one JSON parse, only when the transport carried no id or
 //! no type, under serde_json's recursion limit (128 levels); an envelope costs one parse of the
-//! envelope and one of its `detail`'s head.
+//! envelope and one of its `detail`'s head; a Stripe event's head is read once more for its
+//! alias.
+
+use serde::Deserialize;
 
 use crate::config::EnvelopeKind;
 use crate::event::{check_event_field, Event, EventField, InvalidEventField};
 use crate::queue::Delivery;
+use crate::stripe::shape::EVENTBRIDGE_SOURCE_PREFIX;
 use crate::stripe::shape::THIN_EVENT_OBJECT;
-use crate::stripe::{eventbridge_detail, EnvelopeError, StripeEventHead, StripeShapeError};
+use crate::stripe::{
+    eventbridge_envelope, EnvelopeError, EventBridgeEnvelope, StripeEventHead, StripeShapeError,
+};
 
 use super::ConsumerOptions;
 
@@ -72,8 +86,8 @@ pub fn decode_delivery(
         });
     }
     if options.envelope == EnvelopeKind::Eventbridge {
-        if let Some(detail) = eventbridge_detail(&delivery.payload)? {
-            return decode_eventbridge(delivery, detail);
+        if let Some(envelope) = eventbridge_envelope(&delivery.payload)? {
+            return decode_eventbridge(delivery, envelope);
         }
     }
     let source = delivery
@@ -116,13 +130,51 @@ pub fn decode_delivery(
             .to_owned(),
     };
     check_event_field(EventField::Type, &event_type)?;
+    let alias = alias_of(&delivery.payload, json.as_ref(), &source, &id);
     Ok(Event {
         source,
         id,
         event_type,
         payload: delivery.payload.clone(),
         delivery_attempt: delivery.attempts,
+        alias,
     })
+}
+
+/// The key the same message had under the other rule (see the module docs), when it differs
+/// from `key` and could be one: a Stripe thin event's other id (read from `payload`), or, for
+/// a message keyed by its JSON (`value`), a Stripe EventBridge envelope's other id.
+fn alias_of(
+    payload: &[u8],
+    value: Option<&serde_json::Value>,
+    source: &str,
+    key: &str,
+) -> Option<String> {
+    let thin = || {
+        let head = StripeEventHead::read(payload).ok()?;
+        head.other_key(key).map(str::to_owned)
+    };
+    let envelope = || {
+        let value = value?;
+        let from_stripe = value.get("source")?.as_str()?;
+        if !from_stripe.starts_with(EVENTBRIDGE_SOURCE_PREFIX) {
+            return None;
+        }
+        let detail = StripeEventHead::deserialize(value.get("detail")?).ok()?;
+        let detail_key = detail.dedup_id();
+        let envelope_id = value.get("id")?.as_str()?;
+        match key {
+            k if k == envelope_id => Some(detail_key.to_owned()),
+            k if k == detail_key => Some(envelope_id.to_owned()),
+            _ => None,
+        }
+    };
+    let alias = if source == crate::stripe::SOURCE {
+        thin().or_else(envelope)
+    } else {
+        envelope()
+    };
+    alias.filter(|alias| alias != key && check_event_field(EventField::Id, alias).is_ok())
 }
 
 /// The `snapshot_event` of a Stripe thin event keyed by the default pointer: the key its
@@ -144,19 +196,30 @@ fn thin_event_snapshot<'v>(
 /// The Stripe event in an EventBridge envelope's `detail`: source `stripe`, the key Stripe's
 /// shape gives ([`StripeEventHead::dedup_id`]), its type, and the `detail` as the payload. The
 /// transport's own id and type are not used: on SQS they are EventBridge's, not Stripe's.
-fn decode_eventbridge(delivery: &Delivery, detail: bytes::Bytes) -> Result<Event, DecodeError> {
+fn decode_eventbridge(
+    delivery: &Delivery,
+    envelope: EventBridgeEnvelope,
+) -> Result<Event, DecodeError> {
+    let EventBridgeEnvelope {
+        id: envelope_id,
+        detail,
+    } = envelope;
     let head = StripeEventHead::read(&detail).map_err(DecodeError::Detail)?;
     let id = head.dedup_id().to_owned();
     check_event_field(EventField::Id, &id)?;
     let event_type = head.event_type.as_deref().unwrap_or_default().to_owned();
     check_event_field(EventField::Type, &event_type)?;
     drop(head);
+    // With `consumer.envelope = "none"`, the envelope was keyed by its own id.
+    let alias = envelope_id
+        .filter(|alias| *alias != id && check_event_field(EventField::Id, alias).is_ok());
     Ok(Event {
         source: crate::stripe::SOURCE.to_owned(),
         id,
         event_type,
         payload: detail,
         delivery_attempt: delivery.attempts,
+        alias,
     })
 }
 

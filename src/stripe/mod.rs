@@ -10,6 +10,6 @@ pub mod signature;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
 pub use shape::{
-    eventbridge_detail, thin_event_beside, EnvelopeError, StripeEventHead, StripeShapeError,
-    ThinEventError, SOURCE,
+    eventbridge_detail, eventbridge_envelope, thin_event_beside, EnvelopeError,
+    EventBridgeEnvelope, StripeEventHead, StripeShapeError, ThinEventError, SOURCE,
 };
