@@ -253,6 +253,22 @@ mod tests {
     }
 
     #[test]
+    fn a_thin_events_other_key_is_the_other_of_its_two_ids() {
+        let thin = br#"{"id":"evt_thin","object":"v2.core.event","snapshot_event":"evt_A"}"#;
+        let head = StripeEventHead::read(thin).unwrap();
+        assert_eq!(head.other_key("evt_A"), Some("evt_thin"));
+        assert_eq!(head.other_key("evt_thin"), Some("evt_A"));
+        assert_eq!(head.other_key("evt_B"), None);
+        for one_id in [
+            &br#"{"id":"evt_v2","object":"v2.core.event"}"#[..],
+            br#"{"id":"evt_A","object":"event","snapshot_event":"evt_B"}"#,
+        ] {
+            let head = StripeEventHead::read(one_id).unwrap();
+            assert_eq!(head.other_key(head.own_id()), None);
+        }
+    }
+
+    #[test]
     fn the_thin_event_beside_a_snapshot_event_is_keyed_by_it() {
         let snapshot = br#"{"id":"evt_1","object":"event","type":"checkout.session.completed","created":1764547200,"account":"acct_9","data":{"object":{"id":"cs_1","object":"checkout.session"}}}"#;
         let thin = thin_event_beside(snapshot).unwrap();
@@ -307,6 +323,20 @@ mod tests {
         assert_eq!(
             eventbridge_detail(&body).unwrap().as_deref(),
             Some(detail.as_bytes())
+        );
+        let envelope = eventbridge_envelope(&body).unwrap().unwrap();
+        assert_eq!(
+            envelope.id.as_deref(),
+            Some("6a7e8feb-b491-4cf7-a9f1-bf3703467718")
+        );
+        // An id that is not a string is no reason to refuse the envelope.
+        let numeric = Bytes::from(format!(
+            r#"{{"id":7,"source":"aws.partner/stripe.com/ed_1","detail":{detail}}}"#
+        ));
+        let envelope = eventbridge_envelope(&numeric).unwrap().unwrap();
+        assert_eq!(
+            (envelope.id, envelope.detail.as_ref()),
+            (None, detail.as_bytes())
         );
         // Not envelopes: read as plain events.
         for plain in [detail, "[]", "not json", r#"{"id":"evt_1","detail":"#] {

@@ -23,6 +23,75 @@ fn published_vector_computes_and_verifies_at_its_own_time() {
 }
 
 #[test]
+fn authenticity_has_no_tolerance_and_names_the_v1_that_matched() {
+    let sig = compute_signature("whsec_b", 100, b"{}");
+    let header = format!("t=100,v1={},v0=ab,v1={sig}", "00".repeat(32));
+    let ten_years = 100 + 10 * 365 * 86_400;
+    // At the door, ten years late is a replay; as a carried signature it is still Stripe's.
+    assert!(matches!(
+        verify_delivery(Some(&header), b"{}", &["whsec_b"], 300, ten_years),
+        Err(SignatureError::TimestampOutsideTolerance { .. })
+    ));
+    let verified = verify_authenticity(&header, b"{}", &["whsec_a", "whsec_b"]).unwrap();
+    assert_eq!(verified.timestamp, 100);
+    // The compact form keeps only what verifies, and verifies again.
+    assert_eq!(verified.compact(), format!("t=100,v1={sig}"));
+    assert_eq!(
+        verify_authenticity(&verified.compact(), b"{}", &["whsec_b"]),
+        Ok(verified.clone())
+    );
+    assert_eq!(
+        verify_delivery(Some(&header), b"{}", &["whsec_b"], 300, 100),
+        Ok(verified)
+    );
+    // Everything else is refused as at the door.
+    for (header, payload, secrets, expected) in [
+        (
+            format!("t=100,v1={sig}"),
+            &b"{ }"[..],
+            &["whsec_b"][..],
+            SignatureError::NoMatchingSignature,
+        ),
+        (
+            format!("t=101,v1={sig}"),
+            b"{}",
+            &["whsec_b"],
+            SignatureError::NoMatchingSignature,
+        ),
+        (
+            format!("t=100,v1={sig}"),
+            b"{}",
+            &[],
+            SignatureError::NoMatchingSignature,
+        ),
+        (
+            "t=100,v0=ab".to_owned(),
+            b"{}",
+            &["whsec_b"],
+            SignatureError::NoV1Signature,
+        ),
+        (
+            format!("v1={sig}"),
+            b"{}",
+            &["whsec_b"],
+            SignatureError::MalformedHeader,
+        ),
+        (
+            "v1=,".repeat(3000),
+            b"{}",
+            &["whsec_b"],
+            SignatureError::HeaderTooLong,
+        ),
+    ] {
+        assert_eq!(
+            verify_authenticity(&header, payload, secrets),
+            Err(expected),
+            "{header:.40}"
+        );
+    }
+}
+
+#[test]
 fn any_v1_may_match_and_v0_and_unknown_keys_are_ignored() {
     let good = compute_signature("whsec_b", 100, b"{}");
     let header = format!("t=100,v0=abc,v1={},v1={good},foo=bar", "00".repeat(32));
