@@ -63,6 +63,9 @@
 //! * [`testing_kit`]: the `testing` feature's kit as a handler crate's tests use it: the handler
 //!   alone in one transaction on both stores (committed, or rolled back with its error), and in
 //!   the application with its own migrations;
+//! * [`trusted_created`]: a `created` decides which dedup generations an event skips only
+//!   where Stripe's signature of it verifies (carried by every transport); a foreign message's
+//!   `created` after a seal, or a day ahead, is looked up everywhere;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
 //! * [`user_migrations`]: an application's own migrations applied by every start and by
@@ -105,5 +108,6 @@ mod stripe_channels;
 mod stripe_ingress;
 mod testing_kit;
 mod transport_contract;
+mod trusted_created;
 mod user_migrations;
 mod wakeup;
