@@ -11,7 +11,8 @@
 //! while Stripe's own word still does:
 //! * a delivery Stripe signed, created now, skips a generation sealed two days ago: shown with
 //!   its id planted there, which only the skipped lookup would have found (the performance path
-//!   works through every transport, which must carry the ingress's signature);
+//!   works through every transport, which must carry the ingress's signature); so does one
+//!   whose signature is an hour old (it waited in the queue: no tolerance applies);
 //! * the same signed body published under another message id, and a body with a signature that
 //!   does not verify, are looked up everywhere: their planted ids are found, so not handled.
 
@@ -310,6 +311,19 @@ async fn a_created_stripe_signed_skips_and_only_for_its_own_bytes_and_key(
         setup.handled("evt_signed", 1).await,
         1,
         "a signed created after the seal skips the sealed generation"
+    );
+    // A delivery the ingress accepted an hour ago, which waited in the queue since: its
+    // signature is past any tolerance, and still Stripe's.
+    let hour_ago = now() - 3_600;
+    let body = event("evt_waited", hour_ago - 5);
+    let carried = signature_header(SECRET, hour_ago, &body);
+    let mut waited = foreign(None, body, Some(carried));
+    waited.source = Some("stripe".into());
+    setup.publish(waited).await;
+    assert_eq!(
+        setup.handled("evt_waited", 1).await,
+        1,
+        "authenticity does not expire: a signature past the tolerance still skips"
     );
     // A genuine signed body published under another message id: looked up everywhere.
     let body = event("evt_genuine", now());
