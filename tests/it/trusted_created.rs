@@ -296,9 +296,9 @@ async fn a_created_stripe_signed_skips_and_only_for_its_own_bytes_and_key(
     transport: Transport,
 ) {
     let setup = start(backend, transport).await;
-    // Three ids in the generation sealed two days ago: only a skipped lookup misses them.
+    // Ids in the generation sealed two days ago: only a skipped lookup misses them.
     setup
-        .plant(&["evt_signed", "evt_renamed", "evt_forged"])
+        .plant(&["evt_signed", "evt_waited", "evt_renamed", "evt_forged"])
         .await;
     setup.seal().await;
     setup.move_seal_back(2 * DAY).await;
