@@ -177,8 +177,10 @@ impl Setup {
                 &format!("{deliveries} deliveries of {id} settled"),
                 Duration::from_secs(30),
                 || async {
-                    let handled = *ledger_counts(&self.store).await.get(id).unwrap_or(&0);
+                    // Duplicates first: one is recorded only after the delivery it repeats was
+                    // committed, so the ledger read next includes that one.
                     let duplicates = self.store.duplicates_of("stripe", id, 100).await.ok()?;
+                    let handled = *ledger_counts(&self.store).await.get(id).unwrap_or(&0);
                     (handled + duplicates.count >= deliveries).then_some(handled)
                 },
             )
