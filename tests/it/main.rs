@@ -4,6 +4,8 @@
 //! `bash scripts/test.sh`; one module with `cargo test --test it outage::`, one test with
 //! `cargo test --test it -- --exact outage::unreachable_brokers_answer_503`.
 //!
+//! * [`aliases`]: a message keyed differently by an earlier release (a thin event by its own
+//!   id) or another `consumer.envelope` is a duplicate under its new key, on both stores;
 //! * [`architecture`]: the import graph of `src/` goes down README's floors only and has no
 //!   circle; no file in `src/` is over 500 lines;
 //! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
@@ -81,6 +83,7 @@
 
 mod helpers;
 
+mod aliases;
 mod architecture;
 mod backfill;
 mod broker_outage;
