@@ -195,7 +195,11 @@ async fn a_thin_event_keyed_by_the_previous_release_is_not_handled_again(backend
 
     // Stripe retries it after the upgrade: keyed by its snapshot event now.
     post(&bin, &thin_event("evt_1_thin", "in_1", Some("evt_1"), None)).await;
-    assert_eq!(handled(&bin, &store, "evt_1", 1).await, 0);
+    assert_eq!(
+        handled(&bin, &store, "evt_1", 1).await,
+        0,
+        "the retry keyed by its snapshot event finds the thin event's own id"
+    );
 
     // The snapshot event of change 2 is handled; a message the previous release's ingress
     // published for its thin event (keyed by the thin event's own id), still queued, is not.
@@ -203,7 +207,11 @@ async fn a_thin_event_keyed_by_the_previous_release_is_not_handled_again(backend
     assert_eq!(handled(&bin, &store, "evt_2", 1).await, 1);
     let queued = thin_event("evt_2_thin", "in_2", Some("evt_2"), None);
     enqueue(&store, Some("stripe"), Some("evt_2_thin"), &queued).await;
-    assert_eq!(handled(&bin, &store, "evt_2_thin", 1).await, 0);
+    assert_eq!(
+        handled(&bin, &store, "evt_2_thin", 1).await,
+        0,
+        "the message keyed by the thin event's own id finds its snapshot event"
+    );
 
     // A thin event of a change nobody handled is handled once, under its snapshot event.
     post(&bin, &thin_event("evt_3_thin", "in_3", Some("evt_3"), None)).await;
@@ -232,14 +240,22 @@ async fn an_eventbridge_envelope_is_not_handled_again_after_a_change_of_setting(
     // envelope is handled under its detail's id.
     let bin = start(&db, work.path(), &eventbridge);
     enqueue(&store, None, None, &first).await;
-    assert_eq!(handled(&bin, &store, "evt_eb_1", 1).await, 0);
+    assert_eq!(
+        handled(&bin, &store, "evt_eb_1", 1).await,
+        0,
+        "keyed by its detail, the envelope finds the id it was handled under"
+    );
     enqueue(&store, None, None, &second).await;
     assert_eq!(handled(&bin, &store, "evt_eb_2", 1).await, 1);
     drop(bin);
     // Back without it: the second envelope delivered again is keyed by its own id: a duplicate.
     let bin = start(&db, work.path(), &none);
     enqueue(&store, None, None, &second).await;
-    assert_eq!(handled(&bin, &store, &second_id, 1).await, 0);
+    assert_eq!(
+        handled(&bin, &store, &second_id, 1).await,
+        0,
+        "keyed by its own id, the envelope finds its detail's"
+    );
     let ledger = ledger_counts(&store).await;
     assert_eq!(ledger.values().sum::<i64>(), 2, "{ledger:?}");
     drop(bin);
