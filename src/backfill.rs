@@ -165,6 +165,8 @@ pub async fn backfill(
                 message_type: Some(event.event_type.to_owned()),
                 payload: bytes::Bytes::copy_from_slice(raw.get().as_bytes()),
                 traceparent: None,
+                // Listed from Stripe's API, not a signed delivery: every generation is looked up.
+                stripe_signature: None,
             };
             let published = tokio::time::timeout(publish_timeout, transport.publish(message))
                 .await

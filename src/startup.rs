@@ -228,6 +228,7 @@ impl Application {
             };
             let workers = if store.single_writer() { 1 } else { c.workers };
             let fetch = full_event_fetch(&settings)?;
+            let stripe_secrets = StripeProvider::from_settings(&settings.stripe).secrets;
             for _ in 0..workers {
                 let consumer = Consumer::new(
                     store.clone(),
@@ -237,7 +238,8 @@ impl Application {
                     options.clone(),
                 )
                 .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
-                .with_full_event_fetch(fetch.clone());
+                .with_full_event_fetch(fetch.clone())
+                .with_stripe_secrets(stripe_secrets.clone());
                 let (token, abandon) = (shutdown.clone(), abandon.clone());
                 tasks.spawn(async move {
                     consumer.run(token, abandon).await;

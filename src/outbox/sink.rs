@@ -229,6 +229,7 @@ impl Sink for SqsSink {
                         message_type: Some(row.event_type.clone()),
                         payload: bytes::Bytes::from(row.payload.clone()),
                         traceparent,
+                        stripe_signature: None,
                     };
                     self.queue.publish(message).await.map_err(SinkError::Sqs)
                 })

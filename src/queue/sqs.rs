@@ -58,6 +58,8 @@ pub(super) const SOURCE_ATTRIBUTE: &str = "dedup-source";
 pub(super) const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
 /// The W3C `traceparent` of the span that published the message.
 pub(super) const TRACE_ATTRIBUTE: &str = traces::TRACEPARENT;
+/// The compact `Stripe-Signature` the ingress verified (`t=…,v1=…`).
+pub(super) const STRIPE_SIGNATURE_ATTRIBUTE: &str = "dedup-stripe-signature";
 /// The batch error code of a delete with a receipt handle that a newer receive replaced.
 const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
@@ -289,6 +291,10 @@ impl SqsQueue {
         }
         if let Some(traceparent) = &message.traceparent {
             request = request.message_attributes(TRACE_ATTRIBUTE, string_attribute(traceparent)?);
+        }
+        if let Some(signature) = &message.stripe_signature {
+            request = request
+                .message_attributes(STRIPE_SIGNATURE_ATTRIBUTE, string_attribute(signature)?);
         }
         request.send().await.map_err(unavailable)?;
         Ok(())

@@ -4,6 +4,8 @@
 //! `bash scripts/test.sh`; one module with `cargo test --test it outage::`, one test with
 //! `cargo test --test it -- --exact outage::unreachable_brokers_answer_503`.
 //!
+//! * [`aliases`]: a message keyed differently by an earlier release (a thin event by its own
+//!   id) or another `consumer.envelope` is a duplicate under its new key, on both stores;
 //! * [`architecture`]: the import graph of `src/` goes down README's floors only and has no
 //!   circle; no file in `src/` is over 500 lines;
 //! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
@@ -63,6 +65,9 @@
 //! * [`testing_kit`]: the `testing` feature's kit as a handler crate's tests use it: the handler
 //!   alone in one transaction on both stores (committed, or rolled back with its error), and in
 //!   the application with its own migrations;
+//! * [`trusted_created`]: a `created` decides which dedup generations an event skips only
+//!   where Stripe's signature of it verifies (carried by every transport); a foreign message's
+//!   `created` after a seal, or a day ahead, is looked up everywhere;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
 //! * [`user_migrations`]: an application's own migrations applied by every start and by
@@ -78,6 +83,7 @@
 
 mod helpers;
 
+mod aliases;
 mod architecture;
 mod backfill;
 mod broker_outage;
@@ -105,5 +111,6 @@ mod stripe_channels;
 mod stripe_ingress;
 mod testing_kit;
 mod transport_contract;
+mod trusted_created;
 mod user_migrations;
 mod wakeup;
