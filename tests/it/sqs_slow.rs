@@ -2,7 +2,7 @@
 //! [`SqsCalls`] (counting each operation's calls and how many overlapped) and then the fault
 //! proxy, which adds latency to every round trip, in front of the emulator:
 //! * a backlog of 500 events, every SQS call 400 ms late, two consumer processes: all 500 reach
-//!   the sink once each, and one process's ack of a batch sends its deletes side by side;
+//!   the sink once each, and no lease lapses (no message is handed out again);
 //! * the same backlog with no added latency (the emulator's own slowness on a deep queue);
 //! * one fill of 256 and its visibility changes and deletes, each 26 calls of ten, go out side
 //!   by side (a few round trips deep, not 26);
@@ -15,14 +15,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dedup_worker::queue::sqs::{CALLS_AT_ONCE, FILL_BUDGET_PER_LEASE};
 use dedup_worker::queue::{Delivery, OutgoingMessage, SqsQueue, Transport as _};
 use futures::stream::{self, StreamExt};
 
 use crate::helpers::fault_proxy::FaultProxy;
 use crate::helpers::sqs_calls::SqsCalls;
 use crate::helpers::{
-    counter_value, file_sink_ids, ledger_counts, poll_until, sqs_turn, stripe_event, Backend,
-    RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+    file_sink_ids, ledger_counts, poll_until, sqs_turn, stripe_event, Backend, RunningBinary,
+    SqsLoad, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_sqs_slow";
@@ -146,26 +147,23 @@ async fn drain_with_two_processes(count: usize, latency: Duration, deadline: Dur
         *at_sink.entry(id).or_default() += 1;
     }
     let ledger = ledger_counts(&store).await;
-    // Received again after its lease lapsed, a message is a duplicate to the consumer.
-    let mut duplicates = 0;
-    for process in &processes {
-        let metrics = reqwest::get(process.url("/metrics"))
-            .await
-            .expect("/metrics");
-        let metrics = metrics.text().await.expect("/metrics text");
-        duplicates += counter_value(&metrics, "dedup_events_duplicate_total");
-    }
     let (receives, deletes) = (
         sqs.calls.calls("ReceiveMessage"),
         sqs.calls.calls("DeleteMessageBatch"),
     );
     eprintln!(
-        "{count} events, SQS calls {:?} late: {} distinct at the sink, {} handled, {duplicates} received again, after \
+        "{count} events, SQS calls {:?} late: {} distinct at the sink, {} handled, {} handed out again, after \
          {took:?}; ReceiveMessage {receives:?}, DeleteMessageBatch {deletes:?}",
         sqs.faults.latency() * 2,
         at_sink.len(),
         ledger.len(),
+        sqs.calls.redeliveries(),
     );
+    if std::env::var("SQS_SLOW_DEBUG").is_ok() {
+        for p in &processes {
+            eprintln!("=== process log\n{}", p.stderr());
+        }
+    }
     assert!(
         drained.is_some(),
         "not drained within {deadline:?}: {} of {count} events at the sink, {} handled; the first \
@@ -176,8 +174,9 @@ async fn drain_with_two_processes(count: usize, latency: Duration, deadline: Dur
     );
     assert_eq!(at_sink.len(), count, "every event at the sink");
     assert_eq!(
-        duplicates, 0,
-        "no lease lapsed, so no message was received twice"
+        sqs.calls.redeliveries(),
+        0,
+        "no lease lapsed, so no message was handed out again"
     );
     let repeated: Vec<_> = at_sink.iter().filter(|(_, n)| **n != 1).collect();
     assert!(
@@ -186,11 +185,6 @@ async fn drain_with_two_processes(count: usize, latency: Duration, deadline: Dur
     );
     assert_eq!(ledger.len(), count, "every event handled");
     assert!(ledger.values().all(|n| *n == 1), "each event handled once");
-    // Four workers acking one chunk at a time would have at most four deletes in flight.
-    assert!(
-        deletes.max_in_flight > 4,
-        "a batch's deletes go out side by side: {deletes:?}"
-    );
     drop(processes);
     queue.cleanup().await;
 }
@@ -221,7 +215,8 @@ fn tags(deliveries: &[Delivery]) -> Vec<dedup_worker::queue::DeliveryTag> {
 }
 
 /// A fill of 256, then a heartbeat and the acks of the whole batch, every call 400 ms late:
-/// each is 26 calls of ten, and they overlap, so each takes a few round trips, not 26.
+/// each is 26 calls of ten, and they overlap ([`CALLS_AT_ONCE`] at a time), so each is seven
+/// round trips deep, not 26.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_its_heartbeat_and_its_acks_send_their_calls_side_by_side() {
     let _emulator = sqs_turn(SqsLoad::Heavy).await;
@@ -236,7 +231,6 @@ async fn a_fill_its_heartbeat_and_its_acks_send_their_calls_side_by_side() {
         .await
         .expect("receive");
     let receives = sqs.calls.calls("ReceiveMessage");
-    assert_eq!(batch.len(), 256, "a full batch: {receives:?}");
     let lost = consumer
         .extend_leases(&tags(&batch), Duration::from_secs(60))
         .await
@@ -245,38 +239,47 @@ async fn a_fill_its_heartbeat_and_its_acks_send_their_calls_side_by_side() {
     let extends = sqs.calls.calls("ChangeMessageVisibilityBatch");
     consumer.ack(&tags(&batch)).await.expect("ack");
     let deletes = sqs.calls.calls("DeleteMessageBatch");
-    eprintln!("ReceiveMessage {receives:?}, ChangeMessageVisibilityBatch {extends:?}, DeleteMessageBatch {deletes:?}");
+    eprintln!(
+        "a fill of {}: ReceiveMessage {receives:?}, ChangeMessageVisibilityBatch {extends:?}, \
+         DeleteMessageBatch {deletes:?}",
+        batch.len()
+    );
+    // The emulator's overlapping receives may hand one message to two of them: the fill keeps
+    // it once, so a batch may be a message or two short.
+    assert!(batch.len() > 250, "a full batch: {receives:?}");
     assert_eq!(receives.total, 26, "{receives:?}");
-    assert_eq!(extends.total, 26, "{extends:?}");
-    assert_eq!(deletes.total, 26, "{deletes:?}");
+    let chunks = batch.len().div_ceil(10);
     for (what, calls) in [
         ("ReceiveMessage", receives),
         ("ChangeMessageVisibilityBatch", extends),
         ("DeleteMessageBatch", deletes),
     ] {
-        // Sequential calls never overlap; 26 calls at most eight at once are four round
-        // trips deep (the fill's first call, a long poll, goes alone).
-        assert!(calls.max_in_flight >= 8, "{what}: {calls:?}");
+        assert!(calls.total >= chunks, "{what}: {calls:?}");
+        // One after another, calls never overlap.
+        assert_eq!(calls.max_in_flight, CALLS_AT_ONCE, "{what}: {calls:?}");
     }
     let rest = consumer
         .receive(256, Duration::from_secs(1))
         .await
         .expect("receive the rest");
-    assert_eq!(rest.len(), 44, "the acked ones are gone");
+    assert_eq!(batch.len() + rest.len(), 300, "the acked ones are gone");
     consumer.ack(&tags(&rest)).await.expect("ack the rest");
+    assert_eq!(sqs.calls.redeliveries(), 0);
     queue.cleanup().await;
 }
 
 /// Every call 1.4 s late and a lease of 4 s: the fill's budget (1 s from its first page) is
-/// spent by the time its first wave of calls returns, so it returns what it holds then rather
-/// than gather a full batch.
+/// spent by the time its first calls after the first page return, so it returns what it holds
+/// then rather than gather a full batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_returns_what_it_holds_once_its_budget_is_spent() {
     let _emulator = sqs_turn(SqsLoad::Heavy).await;
     let queue = TestQueue::new(Transport::Sqs).await;
     backlog(&queue, 300).await;
     let sqs = SlowSqs::start(Duration::from_millis(700)).await;
-    let consumer = transport(&queue, &sqs, Duration::from_secs(4)).await;
+    let lease = Duration::from_secs(4);
+    assert_eq!(lease / FILL_BUDGET_PER_LEASE, Duration::from_secs(1));
+    let consumer = transport(&queue, &sqs, lease).await;
 
     let batch = consumer
         .receive(256, Duration::from_secs(1))
@@ -284,18 +287,20 @@ async fn a_fill_returns_what_it_holds_once_its_budget_is_spent() {
         .expect("receive");
     let receives = sqs.calls.calls("ReceiveMessage");
     eprintln!("a fill of {} in {receives:?}", batch.len());
+    // The first page, then the calls started at once after it; none after them.
+    assert_eq!(receives.total, 1 + CALLS_AT_ONCE, "{receives:?}");
     assert!(
-        (11..256).contains(&batch.len()),
+        batch.len() > 10 && batch.len() <= 10 * (1 + CALLS_AT_ONCE),
         "more than the first page, less than a full batch: {} in {receives:?}",
         batch.len()
     );
-    assert!(receives.total < 26, "{receives:?}");
+    assert_eq!(sqs.calls.redeliveries(), 0, "no page's lease lapsed");
     consumer.ack(&tags(&batch)).await.expect("ack");
     queue.cleanup().await;
 }
 
-/// A fill whose later calls are held back 3 s, past its 2-s lease: the first page it holds is
-/// extended meanwhile, so no message comes back to be received a second time.
+/// A fill whose second call is held back 3 s, past its 2-s lease: the first page it holds is
+/// extended meanwhile, so none of it comes back to be received a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_longer_than_the_lease_keeps_what_it_holds() {
     let _emulator = sqs_turn(SqsLoad::Light).await;
@@ -305,8 +310,10 @@ async fn a_fill_longer_than_the_lease_keeps_what_it_holds() {
     sqs.calls.delay_short_polls(Duration::from_secs(3));
     let consumer = transport(&queue, &sqs, Duration::from_secs(2)).await;
 
+    // Twenty: the first page, then one call (two at once could both be handed one message by
+    // the emulator).
     let batch = consumer
-        .receive(30, Duration::from_secs(1))
+        .receive(20, Duration::from_secs(1))
         .await
         .expect("receive");
     let extends = sqs.calls.calls("ChangeMessageVisibilityBatch");
@@ -316,11 +323,12 @@ async fn a_fill_longer_than_the_lease_keeps_what_it_holds() {
         batch.len(),
         attempts
     );
-    assert_eq!(batch.len(), 30, "every message once: {attempts:?}");
+    assert_eq!(batch.len(), 20, "twenty messages: {attempts:?}");
     assert!(
         attempts.iter().all(|n| *n == 1),
         "no message was received twice: {attempts:?}"
     );
+    assert_eq!(sqs.calls.redeliveries(), 0);
     assert!(extends.total >= 1, "{extends:?}");
     consumer.ack(&tags(&batch)).await.expect("ack");
     queue.cleanup().await;

@@ -4,13 +4,21 @@
 //!
 //! The SDK speaks SQS's JSON protocol (the operation in `X-Amz-Target`); a query-protocol form
 //! body with `Action=…` counts too. The emulator checks no signatures, so forwarding to another
-//! host is fine. Put [`crate::helpers::fault_proxy::FaultProxy`] behind it to slow every call:
+//! host is fine. It also reads which messages each `ReceiveMessage` handed out and each
+//! `DeleteMessageBatch` deleted, and counts redeliveries: a message handed out again, not yet
+//! deleted, by a call that started after an earlier call that handed it out had ended. A lease
+//! that lapses makes one (so does a give-back). The emulator's races do not: its overlapping
+//! receives may hand one message to both, and a receive may hand out a message a delete removes
+//! meanwhile.
+//!
+//! Put [`crate::helpers::fault_proxy::FaultProxy`] behind it to slow every call:
 //! the in-flight counts then show which calls overlap.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
@@ -27,6 +35,8 @@ pub struct Calls {
     pub total: usize,
     /// The most that were in flight at once.
     pub max_in_flight: usize,
+    /// Calls not answered with a success (the emulator's error, or none: the proxy's 502).
+    pub failed: usize,
     in_flight: usize,
 }
 
@@ -39,6 +49,9 @@ struct ProxyState {
     client: reqwest::Client,
     upstream: String,
     calls: Mutex<HashMap<String, Calls>>,
+    /// What was handed out and deleted.
+    messages: Mutex<Messages>,
+    redeliveries: AtomicUsize,
     /// How long a short poll waits before it is forwarded.
     short_poll_delay: Mutex<Duration>,
 }
@@ -50,6 +63,8 @@ impl SqsCalls {
             client: reqwest::Client::new(),
             upstream: upstream.trim_end_matches('/').to_owned(),
             calls: Mutex::new(HashMap::new()),
+            messages: Mutex::new(Messages::default()),
+            redeliveries: AtomicUsize::new(0),
             short_poll_delay: Mutex::new(Duration::ZERO),
         });
         let addr = serve(Router::new().fallback(forward).with_state(state.clone())).await;
@@ -67,10 +82,66 @@ impl SqsCalls {
         calls.get(operation).copied().unwrap_or_default()
     }
 
+    /// Messages handed out again after an earlier call that handed them out had ended.
+    pub fn redeliveries(&self) -> usize {
+        self.state.redeliveries.load(Ordering::SeqCst)
+    }
+
     /// From now on, each `ReceiveMessage` that does not wait (a short poll) is held `delay`
     /// before it is forwarded; long polls and every other call pass at once.
     pub fn delay_short_polls(&self, delay: Duration) {
         *self.state.short_poll_delay.lock().unwrap() = delay;
+    }
+}
+
+/// The messages seen going by.
+#[derive(Default)]
+struct Messages {
+    /// Each message handed out: when each call that handed it out started and ended.
+    handed_out: HashMap<String, Vec<(Instant, Instant)>>,
+    /// The message of each receipt handle handed out.
+    by_receipt: HashMap<String, String>,
+    /// When the first delete of each message deleted started.
+    deleted: HashMap<String, Instant>,
+}
+
+impl ProxyState {
+    /// Records the messages of a `ReceiveMessage` answer `body`, from a call `started` then.
+    fn handed_out(&self, body: &[u8], started: Instant) {
+        let ended = Instant::now();
+        let answer: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let mut messages = self.messages.lock().unwrap();
+        for message in answer["Messages"].as_array().into_iter().flatten() {
+            let (Some(id), Some(receipt)) = (
+                message["MessageId"].as_str(),
+                message["ReceiptHandle"].as_str(),
+            ) else {
+                continue;
+            };
+            let deleted_meanwhile = messages.deleted.get(id).is_some_and(|at| *at < ended);
+            let calls = messages.handed_out.entry(id.to_owned()).or_default();
+            if !deleted_meanwhile && calls.iter().any(|(_, end)| *end < started) {
+                self.redeliveries.fetch_add(1, Ordering::SeqCst);
+            }
+            calls.push((started, ended));
+            messages
+                .by_receipt
+                .insert(receipt.to_owned(), id.to_owned());
+        }
+    }
+
+    /// Records the messages a `DeleteMessageBatch` request `body` deletes, from `started`.
+    fn deleting(&self, body: &[u8], started: Instant) {
+        let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let mut messages = self.messages.lock().unwrap();
+        for entry in request["Entries"].as_array().into_iter().flatten() {
+            let Some(receipt) = entry["ReceiptHandle"].as_str() else {
+                continue;
+            };
+            if let Some(id) = messages.by_receipt.get(receipt).cloned() {
+                messages.deleted.entry(id).or_insert(started);
+            }
+        }
     }
 }
 
@@ -112,6 +183,13 @@ impl<'a> InFlight<'a> {
         entry.max_in_flight = entry.max_in_flight.max(entry.in_flight);
         InFlight { state, operation }
     }
+
+    fn failed(&self) {
+        let mut calls = self.state.calls.lock().unwrap();
+        if let Some(entry) = calls.get_mut(&self.operation) {
+            entry.failed += 1;
+        }
+    }
 }
 
 impl Drop for InFlight<'_> {
@@ -131,7 +209,12 @@ async fn forward(
     body: Bytes,
 ) -> Response {
     let (operation, short_poll) = operation(&headers, &body);
-    let _in_flight = InFlight::start(&state, operation);
+    let receive = operation == "ReceiveMessage";
+    if operation == "DeleteMessageBatch" {
+        state.deleting(&body, Instant::now());
+    }
+    let in_flight = InFlight::start(&state, operation);
+    let started = Instant::now();
     if short_poll {
         let delay = *state.short_poll_delay.lock().unwrap();
         tokio::time::sleep(delay).await;
@@ -148,9 +231,15 @@ async fn forward(
         .await;
     let response = match upstream {
         Ok(response) => response,
-        Err(error) => return (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+        Err(error) => {
+            in_flight.failed();
+            return (StatusCode::BAD_GATEWAY, error.to_string()).into_response();
+        }
     };
     let status = response.status();
+    if !status.is_success() {
+        in_flight.failed();
+    }
     let mut headers = response.headers().clone();
     for hop in [
         header::CONTENT_LENGTH,
@@ -160,7 +249,15 @@ async fn forward(
         headers.remove(hop);
     }
     match response.bytes().await {
-        Ok(body) => (status, headers, body).into_response(),
-        Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+        Ok(body) => {
+            if receive && status.is_success() {
+                state.handed_out(&body, started);
+            }
+            (status, headers, body).into_response()
+        }
+        Err(error) => {
+            in_flight.failed();
+            (StatusCode::BAD_GATEWAY, error.to_string()).into_response()
+        }
     }
 }
