@@ -52,6 +52,10 @@
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
 //!   a sink that times out, is black-holed, refused or cut; the `migrate` and `dlq` commands;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
+//! * [`sqs_slow`]: SQS calls made slow (latency on every call, the emulator's own on a deep
+//!   queue): a backlog still drains through two processes; a fill, its heartbeat and its acks
+//!   send their calls side by side; a fill stops at its time budget and keeps what it holds
+//!   leased while it waits;
 //! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
 //!   newer one is held back and listed; off, every update arrives;
 //! * [`standard_ingress`]: Standard Webhooks: the official vector, failed checks, `webhook-id`
@@ -103,6 +107,7 @@ mod pipeline;
 mod redrive;
 mod relay;
 mod sinks;
+mod sqs_slow;
 mod stale;
 mod standard_ingress;
 mod standard_v1a;
