@@ -74,6 +74,7 @@ fn event(i: usize) -> OutgoingMessage {
         payload: stripe_event(&id, "invoice.paid").into(),
         message_id: Some(id),
         traceparent: None,
+        stripe_signature: None,
     }
 }
 

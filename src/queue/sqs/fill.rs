@@ -188,6 +188,7 @@ mod tests {
             defect: None,
             give_up: None,
             traceparent: None,
+            stripe_signature: None,
         }
     }
 
