@@ -49,6 +49,9 @@
 //!   once; the configured delivery limit on an older queue;
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
 //!   a sink that times out, is black-holed, refused or cut; the `migrate` and `dlq` commands;
+//! * [`settings_refused`]: settings that cannot be right stop the start naming the key: secrets
+//!   that verify nothing (`whsec_`), numbers past their bound (a dedup window that would wrap),
+//!   and at the store, a two-day-old generation outliving the window such a number made;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
 //! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
 //!   newer one is held back and listed; off, every update arrives;
@@ -96,6 +99,7 @@ mod paid_invoices;
 mod pipeline;
 mod redrive;
 mod relay;
+mod settings_refused;
 mod sinks;
 mod stale;
 mod standard_ingress;
