@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::backfill::{self, BackfillRange};
-use crate::config::{Settings, TransportKind};
+use crate::config::{shown_destination, Settings, TransportKind};
 use crate::dlq;
 use crate::event::{check_event_field, EventField};
 use crate::inspect::{self, ShowOptions};
@@ -270,7 +270,8 @@ pub(super) async fn outbox(config: Option<PathBuf>, command: OutboxCommand) -> a
     let store = connect(config).await?;
     for row in store.failed_outbox(limit).await? {
         let line = serde_json::json!({
-            "id": row.id, "event_id": row.event_id, "destination": row.destination,
+            "id": row.id, "event_id": row.event_id,
+            "destination": row.destination.as_deref().map(shown_destination),
             "idempotency_key": row.idempotency_key, "attempts": row.attempts,
         });
         println!("{line}");

@@ -32,7 +32,7 @@ pub use secrets::{
     InvalidSigningSecret, InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
     HMAC_SECRET_PREFIX, MIN_STANDARD_KEY_BYTES, STRIPE_SECRET_WARN_CHARS,
 };
-pub use sink::{InvalidSinkSpec, SinkSpec};
+pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::config::{webhook_signature, SigningSecret, SinkSpec};
+use crate::config::{shown_url, webhook_signature, SigningSecret, SinkSpec};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
 use crate::store::OutboxRow;
@@ -25,9 +25,10 @@ use tracing::Instrument;
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// Shown with its causes (`last_error`, logs): reqwest's own text names only the URL, not
-    /// whether the connect was refused, the connection closed or the timeout ran out.
+    /// whether the connect was refused, the connection closed or the timeout ran out. Built
+    /// without the URL ([`From`]): a webhook URL's path or query may be its secret.
     #[error("HTTP request failed: {}", error_chain(.0))]
-    Http(#[from] reqwest::Error),
+    Http(#[source] reqwest::Error),
     #[error("receiver answered {status}")]
     Status { status: u16 },
     /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
@@ -43,6 +44,13 @@ pub enum SinkError {
     Destination(#[source] Arc<dyn std::error::Error + Send + Sync>),
     #[error("file write failed: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The request's error without its URL (`reqwest::Error::without_url`), its causes kept.
+impl From<reqwest::Error> for SinkError {
+    fn from(error: reqwest::Error) -> Self {
+        SinkError::Http(error.without_url())
+    }
 }
 
 /// An error and its sources, `: `-separated.
@@ -341,7 +349,6 @@ impl FileSink {
 }
 
 /// POSTs the raw event with `Idempotency-Key: <key>`; any 2xx is success.
-#[derive(Debug)]
 pub struct HttpSink {
     url: String,
     client: reqwest::Client,
@@ -351,6 +358,17 @@ pub struct HttpSink {
     /// secret, `v1a,` for a `whsk_` ed25519 key), so the receiving app can check that a delivery
     /// came from this relay; empty: unsigned.
     signing_secrets: Arc<[SigningSecret]>,
+}
+
+/// The URL as [`shown_url`] shows it: a webhook URL's path or query may be its secret.
+impl std::fmt::Debug for HttpSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSink")
+            .field("url", &shown_url(&self.url))
+            .field("concurrency", &self.concurrency)
+            .field("signing_secrets", &self.signing_secrets)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpSink {
@@ -409,10 +427,11 @@ impl HttpSink {
             let location = response
                 .headers()
                 .get(http::header::LOCATION)
-                // The receiver's text goes into `last_error`: bounded and printable.
+                // The receiver's text goes into `last_error`: bounded and printable, and shown
+                // as a sink URL is (a redirect to another webhook URL carries its token too).
                 .map(|value| {
-                    crate::event::printable(&String::from_utf8_lossy(value.as_bytes()), 512)
-                        .into_owned()
+                    let location = String::from_utf8_lossy(value.as_bytes());
+                    crate::event::printable(&shown_url(&location), 512).into_owned()
                 })
                 .unwrap_or_default();
             Err(SinkError::Redirected {

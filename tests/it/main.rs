@@ -52,6 +52,8 @@
 //! * [`settings_refused`]: settings that cannot be right stop the start naming the key: secrets
 //!   that verify nothing (`whsec_`), numbers past their bound (a dedup window that would wrap),
 //!   and at the store, a two-day-old generation outliving the window such a number made;
+//! * [`sink_urls`]: a token in the HTTP sink's URL (path or query) reaches no log line,
+//!   `last_error`, `outbox failed` or `events show`, with the sink refusing or answering 500;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
 //! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
 //!   newer one is held back and listed; off, every update arrives;
@@ -100,6 +102,7 @@ mod pipeline;
 mod redrive;
 mod relay;
 mod settings_refused;
+mod sink_urls;
 mod sinks;
 mod stale;
 mod standard_ingress;
