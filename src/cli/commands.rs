@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 
-use crate::backfill::{self, BackfillRange};
+use crate::backfill::{self, BackfillLimits, BackfillRange};
 use crate::config::{shown_destination, Settings, TransportKind};
 use crate::dlq;
 use crate::event::{check_event_field, EventField};
@@ -187,7 +187,10 @@ pub(super) async fn backfill(
         &range,
         &store,
         transport.as_ref(),
-        Duration::from_millis(settings.transport.publish_timeout_ms),
+        BackfillLimits {
+            publish_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
+            max_page_bytes: backfill::page_limit(settings.consumer.max_message_bytes),
+        },
         |s| {
             let line = format!(
                 "backfill: page {}, listed {}, enqueued {}, already processed {}",
