@@ -27,6 +27,8 @@
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
+//! * [`invalid_index`]: a concurrent index build cancelled mid-way leaves an invalid index;
+//!   the next `migrate` rebuilds it (and drops what a cancelled `REINDEX CONCURRENTLY` left);
 //! * [`layout_upgrade`]: a database of the previous version (library tables in `public`, one
 //!   `_sqlx_migrations` shared with the application's) moves to schema `dedup_worker` (SQLite:
 //!   `_dedup_worker_migrations`) keeping every row; the old migrations cannot start again;
@@ -94,6 +96,7 @@ mod fifo;
 mod handler_errors;
 mod hostile;
 mod idempotency;
+mod invalid_index;
 mod layout_upgrade;
 mod operations;
 mod outage;
