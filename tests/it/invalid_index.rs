@@ -3,7 +3,8 @@
 //! an index that does nothing. Reproduced for real on PostgreSQL: the binary's `migrate` builds
 //! `outbox_failed` (migration 20261210000001) while the test holds a lock that makes the build
 //! wait, the test cancels the building backend (`pg_cancel_backend`), and the index is left
-//! invalid. The next `migrate` leaves it valid, saying so. Likewise the invalid `_ccnew` copy a
+//! invalid; sqlx's migrator run again records the migration as applied with it still invalid
+//! (the bug). The binary's next `migrate` leaves it valid, saying so. Likewise the invalid `_ccnew` copy a
 //! cancelled `REINDEX INDEX CONCURRENTLY` leaves is dropped.
 
 use std::process::Stdio;
@@ -15,6 +16,21 @@ use crate::helpers::{dedup_command, run_cli, wait_for, Backend, TestDb};
 
 /// The migration that builds `dedup_worker.outbox_failed` concurrently.
 const OUTBOX_FAILED_INDEX: i64 = 20261210000001;
+
+/// The library's migrations, as sqlx's migrator runs them without dedup-worker's runner.
+static LIBRARY: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// Whether the migration that builds the index is recorded as applied.
+async fn recorded(pool: &PgPool) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        "SELECT success FROM dedup_worker._sqlx_migrations WHERE version = $1",
+    )
+    .bind(OUTBOX_FAILED_INDEX)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+    .unwrap_or(false)
+}
 
 /// `(name, valid)` of the indexes of `outbox_failed`'s table whose name starts with it.
 async fn outbox_failed_indexes(pool: &PgPool) -> Vec<(String, bool)> {
@@ -120,8 +136,22 @@ async fn an_index_left_invalid_by_an_interrupted_concurrent_build_is_rebuilt_by_
         [("outbox_failed".to_owned(), false)],
         "the cancelled build left its index invalid"
     );
+    // What the next run did before this fix, as sqlx's migrator alone does it: `IF NOT EXISTS`
+    // skips the invalid index and the migration is recorded as applied.
+    let mut conn = pool.acquire().await.unwrap();
+    conn.execute("SET search_path TO dedup_worker")
+        .await
+        .unwrap();
+    LIBRARY.run(&mut *conn).await.unwrap();
+    drop(conn);
+    assert!(recorded(&pool).await);
+    assert_eq!(
+        outbox_failed_indexes(&pool).await,
+        [("outbox_failed".to_owned(), false)],
+        "recorded as applied, the index still invalid"
+    );
 
-    // The next migrate: the index is valid and the migration recorded.
+    // The binary's migrate: the index is valid, the migration still recorded.
     let logged = migrate(&db);
     assert_eq!(
         outbox_failed_indexes(&pool).await,
@@ -132,13 +162,7 @@ async fn an_index_left_invalid_by_an_interrupted_concurrent_build_is_rebuilt_by_
         logged.contains("rebuilt an invalid index") && logged.contains("outbox_failed"),
         "{logged}"
     );
-    let recorded: bool =
-        sqlx::query_scalar("SELECT success FROM dedup_worker._sqlx_migrations WHERE version = $1")
-            .bind(OUTBOX_FAILED_INDEX)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert!(recorded);
+    assert!(recorded(&pool).await);
 
     // A REINDEX CONCURRENTLY interrupted the same way leaves an invalid `_ccnew` copy beside
     // the index; migrate drops it.
