@@ -79,8 +79,24 @@ fn decode(
         .decode(encoded)
         .map_err(|e| InvalidEd25519Key::NotBase64 {
             kind,
-            detail: super::secrets::describe_base64_error(&e),
+            detail: describe_base64_error(&e),
         })
+}
+
+/// What is wrong with base64 text, without the offending byte's value (it is part of a secret).
+pub(super) fn describe_base64_error(error: &base64::DecodeError) -> String {
+    match error {
+        base64::DecodeError::InvalidByte(offset, _) => {
+            format!("a character base64 does not use at offset {offset}")
+        }
+        base64::DecodeError::InvalidLength(len) => {
+            format!("{len} characters, a length base64 text cannot have")
+        }
+        base64::DecodeError::InvalidLastSymbol(offset, _) => {
+            format!("an impossible last character at offset {offset}")
+        }
+        base64::DecodeError::InvalidPadding => "missing or misplaced `=` padding".to_owned(),
+    }
 }
 
 /// The content both Standard Webhooks schemes sign: `{id}.{timestamp}.{payload}`, in one buffer

@@ -10,8 +10,8 @@ use serde::{Deserialize, Deserializer};
 use sha2::Sha256;
 
 use super::ed25519::{
-    signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, PUBLIC_KEY_PREFIX,
-    SECRET_KEY_PREFIX,
+    describe_base64_error, signed_content, InvalidEd25519Key, StandardPublicKey,
+    StandardSigningKey, PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
 };
 
 /// A secret string whose `Debug` form does not reveal it (Stripe's `whsec_…` signing secrets are
@@ -147,22 +147,6 @@ impl StandardSecret {
                     .into_bytes()
             )
         )
-    }
-}
-
-/// What is wrong with base64 text, without the offending byte's value (it is part of a secret).
-pub(super) fn describe_base64_error(error: &base64::DecodeError) -> String {
-    match error {
-        base64::DecodeError::InvalidByte(offset, _) => {
-            format!("a character base64 does not use at offset {offset}")
-        }
-        base64::DecodeError::InvalidLength(len) => {
-            format!("{len} characters, a length base64 text cannot have")
-        }
-        base64::DecodeError::InvalidLastSymbol(offset, _) => {
-            format!("an impossible last character at offset {offset}")
-        }
-        base64::DecodeError::InvalidPadding => "missing or misplaced `=` padding".to_owned(),
     }
 }
 

@@ -25,10 +25,15 @@ use tracing::Instrument;
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// Shown with its causes (`last_error`, logs): reqwest's own text names only the URL, not
-    /// whether the connect was refused, the connection closed or the timeout ran out. Built
-    /// without the URL ([`From`]): a webhook URL's path or query may be its secret.
-    #[error("HTTP request failed: {}", error_chain(.0))]
-    Http(#[source] reqwest::Error),
+    /// whether the connect was refused, the connection closed or the timeout ran out. The URL
+    /// as [`shown_url`] shows it, the error without it ([`SinkError::http`]): a webhook URL's
+    /// path or query may be its secret.
+    #[error("HTTP request to {url} failed: {}", error_chain(.source))]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("receiver answered {status}")]
     Status { status: u16 },
     /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
@@ -46,10 +51,14 @@ pub enum SinkError {
     Io(#[from] std::io::Error),
 }
 
-/// The request's error without its URL (`reqwest::Error::without_url`), its causes kept.
-impl From<reqwest::Error> for SinkError {
-    fn from(error: reqwest::Error) -> Self {
-        SinkError::Http(error.without_url())
+impl SinkError {
+    /// A request to `url` failed: the URL as [`shown_url`] shows it, reqwest's error without
+    /// it (`reqwest::Error::without_url`), its causes kept.
+    fn http(url: &str, error: reqwest::Error) -> Self {
+        SinkError::Http {
+            url: shown_url(url),
+            source: error.without_url(),
+        }
     }
 }
 
@@ -383,7 +392,8 @@ impl HttpSink {
             // See `SinkError::Redirected`.
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(concurrency)
-            .build()?;
+            .build()
+            .map_err(|error| SinkError::http(&url, error))?;
         Ok(HttpSink {
             url,
             client,
@@ -419,7 +429,11 @@ impl HttpSink {
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", signature);
         }
-        let response = request.body(row.payload.clone()).send().await?;
+        let response = request
+            .body(row.payload.clone())
+            .send()
+            .await
+            .map_err(|error| SinkError::http(&self.url, error))?;
         let status = response.status();
         if status.is_success() {
             Ok(())

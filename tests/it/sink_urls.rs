@@ -72,6 +72,7 @@ async fn tokens_in_a_sink_url_reach_no_log_row_or_report() {
         "http://127.0.0.1:{}/services/T000/B000/{PATH_TOKEN}?token={QUERY_TOKEN}",
         proxy.port
     );
+    let shown = format!("http://127.0.0.1:{}/services/…?…", proxy.port);
     let db = TestDb::new(Backend::Postgres).await;
     let work = tempfile::tempdir().unwrap();
     let bin = RunningBinary::start(
@@ -96,7 +97,9 @@ async fn tokens_in_a_sink_url_reach_no_log_row_or_report() {
     accept(&bin, &refused).await;
     for (id, error) in failed_rows(&bin, pool, &refused).await {
         assert_no_token(&format!("{id}'s last_error"), &error);
-        // Still says why: the proxy resets the connection as soon as it is taken.
+        // Still says where, as the rule shows the URL, and why: the proxy resets the
+        // connection as soon as it is taken.
+        assert!(error.contains(&shown), "{id}: {error}");
         assert!(
             error.contains("reset") || error.contains("closed"),
             "{id}: {error}"
