@@ -43,8 +43,8 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Room in a page for what is not an event (the list's own fields, commas, brackets).
 const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 
-/// The largest page read: [`PAGE_SIZE`] events of at most `max_message_bytes` each (the
-/// consumer dead-letters a larger event unread anyway), plus [`PAGE_OVERHEAD_BYTES`].
+/// The largest page read: 100 events (a page's size) of at most `max_message_bytes` each (the
+/// consumer dead-letters a larger event unread anyway), plus 64 KiB for the list around them.
 pub fn page_limit(max_message_bytes: usize) -> usize {
     (PAGE_SIZE as usize)
         .saturating_mul(max_message_bytes)

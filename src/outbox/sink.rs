@@ -26,7 +26,7 @@ use tracing::Instrument;
 pub enum SinkError {
     /// Shown with its causes (`last_error`, logs): reqwest's own text names only the URL, not
     /// whether the connect was refused, the connection closed or the timeout ran out. The URL
-    /// as [`shown_url`] shows it, the error without it ([`SinkError::http`]): a webhook URL's
+    /// as [`shown_url`] shows it, the error without it (`reqwest::Error::without_url`): a webhook URL's
     /// path or query may be its secret.
     #[error("HTTP request to {url} failed: {}", error_chain(.source))]
     Http {
