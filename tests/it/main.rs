@@ -8,6 +8,8 @@
 //!   circle; no file in `src/` is over 500 lines;
 //! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
 //!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
+//!   a page over the page limit, one that never ends and one that trickles stop it with nothing
+//!   of that page published;
 //! * [`broker_outage`]: RabbitMQ and SQS cut, black-holed and refused under traffic: 503 while
 //!   down, reconnection by itself, every acknowledged event at the sink once;
 //! * [`handler_errors`]: a handler's database errors classified (constraint, undefined
@@ -53,7 +55,8 @@
 //!   a sink that times out, is black-holed, refused or cut; the `migrate` and `dlq` commands;
 //! * [`settings_refused`]: settings that cannot be right stop the start naming the key: secrets
 //!   that verify nothing (`whsec_`), numbers past their bound (a dedup window that would wrap),
-//!   and at the store, a two-day-old generation outliving the window such a number made;
+//!   and at the store, a two-day-old generation outliving the window such a number made; a
+//!   short Stripe secret starts with a warning;
 //! * [`sink_urls`]: a token in the HTTP sink's URL (path or query) reaches no log line,
 //!   `last_error`, `outbox failed` or `events show`, with the sink refusing or answering 500;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;

@@ -23,8 +23,14 @@ const WRAPPING_DAYS: u64 = 213_503_982_334_602;
 
 /// How `serve` ended up: listening (it accepted the configuration), or exited first.
 enum Start {
-    Listening { child: Child, addr: String },
-    Refused { stderr: String },
+    Listening {
+        child: Child,
+        addr: String,
+        stderr_path: std::path::PathBuf,
+    },
+    Refused {
+        stderr: String,
+    },
 }
 
 /// Starts `serve` with `env` on a fresh SQLite file and port 0.
@@ -51,7 +57,11 @@ fn start(env: &[(&str, String)], dir: &std::path::Path) -> Start {
         l.strip_prefix("dedup-worker listening on ")
             .map(str::to_owned)
     }) {
-        Some(addr) => Start::Listening { child, addr },
+        Some(addr) => Start::Listening {
+            child,
+            addr,
+            stderr_path,
+        },
         None => {
             let status = child.wait().expect("wait");
             assert!(!status.success(), "exited without listening, yet succeeded");
@@ -71,7 +81,9 @@ where
 {
     match start {
         Start::Refused { stderr } => stderr,
-        Start::Listening { mut child, addr } => {
+        Start::Listening {
+            mut child, addr, ..
+        } => {
             let answered = probe(addr.clone()).await;
             let _ = child.kill();
             let _ = child.wait();
@@ -254,4 +266,47 @@ async fn outlives_the_wrapping_window(backend: Backend) {
     let pass = store.maintain_dedup_generations(wrapped).await.unwrap();
     assert_eq!(pass.expired, 1, "{pass:?}");
     assert!(record(&store, "evt_two_days_old").await, "handled twice");
+}
+
+/// Item 4's other half: a Stripe secret shorter than Stripe issues (README's quick start uses
+/// `whsec_local`) starts, with a WARN naming the key and the entry, not the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_stripe_secret_starts_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = start(
+        &[
+            (
+                "STRIPE_WEBHOOK_SECRET",
+                format!("{STRIPE_SECRET},whsec_local"),
+            ),
+            ("RUST_LOG", "warn".to_owned()),
+        ],
+        dir.path(),
+    );
+    let Start::Listening {
+        mut child,
+        addr,
+        stderr_path,
+    } = started
+    else {
+        panic!("refused a short Stripe secret");
+    };
+    let body = stripe_event("evt_short_secret", "invoice.paid");
+    let url = format!("{addr}/webhooks/stripe");
+    let r = post_signed(&reqwest::Client::new(), &url, "whsec_local", body)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "verified under the short secret");
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = crate::helpers::without_colours(&std::fs::read_to_string(stderr_path).unwrap());
+    let warning = logged
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("stripe.secrets"))
+        .unwrap_or_else(|| panic!("no WARN naming stripe.secrets in: {logged}"));
+    assert!(
+        warning.contains("entry=2") && warning.contains("chars=5"),
+        "{warning}"
+    );
+    assert!(!warning.contains("whsec_local"), "{warning}");
 }
