@@ -247,8 +247,8 @@ impl Application {
                 });
             }
             let retention = RetentionOptions {
-                dedup_window: Duration::from_secs(c.dedup_retention_days * 86_400),
-                outbox_window: Duration::from_secs(settings.outbox.retention_hours * 3_600),
+                dedup_window: c.dedup_window(),
+                outbox_window: settings.outbox.retention(),
                 interval: Duration::from_secs(c.retention_interval_secs.max(1)),
                 batch: c.retention_batch,
                 statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
