@@ -16,20 +16,23 @@ use serde::Deserialize;
 
 use crate::telemetry::LogFormat;
 
+mod bounds;
 mod ed25519;
 mod secrets;
 mod sink;
 mod validate;
 
+pub use bounds::{whole_days, whole_hours};
 pub use ed25519::{
     signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS,
     PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
 };
 pub use secrets::{
-    redact_url, standard_mac, webhook_signature, ConnectionUrl, InvalidSigningSecret,
-    InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
+    redact_url, standard_mac, stripe_key_material, webhook_signature, ConnectionUrl,
+    InvalidSigningSecret, InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
+    HMAC_SECRET_PREFIX, MIN_STANDARD_KEY_BYTES, STRIPE_SECRET_WARN_CHARS,
 };
-pub use sink::{InvalidSinkSpec, SinkSpec};
+pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -186,7 +189,7 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct StripeSettings {
     /// Signing secrets, each tried (rotation). Kept out of `Debug` output by [`Secret`].
-    #[serde(deserialize_with = "secrets::comma_separated")]
+    #[serde(deserialize_with = "secrets::comma_separated_stripe")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
@@ -330,25 +333,6 @@ pub struct ConsumerSettings {
     pub stale_guard: StaleGuardSettings,
 }
 
-impl ConsumerSettings {
-    /// How long processed ids are kept: `dedup_window_secs` when set, else
-    /// `dedup_retention_days` (saturating: an absurd value keeps ids longer, never shorter).
-    pub fn dedup_window(&self) -> Duration {
-        match self.dedup_window_secs {
-            Some(secs) => Duration::from_secs(secs),
-            None => Duration::from_secs(self.dedup_retention_days.saturating_mul(86_400)),
-        }
-    }
-
-    /// The key that set [`ConsumerSettings::dedup_window`], for error messages.
-    pub fn dedup_window_key(&self) -> &'static str {
-        match self.dedup_window_secs {
-            Some(_) => "consumer.dedup_window_secs",
-            None => "consumer.dedup_retention_days",
-        }
-    }
-}
-
 /// `consumer.envelope`: what the queue's messages wrap their event in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -445,6 +429,7 @@ impl Settings {
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
         let settings: Settings = figment.extract().map_err(Box::new)?;
         settings.validate()?;
+        settings.warn_about_weak_values();
         Ok(settings)
     }
 

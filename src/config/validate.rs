@@ -2,14 +2,15 @@
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
 use super::{
-    invalid, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS, MIN_DEDUP_RETENTION_DAYS,
-    MIN_LEASE_SECS,
+    invalid, stripe_key_material, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS,
+    MIN_DEDUP_RETENTION_DAYS, MIN_LEASE_SECS, STRIPE_SECRET_WARN_CHARS,
 };
 use crate::event::{check_event_field, EventField};
 
 impl Settings {
     /// Rejects values that parse but cannot work, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_upper_bounds()?;
         if !(self.database_url.starts_with("postgres://")
             || self.database_url.starts_with("postgresql://")
             || self.database_url.starts_with("sqlite:"))
@@ -242,6 +243,29 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// Logs a WARN for values accepted but suspicious: Stripe secrets shorter than Stripe issues
+    /// (only where the ingress verifies with them). Refused values are [`Settings::validate`]'s.
+    pub(super) fn warn_about_weak_values(&self) {
+        if !self.roles.ingress {
+            return;
+        }
+        for (i, secret) in self.stripe.secrets.iter().enumerate() {
+            let chars = stripe_key_material(secret.expose()).chars().count();
+            if chars < STRIPE_SECRET_WARN_CHARS {
+                tracing::warn!(
+                    key = "stripe.secrets",
+                    entry = i + 1,
+                    chars,
+                    "a Stripe webhook secret with fewer than {STRIPE_SECRET_WARN_CHARS} \
+                     characters after whsec_ (Stripe issues 32 or more): fine for local tests, \
+                     but a short secret can be guessed; use the endpoint's signing secret"
+                );
+            }
+        }
     }
 }
 
