@@ -29,10 +29,25 @@ pub fn whole_hours(hours: u64) -> Duration {
     Duration::from_secs(hours.saturating_mul(3_600))
 }
 
+/// The largest `consumer.dedup_retention_days`, and in seconds `consumer.dedup_window_secs`.
+const MAX_DEDUP_DAYS: u64 = 3_650;
+
 impl ConsumerSettings {
+    /// How long processed ids are kept: `dedup_window_secs` when set, else
     /// `dedup_retention_days` as a duration.
     pub fn dedup_window(&self) -> Duration {
-        whole_days(self.dedup_retention_days)
+        match self.dedup_window_secs {
+            Some(secs) => Duration::from_secs(secs),
+            None => whole_days(self.dedup_retention_days),
+        }
+    }
+
+    /// The key that set [`ConsumerSettings::dedup_window`], for error messages.
+    pub fn dedup_window_key(&self) -> &'static str {
+        match self.dedup_window_secs {
+            Some(_) => "consumer.dedup_window_secs",
+            None => "consumer.dedup_retention_days",
+        }
     }
 }
 
@@ -122,7 +137,7 @@ impl Settings {
             (
                 "consumer.dedup_retention_days",
                 c.dedup_retention_days,
-                3_650,
+                MAX_DEDUP_DAYS,
             ),
             (
                 "consumer.retention_interval_secs",
@@ -154,7 +169,13 @@ impl Settings {
 
     /// Refuses any numeric value above its bound, naming the key.
     pub(super) fn check_upper_bounds(&self) -> Result<(), ConfigError> {
-        for (key, value, max) in self.bounded_values() {
+        // The optional window in seconds (absent from the defaults, so not in the table above):
+        // the days' bound.
+        let window_secs = self.consumer.dedup_window_secs.map(|secs| {
+            let key = "consumer.dedup_window_secs";
+            (key, secs, MAX_DEDUP_DAYS * 86_400)
+        });
+        for (key, value, max) in self.bounded_values().into_iter().chain(window_secs) {
             if value > max {
                 return Err(invalid(
                     key,

@@ -319,6 +319,11 @@ pub struct ConsumerSettings {
     /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
     /// never to redeliver that late. Off by default: the floor protects Stripe events.
     pub allow_short_dedup_retention: bool,
+    /// The dedup window in seconds; when set it replaces `dedup_retention_days` (see
+    /// [`ConsumerSettings::dedup_window`]). Below the same minimum only with
+    /// `allow_short_dedup_retention`.
+    #[serde(default)]
+    pub dedup_window_secs: Option<u64>,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.

@@ -86,6 +86,48 @@ fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
 }
 
 #[test]
+fn dedup_window_secs_replaces_the_days_under_the_same_minimum() {
+    let days = Settings::from_figment(with("http.listen", "127.0.0.1:0")).expect("valid");
+    assert_eq!(
+        days.consumer.dedup_window(),
+        Duration::from_secs(30 * 86_400)
+    );
+
+    let err = Settings::from_figment(with("consumer.dedup_window_secs", 60))
+        .expect_err("a minute is below Stripe's retries");
+    let text = err.to_string();
+    for needed in [
+        "consumer.dedup_window_secs",
+        "is 60 s",
+        "minimum of 4 days",
+        "allow_short_dedup_retention",
+    ] {
+        assert!(text.contains(needed), "{needed:?} missing from: {text}");
+    }
+
+    let s = Settings::from_figment(with("consumer.dedup_window_secs", 60).merge(
+        Serialized::default("consumer.allow_short_dedup_retention", true),
+    ))
+    .expect("allowed explicitly");
+    assert_eq!(s.consumer.dedup_window(), Duration::from_secs(60));
+
+    let err = Settings::from_figment(with("consumer.dedup_window_secs", 3_650 * 86_400 + 1))
+        .expect_err("above the days' bound");
+    assert!(
+        err.to_string().contains("`consumer.dedup_window_secs`"),
+        "{err}"
+    );
+
+    // Set and long enough, it needs no override, and the days no longer count.
+    let s = Settings::from_figment(
+        with("consumer.dedup_window_secs", 5 * 86_400)
+            .merge(Serialized::default("consumer.dedup_retention_days", 0)),
+    )
+    .expect("the seconds decide");
+    assert_eq!(s.consumer.dedup_window(), Duration::from_secs(5 * 86_400));
+}
+
+#[test]
 fn retention_batch_must_be_positive() {
     for batch in [0i64, -1] {
         let err = Settings::from_figment(with("consumer.retention_batch", batch))

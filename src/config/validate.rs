@@ -153,18 +153,22 @@ impl Settings {
                 ));
             }
         }
-        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
+        let window = self.consumer.dedup_window();
+        if window.as_secs() < MIN_DEDUP_RETENTION_DAYS * 86_400
             && !self.consumer.allow_short_dedup_retention
         {
+            let value = match self.consumer.dedup_window_secs {
+                Some(secs) => format!("{secs} s"),
+                None => self.consumer.dedup_retention_days.to_string(),
+            };
             return Err(invalid(
-                "consumer.dedup_retention_days",
+                self.consumer.dedup_window_key(),
                 format!(
-                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
-                     webhook for up to 3 days, and a retry arriving after its processed id was \
-                     purged is handled again (a double charge). Set \
+                    "is {value}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe \
+                     retries a webhook for up to 3 days, and a retry arriving after its processed \
+                     id was purged is handled again (a double charge). Set \
                      consumer.allow_short_dedup_retention = true only if no source redelivers \
-                     that late",
-                    self.consumer.dedup_retention_days
+                     that late"
                 ),
             ));
         }
