@@ -6,8 +6,9 @@
 # ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
 # installed, moto_server is started on a free port for the run and stopped after; Debian's
 # prometheus and docker-compose are installed when missing (tests/it/operations/).
-# Then a fuzz smoke run: every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each,
-# through scripts/fuzz.sh (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
+# Then a fault soak of 60 s (bench/soak.sh; SOAK_SECONDS=0 skips it), and a fuzz smoke run:
+# every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each, through scripts/fuzz.sh
+# (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,6 +88,11 @@ unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WE
 # its unit-test harness.
 cargo build --locked --example paid_invoices
 cargo test --locked "$@"
+
+# --- fault soak -------------------------------------------------------------------------------
+# bench/soak.sh for 60 s, a fresh seed each run (printed first, with the command that replays
+# it), debug builds (`cargo test` built most of them), on an emulator of its own.
+[ "${SOAK_SECONDS:-60}" = 0 ] || env -u AWS_ENDPOINT_URL SOAK_PROFILE=debug SOAK_RATE=20 ./bench/soak.sh "${SOAK_SECONDS:-60}"
 
 # --- fuzz smoke run -------------------------------------------------------------------------
 if [ "${FUZZ_SECONDS:-20}" != 0 ]; then

@@ -14,6 +14,11 @@
 //! * **Rate limits and blips.** A 429 is retried after its `Retry-After` (or a backoff), a 5xx
 //!   or a failed request after a backoff, up to [`MAX_ATTEMPTS`] tries per page; every request
 //!   is bounded by [`REQUEST_TIMEOUT`], every publish by the transport's publish timeout.
+//! * **Bounded pages.** A page is read into memory up to [`page_limit`] bytes (a hundred
+//!   events of at most `consumer.max_message_bytes` each); a larger one, or one that never
+//!   ends, stops the backfill with an error naming the limit before any of that page is
+//!   published; one that trickles, at [`REQUEST_TIMEOUT`]. What earlier pages published is
+//!   what the progress lines reported.
 //! * **Filters.** `--type` patterns (`invoice.*`, `*.updated`, exact names) are matched here,
 //!   on each listed event; Stripe's own `type` filter takes one pattern only.
 
@@ -35,6 +40,16 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_ATTEMPTS: u32 = 8;
 /// The longest `Retry-After` honoured; a longer one is waited this long, then retried.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Room in a page for what is not an event (the list's own fields, commas, brackets).
+const PAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// The largest page read: 100 events (a page's size) of at most `max_message_bytes` each (the
+/// consumer dead-letters a larger event unread anyway), plus 64 KiB for the list around them.
+pub fn page_limit(max_message_bytes: usize) -> usize {
+    (PAGE_SIZE as usize)
+        .saturating_mul(max_message_bytes)
+        .saturating_add(PAGE_OVERHEAD_BYTES)
+}
 
 /// Which events to list.
 #[derive(Debug, Clone)]
@@ -64,8 +79,15 @@ pub struct Summary {
 pub enum BackfillError {
     #[error("listing events from Stripe failed: {0}")]
     List(#[source] ApiError),
-    #[error("Stripe's answer could not be read")]
-    Decode(#[source] reqwest::Error),
+    /// A page over [`page_limit`]: nothing of it was published.
+    #[error(
+        "a page of Stripe's events is larger than {limit} bytes ({PAGE_SIZE} events of at most \
+         consumer.max_message_bytes each, and the list around them); stopped before publishing \
+         any of that page"
+    )]
+    PageTooLarge { limit: usize },
+    #[error("Stripe's answer is not a page of events")]
+    Decode(#[source] serde_json::Error),
     #[error("asking the store which events are processed failed")]
     Store(#[source] StoreError),
     #[error("publishing {event_id} failed")]
@@ -104,6 +126,7 @@ async fn page(
     api: &StripeApi,
     range: &BackfillRange,
     starting_after: Option<&str>,
+    max_bytes: usize,
 ) -> Result<Page, BackfillError> {
     let mut query = vec![
         ("limit", PAGE_SIZE.to_string()),
@@ -115,11 +138,23 @@ async fn page(
     if let Some(after) = starting_after {
         query.push(("starting_after", after.to_owned()));
     }
-    let response = api
-        .get("/v1/events", &query, &[], PAGE_RETRIES)
+    let body = api
+        .get_limited("/v1/events", &query, &[], PAGE_RETRIES, max_bytes)
         .await
-        .map_err(BackfillError::List)?;
-    response.json::<Page>().await.map_err(BackfillError::Decode)
+        .map_err(|error| match error {
+            ApiError::TooLarge { limit } => BackfillError::PageTooLarge { limit },
+            error => BackfillError::List(error),
+        })?;
+    serde_json::from_slice::<Page>(&body).map_err(BackfillError::Decode)
+}
+
+/// How the backfill talks to its transport and reads Stripe's pages.
+#[derive(Debug, Clone, Copy)]
+pub struct BackfillLimits {
+    /// Each publish waits at most this (`transport.publish_timeout_ms`).
+    pub publish_timeout: Duration,
+    /// The largest page read, in bytes ([`page_limit`]).
+    pub max_page_bytes: usize,
 }
 
 /// Lists the range page by page and publishes what is not processed yet; `progress` is called
@@ -129,13 +164,17 @@ pub async fn backfill(
     range: &BackfillRange,
     store: &Store,
     transport: &dyn Transport,
-    publish_timeout: Duration,
+    limits: BackfillLimits,
     mut progress: impl FnMut(&Summary),
 ) -> Result<Summary, BackfillError> {
+    let BackfillLimits {
+        publish_timeout,
+        max_page_bytes,
+    } = limits;
     let mut summary = Summary::default();
     let mut starting_after: Option<String> = None;
     loop {
-        let page = page(api, range, starting_after.as_deref()).await?;
+        let page = page(api, range, starting_after.as_deref(), max_page_bytes).await?;
         summary.pages += 1;
         let mut events = Vec::with_capacity(page.data.len());
         for raw in &page.data {
@@ -165,6 +204,8 @@ pub async fn backfill(
                 message_type: Some(event.event_type.to_owned()),
                 payload: bytes::Bytes::copy_from_slice(raw.get().as_bytes()),
                 traceparent: None,
+                // Listed from Stripe's API, not a signed delivery: every generation is looked up.
+                stripe_signature: None,
             };
             let published = tokio::time::timeout(publish_timeout, transport.publish(message))
                 .await

@@ -110,5 +110,7 @@ fn message(dead: DeadLetter) -> OutgoingMessage {
         message_type: known(dead.event_type),
         payload: dead.payload.into(),
         traceparent: None,
+        // The dead letter kept no signature: the redriven event is looked up everywhere.
+        stripe_signature: None,
     }
 }

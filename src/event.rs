@@ -25,6 +25,12 @@ pub struct Event {
     pub payload: Bytes,
     /// Which delivery of this message this is (1 on the first); lets a handler tell a retry.
     pub delivery_attempt: u32,
+    /// The id an earlier release or another setting gave this same message, under the same
+    /// source (a thin event's own id, now keyed by its `snapshot_event`; an EventBridge
+    /// envelope's id, now keyed by its `detail`): the dedup insert looks it up as well, so a
+    /// message handled under the old key is a duplicate under the new one, but never records
+    /// it. `None` for most events.
+    pub alias: Option<String>,
 }
 
 impl Event {
@@ -179,6 +185,7 @@ mod tests {
             event_type: "invoice.paid".into(),
             payload: Bytes::from_static(payload.as_bytes()),
             delivery_attempt: 1,
+            alias: None,
         };
         let paid = event(r#"{"id":"evt_1","data":{"object":{"id":"in_1","amount_paid":500}}}"#);
         let parsed: Envelope = paid.json().unwrap();

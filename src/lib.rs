@@ -14,9 +14,11 @@
 //!   delivers the rows, and the sinks (log, file, HTTP, AMQP, SQS).
 //! * [`store`]: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
-//! * [`stripe`]: what the pipeline knows of Stripe beyond its signature: the shapes a change
-//!   arrives in (snapshot event, thin event, EventBridge envelope) and the dedup key of each,
-//!   and its API (the backfill's event list, a thin event's full event).
+//! * [`stripe`]: what the pipeline knows of Stripe: its signature (verified by the ingress on
+//!   each delivery, and again by the consumer, on the copy the ingress carried with the
+//!   message, before it trusts an event's `created`), the shapes a change arrives in (snapshot
+//!   event, thin event, EventBridge envelope) and the dedup key of each, and its API (the
+//!   backfill's event list, a thin event's full event).
 //! * [`dlq`]: `dlq redrive`, which publishes dead letters again through the configured
 //!   transport; [`backfill`]: events Stripe no longer retries, listed from its API and
 //!   published the same way, so dedup absorbs those received before.

@@ -228,6 +228,7 @@ impl Application {
             };
             let workers = if store.single_writer() { 1 } else { c.workers };
             let fetch = full_event_fetch(&settings)?;
+            let stripe_secrets = StripeProvider::from_settings(&settings.stripe).secrets;
             for _ in 0..workers {
                 let consumer = Consumer::new(
                     store.clone(),
@@ -237,7 +238,8 @@ impl Application {
                     options.clone(),
                 )
                 .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
-                .with_full_event_fetch(fetch.clone());
+                .with_full_event_fetch(fetch.clone())
+                .with_stripe_secrets(stripe_secrets.clone());
                 let (token, abandon) = (shutdown.clone(), abandon.clone());
                 tasks.spawn(async move {
                     consumer.run(token, abandon).await;
@@ -245,8 +247,8 @@ impl Application {
                 });
             }
             let retention = RetentionOptions {
-                dedup_window: Duration::from_secs(c.dedup_retention_days * 86_400),
-                outbox_window: Duration::from_secs(settings.outbox.retention_hours * 3_600),
+                dedup_window: c.dedup_window(),
+                outbox_window: settings.outbox.retention(),
                 interval: Duration::from_secs(c.retention_interval_secs.max(1)),
                 batch: c.retention_batch,
                 statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),

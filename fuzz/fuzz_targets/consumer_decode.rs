@@ -45,6 +45,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         defect: None,
         give_up: None,
         traceparent: None,
+        stripe_signature: None,
     };
     if let Ok(event) = decode_delivery(&delivery, &options) {
         for (field, value) in [

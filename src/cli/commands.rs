@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 
-use crate::backfill::{self, BackfillRange};
-use crate::config::{Settings, TransportKind};
+use crate::backfill::{self, BackfillLimits, BackfillRange};
+use crate::config::{shown_destination, Settings, TransportKind};
 use crate::dlq;
 use crate::event::{check_event_field, EventField};
 use crate::inspect::{self, ShowOptions};
@@ -187,7 +187,10 @@ pub(super) async fn backfill(
         &range,
         &store,
         transport.as_ref(),
-        Duration::from_millis(settings.transport.publish_timeout_ms),
+        BackfillLimits {
+            publish_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
+            max_page_bytes: backfill::page_limit(settings.consumer.max_message_bytes),
+        },
         |s| {
             let line = format!(
                 "backfill: page {}, listed {}, enqueued {}, already processed {}",
@@ -270,7 +273,8 @@ pub(super) async fn outbox(config: Option<PathBuf>, command: OutboxCommand) -> a
     let store = connect(config).await?;
     for row in store.failed_outbox(limit).await? {
         let line = serde_json::json!({
-            "id": row.id, "event_id": row.event_id, "destination": row.destination,
+            "id": row.id, "event_id": row.event_id,
+            "destination": row.destination.as_deref().map(shown_destination),
             "idempotency_key": row.idempotency_key, "attempts": row.attempts,
         });
         println!("{line}");

@@ -34,12 +34,16 @@ pub enum InvalidEd25519Key {
         kind: &'static str,
         prefix: &'static str,
     },
-    #[error("the {kind} key is not base64 after its prefix: {source}")]
-    NotBase64 {
+    /// Nothing after the prefix (an unset variable in a template such as `whsk_${X}`).
+    #[error("the {kind} key is empty after {prefix}")]
+    Empty {
         kind: &'static str,
-        #[source]
-        source: base64::DecodeError,
+        prefix: &'static str,
     },
+    /// Described without base64's own error, whose text quotes the offending byte: part of a
+    /// secret key.
+    #[error("the {kind} key is not base64 after its prefix: {detail}")]
+    NotBase64 { kind: &'static str, detail: String },
     #[error("the {kind} key decodes to {len} bytes; {expected}")]
     WrongLength {
         kind: &'static str,
@@ -68,9 +72,31 @@ fn decode(
     let encoded = text
         .strip_prefix(prefix)
         .ok_or(InvalidEd25519Key::MissingPrefix { kind, prefix })?;
+    if encoded.trim().is_empty() {
+        return Err(InvalidEd25519Key::Empty { kind, prefix });
+    }
     BASE64
         .decode(encoded)
-        .map_err(|source| InvalidEd25519Key::NotBase64 { kind, source })
+        .map_err(|e| InvalidEd25519Key::NotBase64 {
+            kind,
+            detail: describe_base64_error(&e),
+        })
+}
+
+/// What is wrong with base64 text, without the offending byte's value (it is part of a secret).
+pub(super) fn describe_base64_error(error: &base64::DecodeError) -> String {
+    match error {
+        base64::DecodeError::InvalidByte(offset, _) => {
+            format!("a character base64 does not use at offset {offset}")
+        }
+        base64::DecodeError::InvalidLength(len) => {
+            format!("{len} characters, a length base64 text cannot have")
+        }
+        base64::DecodeError::InvalidLastSymbol(offset, _) => {
+            format!("an impossible last character at offset {offset}")
+        }
+        base64::DecodeError::InvalidPadding => "missing or misplaced `=` padding".to_owned(),
+    }
 }
 
 /// The content both Standard Webhooks schemes sign: `{id}.{timestamp}.{payload}`, in one buffer
@@ -260,6 +286,7 @@ mod tests {
             (format!("whsec_{}", b64(SEED)), "starts with whsk_"),
             (b64(SEED), "starts with whsk_"),
             ("whsk_not base64!".to_owned(), "not base64"),
+            ("whsk_".to_owned(), "empty after whsk_"),
             (format!("whsk_{}", BASE64.encode([1u8; 31])), "31 bytes"),
             (format!("whsk_{}", BASE64.encode([1u8; 33])), "33 bytes"),
             (mismatched, "not its seed's public key"),
@@ -268,8 +295,9 @@ mod tests {
                 .expect_err(&text)
                 .to_string();
             assert!(error.contains(wanted), "{text}: {error}");
+            let material = &text[text.len().min(5)..];
             assert!(
-                !error.contains(&text[text.len().min(5)..]),
+                material.is_empty() || !error.contains(material),
                 "{error} shows the key"
             );
         }
@@ -293,6 +321,7 @@ mod tests {
             (b64(PUBLIC), "starts with whpk_"),
             (format!("whsk_{}", b64(PUBLIC)), "starts with whpk_"),
             ("whpk_%%%%".to_owned(), "not base64"),
+            ("whpk_".to_owned(), "empty after whpk_"),
             (format!("whpk_{}", BASE64.encode([1u8; 31])), "31 bytes"),
             (
                 format!("whpk_{}", b64(&format!("{SEED}{PUBLIC}"))),

@@ -16,20 +16,23 @@ use serde::Deserialize;
 
 use crate::telemetry::LogFormat;
 
+mod bounds;
 mod ed25519;
 mod secrets;
 mod sink;
 mod validate;
 
+pub use bounds::{whole_days, whole_hours};
 pub use ed25519::{
     signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS,
     PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
 };
 pub use secrets::{
-    redact_url, standard_mac, webhook_signature, ConnectionUrl, InvalidSigningSecret,
-    InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
+    redact_url, standard_mac, stripe_key_material, webhook_signature, ConnectionUrl,
+    InvalidSigningSecret, InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
+    HMAC_SECRET_PREFIX, MIN_STANDARD_KEY_BYTES, STRIPE_SECRET_WARN_CHARS,
 };
-pub use sink::{InvalidSinkSpec, SinkSpec};
+pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -186,7 +189,7 @@ pub struct HttpSettings {
 #[serde(deny_unknown_fields)]
 pub struct StripeSettings {
     /// Signing secrets, each tried (rotation). Kept out of `Debug` output by [`Secret`].
-    #[serde(deserialize_with = "secrets::comma_separated")]
+    #[serde(deserialize_with = "secrets::comma_separated_stripe")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
     pub tolerance_secs: u64,
@@ -316,6 +319,11 @@ pub struct ConsumerSettings {
     /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
     /// never to redeliver that late. Off by default: the floor protects Stripe events.
     pub allow_short_dedup_retention: bool,
+    /// The dedup window in seconds; when set it replaces `dedup_retention_days` (see
+    /// [`ConsumerSettings::dedup_window`]). Below the same minimum only with
+    /// `allow_short_dedup_retention`.
+    #[serde(default)]
+    pub dedup_window_secs: Option<u64>,
     pub retention_interval_secs: u64,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
@@ -421,6 +429,7 @@ impl Settings {
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
         let settings: Settings = figment.extract().map_err(Box::new)?;
         settings.validate()?;
+        settings.warn_about_weak_values();
         Ok(settings)
     }
 

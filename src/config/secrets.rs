@@ -10,8 +10,8 @@ use serde::{Deserialize, Deserializer};
 use sha2::Sha256;
 
 use super::ed25519::{
-    signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, PUBLIC_KEY_PREFIX,
-    SECRET_KEY_PREFIX,
+    describe_base64_error, signed_content, InvalidEd25519Key, StandardPublicKey,
+    StandardSigningKey, PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
 };
 
 /// A secret string whose `Debug` form does not reveal it (Stripe's `whsec_…` signing secrets are
@@ -81,7 +81,22 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{masked}{}", &rest[at..])
 }
 
-/// A Standard Webhooks secret (`whsec_<base64>`), already decoded into the HMAC key it names.
+/// The fewest key bytes accepted in a Standard Webhooks `whsec_` secret (`standard_webhooks.secrets`,
+/// `outbox.signing_secret`). The specification has senders generate 24 to 64 random bytes; a
+/// shorter key is a typo, a truncated paste or a placeholder, and one of a few bytes can be
+/// found by trying them all.
+pub const MIN_STANDARD_KEY_BYTES: usize = 16;
+
+/// Below this many characters after `whsec_`, a Stripe signing secret is logged as suspicious at
+/// start-up (not refused: Stripe issues 32 or more, and README's local quick start uses
+/// `whsec_local`).
+pub const STRIPE_SECRET_WARN_CHARS: usize = 16;
+
+/// The prefix of Stripe's and Standard Webhooks' HMAC secrets.
+pub const HMAC_SECRET_PREFIX: &str = "whsec_";
+
+/// A Standard Webhooks secret (`whsec_<base64>`), already decoded into the HMAC key it names: at
+/// least [`MIN_STANDARD_KEY_BYTES`] bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StandardSecret {
     /// The decoded key: what the HMAC is keyed with.
@@ -89,13 +104,32 @@ pub struct StandardSecret {
 }
 
 impl StandardSecret {
-    /// Decodes `whsec_<base64>` (the prefix is optional, as in the official libraries).
+    /// Decodes `whsec_<base64>` (the prefix is optional, as in the official libraries) and
+    /// refuses a key that verifies nothing: empty (a template such as `whsec_${X}` with `X`
+    /// unset; anyone can sign with the empty key) or shorter than [`MIN_STANDARD_KEY_BYTES`].
     pub fn parse(secret: &str) -> Result<Self, InvalidStandardSecret> {
-        let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
+        let encoded = secret.strip_prefix(HMAC_SECRET_PREFIX).unwrap_or(secret);
+        // Whitespace alone would otherwise be refused as "not base64", hiding the real mistake.
+        if encoded.trim().is_empty() {
+            return Err(InvalidStandardSecret::Empty);
+        }
+        let key = Self::decode(secret)?;
+        if key.is_empty() {
+            return Err(InvalidStandardSecret::Empty);
+        }
+        if key.len() < MIN_STANDARD_KEY_BYTES {
+            return Err(InvalidStandardSecret::TooShort { len: key.len() });
+        }
+        Ok(StandardSecret { key })
+    }
+
+    /// The key bytes of `whsec_<base64>`, of any length (the verifier's own tests and fuzz
+    /// targets sign with arbitrary keys; configuration goes through [`StandardSecret::parse`]).
+    pub fn decode(secret: &str) -> Result<Vec<u8>, InvalidStandardSecret> {
+        let encoded = secret.strip_prefix(HMAC_SECRET_PREFIX).unwrap_or(secret);
         BASE64
             .decode(encoded)
-            .map(|key| StandardSecret { key })
-            .map_err(|e| InvalidStandardSecret(e.to_string()))
+            .map_err(|e| InvalidStandardSecret::NotBase64(describe_base64_error(&e)))
     }
 
     /// The HMAC key.
@@ -137,10 +171,25 @@ impl std::fmt::Debug for StandardSecret {
     }
 }
 
-/// A secret that is not `whsec_`-prefixed base64 (reported at start-up, naming the key).
+/// A Standard Webhooks secret that was refused (reported at start-up, naming the key and entry).
+/// Never contains key material.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a Standard Webhooks secret must be base64 (optionally prefixed whsec_): {0}")]
-pub struct InvalidStandardSecret(String);
+pub enum InvalidStandardSecret {
+    #[error("a Standard Webhooks secret must be base64 (optionally prefixed whsec_): {0}")]
+    NotBase64(String),
+    /// Nothing after `whsec_`, or base64 of zero bytes: the empty HMAC key, which anyone can
+    /// sign with.
+    #[error(
+        "the secret is empty after whsec_ (an unset variable in a template such as whsec_${{X}}?): \
+         an empty HMAC key verifies anything anyone signs with it"
+    )]
+    Empty,
+    #[error(
+        "the secret decodes to {len} bytes, fewer than {MIN_STANDARD_KEY_BYTES}: Standard Webhooks \
+         keys are 24 to 64 random bytes, and a short one can be guessed"
+    )]
+    TooShort { len: usize },
+}
 
 /// One entry of `outbox.signing_secret`: a `whsec_` secret signs with a `v1,` HMAC item, a
 /// `whsk_` ed25519 secret key with a `v1a,` item. Neither shows in `Debug` output.
@@ -215,25 +264,52 @@ fn comma_separated_strings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String
 }
 
 /// `stripe.secrets`: a list, or one comma-separated string, of secrets tried in turn (rotation).
-pub(super) fn comma_separated<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
-    Ok(comma_separated_strings(d)?
+/// One with nothing after `whsec_` refuses the configuration, naming the key and the entry's
+/// position (never the entry: it is a secret).
+pub(super) fn comma_separated_stripe<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<Secret>, D::Error> {
+    comma_separated_strings(d)?
         .into_iter()
-        .map(Secret)
-        .collect())
+        .enumerate()
+        .map(|(i, s)| {
+            if stripe_key_material(&s).trim().is_empty() {
+                return Err(serde::de::Error::custom(format!(
+                    "entry {}: the Stripe webhook secret is empty after whsec_ (an unset variable \
+                     in a template such as whsec_${{X}}?): an empty HMAC key verifies anything \
+                     anyone signs with it",
+                    i + 1
+                )));
+            }
+            Ok(Secret(s))
+        })
+        .collect()
 }
 
-/// `standard_webhooks.secrets`: as [`comma_separated`], each decoded; one that does not decode
-/// refuses the configuration, naming the key.
+/// What follows `whsec_` in a Stripe secret (the whole string without the prefix). Stripe keys
+/// its HMAC with the whole string, prefix included, so this is the part only the secret's holder
+/// knows.
+pub fn stripe_key_material(secret: &str) -> &str {
+    secret.strip_prefix(HMAC_SECRET_PREFIX).unwrap_or(secret)
+}
+
+/// `standard_webhooks.secrets`: as [`comma_separated_stripe`], each decoded; one that does not
+/// decode, or decodes to a key that verifies nothing, refuses the configuration, naming the key
+/// and the entry's position.
 pub(super) fn comma_separated_standard<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Vec<StandardSecret>, D::Error> {
     comma_separated_strings(d)?
         .iter()
-        .map(|s| StandardSecret::parse(s).map_err(serde::de::Error::custom))
+        .enumerate()
+        .map(|(i, s)| {
+            StandardSecret::parse(s)
+                .map_err(|e| serde::de::Error::custom(format!("entry {}: {e}", i + 1)))
+        })
         .collect()
 }
 
-/// `outbox.signing_secret`: as [`comma_separated`], each parsed as a [`SigningSecret`]; one that
+/// `outbox.signing_secret`: as [`comma_separated_stripe`], each parsed as a [`SigningSecret`]; one that
 /// does not parse refuses the configuration, naming the key and the entry's position (never the
 /// entry: it is a secret).
 pub(super) fn comma_separated_signing<'de, D: Deserializer<'de>>(
@@ -249,7 +325,7 @@ pub(super) fn comma_separated_signing<'de, D: Deserializer<'de>>(
         .collect()
 }
 
-/// `standard_webhooks.public_keys`: as [`comma_separated`], each parsed as a `whpk_` key; one
+/// `standard_webhooks.public_keys`: as [`comma_separated_stripe`], each parsed as a `whpk_` key; one
 /// that does not parse refuses the configuration, naming the key and the entry: its text when it
 /// is `whpk_`-prefixed (public), only its position otherwise (a secret pasted in the wrong place
 /// must not reach the logs).
@@ -319,9 +395,43 @@ mod tests {
         );
         let err = StandardSecret::parse("whsec_not base64!").expect_err("invalid");
         assert!(err.to_string().contains("base64"), "{err}");
+        // base64's own message quotes the offending byte, part of the secret.
+        assert!(!err.to_string().contains("32"), "{err}");
         assert_eq!(
-            format!("{:?}", StandardSecret::parse("whsec_AAAA").expect("valid")),
+            format!(
+                "{:?}",
+                StandardSecret::parse(&format!("whsec_{}", BASE64.encode([7u8; 16])))
+                    .expect("valid")
+            ),
             "StandardSecret(***)"
         );
+    }
+
+    #[test]
+    fn standard_secrets_that_verify_nothing_are_refused() {
+        for empty in ["whsec_", "", "whsec_  ", " \t"] {
+            assert_eq!(
+                StandardSecret::parse(empty),
+                Err(InvalidStandardSecret::Empty),
+                "{empty:?}"
+            );
+        }
+        for len in [1, MIN_STANDARD_KEY_BYTES - 1] {
+            let short = format!("whsec_{}", BASE64.encode(vec![7u8; len]));
+            assert_eq!(
+                StandardSecret::parse(&short),
+                Err(InvalidStandardSecret::TooShort { len })
+            );
+        }
+        let shortest = format!("whsec_{}", BASE64.encode([7u8; MIN_STANDARD_KEY_BYTES]));
+        assert_eq!(
+            StandardSecret::parse(&shortest).expect("16 bytes").key(),
+            [7u8; MIN_STANDARD_KEY_BYTES]
+        );
+        // Decoding alone (the verifier's, for keys of any length) still takes them.
+        assert_eq!(StandardSecret::decode("whsec_"), Ok(Vec::new()));
+        assert_eq!(StandardSecret::decode("whsec_AAAA"), Ok(vec![0, 0, 0]));
+        let short = SigningSecret::parse("whsec_AAAA").expect_err("3 bytes");
+        assert!(short.to_string().contains("3 bytes"), "{short}");
     }
 }

@@ -1,6 +1,7 @@
 //! Configuration tests: defaults, and that each refused value names its key.
 
 use super::*;
+use base64::prelude::{Engine as _, BASE64_STANDARD};
 use figment::providers::Serialized;
 
 fn with<T: serde::Serialize>(key: &str, value: T) -> Figment {
@@ -82,6 +83,48 @@ fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
         assert_eq!(s.consumer.dedup_retention_days, days);
         assert!(s.consumer.allow_short_dedup_retention);
     }
+}
+
+#[test]
+fn dedup_window_secs_replaces_the_days_under_the_same_minimum() {
+    let days = Settings::from_figment(with("http.listen", "127.0.0.1:0")).expect("valid");
+    assert_eq!(
+        days.consumer.dedup_window(),
+        Duration::from_secs(30 * 86_400)
+    );
+
+    let err = Settings::from_figment(with("consumer.dedup_window_secs", 60))
+        .expect_err("a minute is below Stripe's retries");
+    let text = err.to_string();
+    for needed in [
+        "consumer.dedup_window_secs",
+        "is 60 s",
+        "minimum of 4 days",
+        "allow_short_dedup_retention",
+    ] {
+        assert!(text.contains(needed), "{needed:?} missing from: {text}");
+    }
+
+    let s = Settings::from_figment(with("consumer.dedup_window_secs", 60).merge(
+        Serialized::default("consumer.allow_short_dedup_retention", true),
+    ))
+    .expect("allowed explicitly");
+    assert_eq!(s.consumer.dedup_window(), Duration::from_secs(60));
+
+    let err = Settings::from_figment(with("consumer.dedup_window_secs", 3_650 * 86_400 + 1))
+        .expect_err("above the days' bound");
+    assert!(
+        err.to_string().contains("`consumer.dedup_window_secs`"),
+        "{err}"
+    );
+
+    // Set and long enough, it needs no override, and the days no longer count.
+    let s = Settings::from_figment(
+        with("consumer.dedup_window_secs", 5 * 86_400)
+            .merge(Serialized::default("consumer.dedup_retention_days", 0)),
+    )
+    .expect("the seconds decide");
+    assert_eq!(s.consumer.dedup_window(), Duration::from_secs(5 * 86_400));
 }
 
 #[test]
@@ -244,4 +287,64 @@ fn signing_secrets_take_whsk_keys_beside_whsec_and_never_show_them() {
         "{text}"
     );
     assert!(!text.contains(&bad[5..]), "{text}");
+}
+
+/// Issue 26, item 4: a secret with no key material (`whsec_`, as a template `whsec_${X}` with
+/// `X` unset leaves it) verifies nothing anyone signs with the empty key; each of the three keys
+/// refuses it, naming the key and the entry, never the other entries' secrets.
+#[test]
+fn secrets_that_verify_nothing_are_refused_naming_key_and_entry() {
+    const GOOD_HMAC: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    for key in [
+        "stripe.secrets",
+        "standard_webhooks.secrets",
+        "outbox.signing_secret",
+    ] {
+        for (value, entry) in [
+            ("whsec_".to_owned(), "entry 1"),
+            (format!("{GOOD_HMAC}, whsec_"), "entry 2"),
+            (format!("{GOOD_HMAC},whsec_ \t"), "entry 2"),
+        ] {
+            let figment = Figment::from(Toml::string(DEFAULT_TOML))
+                .merge(Serialized::default("stripe.secrets", GOOD_HMAC))
+                .merge(Serialized::default(key, &value));
+            let text = Settings::from_figment(figment)
+                .expect_err("an empty secret")
+                .to_string();
+            for needed in [key, entry, "empty after whsec_"] {
+                assert!(text.contains(needed), "{needed:?} missing from: {text}");
+            }
+            assert!(!text.contains(&GOOD_HMAC[6..]), "{text}");
+        }
+    }
+    // ed25519 secret keys and public keys: empty after their prefix.
+    for (key, value) in [
+        ("outbox.signing_secret", "whsk_"),
+        ("standard_webhooks.public_keys", "whpk_"),
+    ] {
+        let text = Settings::from_figment(with(key, value))
+            .expect_err("empty")
+            .to_string();
+        assert!(text.contains(key) && text.contains("empty after"), "{text}");
+    }
+}
+
+/// Standard Webhooks keys (`v1` secrets we verify with or sign with) shorter than 16 bytes are
+/// refused, naming the key, the entry and the length; Stripe's are only warned about (README's
+/// quick start uses `whsec_local`), but an empty one is refused as above.
+#[test]
+fn short_standard_keys_are_refused_and_short_stripe_secrets_accepted() {
+    let fifteen = format!("whsec_{}", BASE64_STANDARD.encode([9u8; 15]));
+    let sixteen = format!("whsec_{}", BASE64_STANDARD.encode([9u8; 16]));
+    for key in ["standard_webhooks.secrets", "outbox.signing_secret"] {
+        let text = Settings::from_figment(with(key, format!("{sixteen},{fifteen}")))
+            .expect_err("15 bytes")
+            .to_string();
+        for needed in [key, "entry 2", "15 bytes, fewer than 16"] {
+            assert!(text.contains(needed), "{needed:?} missing from: {text}");
+        }
+        Settings::from_figment(with(key, &sixteen)).expect("16 bytes are enough");
+    }
+    let s = Settings::from_figment(with("stripe.secrets", "whsec_local")).expect("warned only");
+    assert_eq!(s.stripe.secrets[0].expose(), "whsec_local");
 }

@@ -2,14 +2,15 @@
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
 use super::{
-    invalid, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS, MIN_DEDUP_RETENTION_DAYS,
-    MIN_LEASE_SECS,
+    invalid, stripe_key_material, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS,
+    MIN_DEDUP_RETENTION_DAYS, MIN_LEASE_SECS, STRIPE_SECRET_WARN_CHARS,
 };
 use crate::event::{check_event_field, EventField};
 
 impl Settings {
     /// Rejects values that parse but cannot work, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_upper_bounds()?;
         if !(self.database_url.starts_with("postgres://")
             || self.database_url.starts_with("postgresql://")
             || self.database_url.starts_with("sqlite:"))
@@ -152,18 +153,22 @@ impl Settings {
                 ));
             }
         }
-        if self.consumer.dedup_retention_days < MIN_DEDUP_RETENTION_DAYS
+        let window = self.consumer.dedup_window();
+        if window.as_secs() < MIN_DEDUP_RETENTION_DAYS * 86_400
             && !self.consumer.allow_short_dedup_retention
         {
+            let value = match self.consumer.dedup_window_secs {
+                Some(secs) => format!("{secs} s"),
+                None => self.consumer.dedup_retention_days.to_string(),
+            };
             return Err(invalid(
-                "consumer.dedup_retention_days",
+                self.consumer.dedup_window_key(),
                 format!(
-                    "is {}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe retries a \
-                     webhook for up to 3 days, and a retry arriving after its processed id was \
-                     purged is handled again (a double charge). Set \
+                    "is {value}, below the minimum of {MIN_DEDUP_RETENTION_DAYS} days: Stripe \
+                     retries a webhook for up to 3 days, and a retry arriving after its processed \
+                     id was purged is handled again (a double charge). Set \
                      consumer.allow_short_dedup_retention = true only if no source redelivers \
-                     that late",
-                    self.consumer.dedup_retention_days
+                     that late"
                 ),
             ));
         }
@@ -238,6 +243,29 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// Logs a WARN for values accepted but suspicious: Stripe secrets shorter than Stripe issues
+    /// (only where the ingress verifies with them). Refused values are [`Settings::validate`]'s.
+    pub(super) fn warn_about_weak_values(&self) {
+        if !self.roles.ingress {
+            return;
+        }
+        for (i, secret) in self.stripe.secrets.iter().enumerate() {
+            let chars = stripe_key_material(secret.expose()).chars().count();
+            if chars < STRIPE_SECRET_WARN_CHARS {
+                tracing::warn!(
+                    key = "stripe.secrets",
+                    entry = i + 1,
+                    chars,
+                    "a Stripe webhook secret with fewer than {STRIPE_SECRET_WARN_CHARS} \
+                     characters after whsec_ (Stripe issues 32 or more): fine for local tests, \
+                     but a short secret can be guessed; use the endpoint's signing secret"
+                );
+            }
+        }
     }
 }
 

@@ -154,6 +154,9 @@ pub struct Consumer {
     /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
     /// `None`.
     full_events: Option<FullEventFetch>,
+    /// `stripe.secrets`: they verify the signature the ingress carried with a message, before
+    /// an event's `created` may spare dedup lookups (`record.rs`). Empty: every lookup is made.
+    stripe_secrets: Arc<Vec<String>>,
 }
 
 impl Consumer {
@@ -172,7 +175,15 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
+            stripe_secrets: Arc::default(),
         }
+    }
+
+    /// The Stripe signing secrets (`stripe.secrets`) that verify the signature the ingress
+    /// carried with each message; with none, no creation time is trusted (correct, slower).
+    pub fn with_stripe_secrets(mut self, secrets: Arc<Vec<String>>) -> Self {
+        self.stripe_secrets = secrets;
+        self
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
@@ -314,7 +325,7 @@ impl Consumer {
 
         let mut tx = self.store.begin().await?;
         let candidates: Vec<&(Event, &Delivery)> = events.iter().collect();
-        let (fresh, seen) = record_new(&mut tx, candidates).await?;
+        let (fresh, seen) = record_new(&mut tx, candidates, &self.stripe_secrets).await?;
         outcome.duplicates += seen.len();
         to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
         duplicates.extend(seen.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
@@ -348,7 +359,7 @@ impl Consumer {
             tx.rollback().await?;
             tx = self.store.begin().await?;
             // Another worker may have committed some of these meanwhile: ask again.
-            let (still_new, taken) = record_new(&mut tx, fresh).await?;
+            let (still_new, taken) = record_new(&mut tx, fresh, &self.stripe_secrets).await?;
             outcome.duplicates += taken.len();
             to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
             duplicates.extend(taken.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));

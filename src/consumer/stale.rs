@@ -6,6 +6,12 @@
 //! `stale_events` with the newer event's id, counted (`dedup_stale_events_total`), logged, and
 //! not passed to the handler, so not forwarded. Equal versions are not stale.
 //!
+//! A thin event (an event notification) is guarded like its snapshot sibling: its `created` is
+//! RFC 3339 text, read as Unix seconds (the unit of a snapshot event's `created`, so the two
+//! shapes of one object's changes compare, and a thin event and its snapshot event are equal
+//! versions), and its object is its `related_object.id` where the configured pointer finds
+//! nothing in it.
+//!
 //! The check runs in the batch transaction, inside the event's savepoint when there is one, so
 //! it commits with the dedup insert or not at all: an event whose handler fails leaves no
 //! version behind, and a rolled-back batch decides again. The object's row stays locked until
@@ -14,6 +20,7 @@
 use crate::config::StaleGuardSettings;
 use crate::event::{type_matches, Event};
 use crate::store::{StaleEvent, StoreError, StoreTx};
+use crate::stripe::shape::THIN_EVENT_OBJECT;
 
 /// The configured guard (only built when enabled).
 #[derive(Debug, Clone)]
@@ -22,7 +29,7 @@ pub struct StaleGuard {
     types: Vec<String>,
     /// Where the object's id is in the payload.
     object_pointer: String,
-    /// Where the version (an integer) is in the payload.
+    /// Where the version (an integer, or RFC 3339 text read as Unix seconds) is in the payload.
     version_pointer: String,
 }
 
@@ -46,12 +53,23 @@ impl StaleGuard {
             return None;
         }
         let payload: serde_json::Value = serde_json::from_slice(&event.payload).ok()?;
-        let object = match payload.pointer(&self.object_pointer)? {
+        let thin =
+            payload.get("object").and_then(serde_json::Value::as_str) == Some(THIN_EVENT_OBJECT);
+        let object = match payload.pointer(&self.object_pointer) {
+            None if thin => payload.pointer("/related_object/id")?,
+            found => found?,
+        };
+        let object = match object {
             serde_json::Value::String(s) if !s.is_empty() => s.clone(),
             serde_json::Value::Number(n) => n.to_string(),
             _ => return None,
         };
-        let version = payload.pointer(&self.version_pointer)?.as_i64()?;
+        let version = match payload.pointer(&self.version_pointer)? {
+            serde_json::Value::String(time) => {
+                chrono::DateTime::parse_from_rfc3339(time).ok()?.timestamp()
+            }
+            other => other.as_i64()?,
+        };
         Some((object, version))
     }
 
@@ -91,5 +109,82 @@ impl StaleGuard {
         })
         .await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn guard(object_pointer: &str) -> StaleGuard {
+        StaleGuard {
+            types: vec!["*.updated".into()],
+            object_pointer: object_pointer.into(),
+            version_pointer: "/created".into(),
+        }
+    }
+
+    fn event(event_type: &str, payload: serde_json::Value) -> Event {
+        Event {
+            source: "stripe".into(),
+            id: "evt_1".into(),
+            event_type: event_type.into(),
+            payload: Bytes::from(payload.to_string()),
+            delivery_attempt: 1,
+            alias: None,
+        }
+    }
+
+    #[test]
+    fn a_thin_event_is_versioned_in_seconds_and_by_its_related_object() {
+        let guard = guard("/data/object/id");
+        let snapshot = event(
+            "customer.subscription.updated",
+            serde_json::json!({"object": "event", "created": 1_796_119_212,
+                               "data": {"object": {"id": "sub_1"}}}),
+        );
+        let thin = event(
+            "v1.customer.subscription.updated",
+            serde_json::json!({"object": "v2.core.event", "created": "2026-12-01T10:00:12.345Z",
+                               "related_object": {"id": "sub_1", "type": "subscription"}}),
+        );
+        // One change in both shapes: the same object, equal versions (not stale).
+        assert_eq!(
+            guard.object_version(&snapshot),
+            Some(("sub_1".into(), 1_796_119_212))
+        );
+        assert_eq!(
+            guard.object_version(&thin),
+            Some(("sub_1".into(), 1_796_119_212))
+        );
+        // An object the pointer finds wins, in a thin event too (a fetched full event).
+        let full = event(
+            "v1.customer.subscription.updated",
+            serde_json::json!({"object": "v2.core.event", "created": "2026-12-01T10:00:12Z",
+                               "data": {"object": {"id": "sub_2"}},
+                               "related_object": {"id": "sub_1"}}),
+        );
+        assert_eq!(guard.object_version(&full).unwrap().0, "sub_2");
+        // Only a thin event falls back on its related object; text that is not a time, and
+        // types not guarded, are not guarded.
+        let snapshot_with_related = event(
+            "customer.updated",
+            serde_json::json!({"object": "event", "created": 1, "related_object": {"id": "x"}}),
+        );
+        assert_eq!(guard.object_version(&snapshot_with_related), None);
+        let not_a_time = event(
+            "v1.customer.updated",
+            serde_json::json!({"object": "v2.core.event", "created": "yesterday",
+                               "related_object": {"id": "cus_1"}}),
+        );
+        assert_eq!(guard.object_version(&not_a_time), None);
+        let created = event(
+            "v1.customer.created",
+            serde_json::json!({"object": "v2.core.event", "created": "2026-12-01T10:00:12Z",
+                               "related_object": {"id": "cus_1"}}),
+        );
+        assert_eq!(guard.object_version(&created), None);
     }
 }

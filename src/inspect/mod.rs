@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::config::shown_destination;
 use crate::store::{
     bounded, DeadLetterRecord, DuplicateDeliveries, OutboxRecord, ProcessedRecord, QueuedRecord,
     RedriveRecord, StaleRecord, Store, StoreError,
@@ -220,7 +221,7 @@ impl EventReport {
             .iter()
             .map(|o| {
                 json!({
-                    "id": o.id, "destination": o.destination.as_deref().map(without_credentials),
+                    "id": o.id, "destination": o.destination.as_deref().map(shown_destination),
                     "status": o.status, "attempts": o.attempts, "last_error": o.last_error,
                     "created_at": time(o.created_at), "next_attempt_at": time(o.next_attempt_at),
                     "dispatched_at": o.dispatched_at.map(time),
@@ -266,34 +267,30 @@ pub fn time(ms: i64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
-/// A destination with any `user:password@` of a URL replaced by `***@`: reports are pasted
-/// into tickets.
-fn without_credentials(destination: &str) -> String {
-    let Some((scheme, rest)) = destination.split_once("://") else {
-        return destination.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => destination.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn credentials_in_a_destination_url_are_hidden() {
+    fn credentials_and_tokens_in_a_destination_url_are_hidden() {
         assert_eq!(
-            without_credentials("amqp://user:secret@broker:5672/%2f?exchange=x"),
-            "amqp://***@broker:5672/%2f?exchange=x"
+            shown_destination("amqp://user:secret@broker:5672/%2f?exchange=x"),
+            "amqp://user:***@broker:5672/%2f (exchange x)"
         );
         assert_eq!(
-            without_credentials("https://hooks.example/a@b"),
+            shown_destination("https://hooks.slack.com/services/T0/B0/S3CRET"),
+            "https://hooks.slack.com/services/…"
+        );
+        assert_eq!(
+            shown_destination("https://hooks.example/a@b"),
             "https://hooks.example/a@b"
         );
-        assert_eq!(without_credentials("file:/tmp/x"), "file:/tmp/x");
+        assert_eq!(shown_destination("file:/tmp/x"), "file:/tmp/x");
+        assert_eq!(
+            shown_destination("gopher://h/x/S3CRET"),
+            "gopher://h/x/…",
+            "one that does not parse"
+        );
     }
 
     #[test]

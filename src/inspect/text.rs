@@ -4,7 +4,8 @@
 
 use std::fmt::Write as _;
 
-use super::{time, without_credentials, EventReport, Outcome};
+use super::{time, EventReport, Outcome};
+use crate::config::shown_destination;
 use crate::event::printable;
 
 /// The longest error text shown per line (the JSON carries it whole).
@@ -125,7 +126,7 @@ pub(super) fn render(report: &EventReport) -> String {
     field(&mut out, "duplicates", recognised);
     for row in &report.outbox {
         let sink = match &row.destination {
-            Some(destination) => without_credentials(destination),
+            Some(destination) => shown_destination(destination),
             None => "default sink".to_owned(),
         };
         let error = row

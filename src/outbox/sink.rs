@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::config::{webhook_signature, SigningSecret, SinkSpec};
+use crate::config::{shown_url, webhook_signature, SigningSecret, SinkSpec};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
 use crate::store::OutboxRow;
@@ -25,9 +25,15 @@ use tracing::Instrument;
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// Shown with its causes (`last_error`, logs): reqwest's own text names only the URL, not
-    /// whether the connect was refused, the connection closed or the timeout ran out.
-    #[error("HTTP request failed: {}", error_chain(.0))]
-    Http(#[from] reqwest::Error),
+    /// whether the connect was refused, the connection closed or the timeout ran out. The URL
+    /// as [`shown_url`] shows it, the error without it (`reqwest::Error::without_url`): a webhook URL's
+    /// path or query may be its secret.
+    #[error("HTTP request to {url} failed: {}", error_chain(.source))]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("receiver answered {status}")]
     Status { status: u16 },
     /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
@@ -43,6 +49,17 @@ pub enum SinkError {
     Destination(#[source] Arc<dyn std::error::Error + Send + Sync>),
     #[error("file write failed: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl SinkError {
+    /// A request to `url` failed: the URL as [`shown_url`] shows it, reqwest's error without
+    /// it (`reqwest::Error::without_url`), its causes kept.
+    fn http(url: &str, error: reqwest::Error) -> Self {
+        SinkError::Http {
+            url: shown_url(url),
+            source: error.without_url(),
+        }
+    }
 }
 
 /// An error and its sources, `: `-separated.
@@ -229,6 +246,7 @@ impl Sink for SqsSink {
                         message_type: Some(row.event_type.clone()),
                         payload: bytes::Bytes::from(row.payload.clone()),
                         traceparent,
+                        stripe_signature: None,
                     };
                     self.queue.publish(message).await.map_err(SinkError::Sqs)
                 })
@@ -341,7 +359,6 @@ impl FileSink {
 }
 
 /// POSTs the raw event with `Idempotency-Key: <key>`; any 2xx is success.
-#[derive(Debug)]
 pub struct HttpSink {
     url: String,
     client: reqwest::Client,
@@ -351,6 +368,17 @@ pub struct HttpSink {
     /// secret, `v1a,` for a `whsk_` ed25519 key), so the receiving app can check that a delivery
     /// came from this relay; empty: unsigned.
     signing_secrets: Arc<[SigningSecret]>,
+}
+
+/// The URL as [`shown_url`] shows it: a webhook URL's path or query may be its secret.
+impl std::fmt::Debug for HttpSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSink")
+            .field("url", &shown_url(&self.url))
+            .field("concurrency", &self.concurrency)
+            .field("signing_secrets", &self.signing_secrets)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpSink {
@@ -365,7 +393,8 @@ impl HttpSink {
             // See `SinkError::Redirected`.
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(concurrency)
-            .build()?;
+            .build()
+            .map_err(|error| SinkError::http(&url, error))?;
         Ok(HttpSink {
             url,
             client,
@@ -401,7 +430,11 @@ impl HttpSink {
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", signature);
         }
-        let response = request.body(row.payload.clone()).send().await?;
+        let response = request
+            .body(row.payload.clone())
+            .send()
+            .await
+            .map_err(|error| SinkError::http(&self.url, error))?;
         let status = response.status();
         if status.is_success() {
             Ok(())
@@ -409,10 +442,11 @@ impl HttpSink {
             let location = response
                 .headers()
                 .get(http::header::LOCATION)
-                // The receiver's text goes into `last_error`: bounded and printable.
+                // The receiver's text goes into `last_error`: bounded and printable, and shown
+                // as a sink URL is (a redirect to another webhook URL carries its token too).
                 .map(|value| {
-                    crate::event::printable(&String::from_utf8_lossy(value.as_bytes()), 512)
-                        .into_owned()
+                    let location = String::from_utf8_lossy(value.as_bytes());
+                    crate::event::printable(&shown_url(&location), 512).into_owned()
                 })
                 .unwrap_or_default();
             Err(SinkError::Redirected {

@@ -203,6 +203,7 @@ impl Transport for DatabaseQueue {
             message_type: message.message_type,
             payload: message.payload.to_vec(),
             traceparent: message.traceparent,
+            stripe_signature: message.stripe_signature,
         };
         self.publish_tx
             .send((message, reply_tx))
@@ -227,6 +228,7 @@ impl Transport for DatabaseQueue {
             message_type: message.message_type,
             payload: message.payload.to_vec(),
             traceparent: message.traceparent,
+            stripe_signature: message.stripe_signature,
         };
         self.store.enqueue(queue, &[message]).await?;
         self.wakeups.queue.notify_waiters();
@@ -270,6 +272,7 @@ impl Transport for DatabaseQueue {
                 defect: None,
                 give_up: None,
                 traceparent: row.traceparent,
+                stripe_signature: row.stripe_signature,
             })
             .collect())
     }

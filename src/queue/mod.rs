@@ -37,6 +37,11 @@ pub struct OutgoingMessage {
     /// The W3C `traceparent` of the span that published it (a queue row's column, an AMQP
     /// header, an SQS attribute), so the consumer continues the trace; `None` with traces off.
     pub traceparent: Option<String>,
+    /// The `Stripe-Signature` the ingress verified, reduced to `t=…,v1=<the v1 that matched>`
+    /// ([`crate::stripe::signature::VerifiedSignature::compact`]): a queue row's column, an AMQP
+    /// header, an SQS attribute. The consumer verifies it again before it trusts the event's
+    /// `created` (`consumer/record.rs`); `None` from every other publisher.
+    pub stripe_signature: Option<String>,
 }
 
 /// Identifies one delivery for `ack`/`retry_later`.
@@ -69,6 +74,9 @@ pub struct Delivery {
     /// The publisher's `traceparent`, when it sent a valid one (see
     /// [`crate::telemetry::traces`]).
     pub traceparent: Option<String>,
+    /// The compact `Stripe-Signature` the publisher carried (see [`OutgoingMessage`]); anyone
+    /// who can publish to the queue can set it, so it is only a claim until verified.
+    pub stripe_signature: Option<String>,
     /// Why the transport could not read this message as its producer meant it (an SQS body
     /// marked base64 that is not); such a message is dead-lettered with this reason rather than
     /// left to come back forever.

@@ -33,13 +33,13 @@ use futures::{FutureExt, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicNackOptions, BasicQosOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use crate::telemetry::traces;
 
+mod headers;
 mod incoming;
 mod publisher;
 mod tags;
@@ -48,21 +48,10 @@ mod topology;
 pub use publisher::{ConfirmPublisher, Declare};
 use publisher::{Side, BROKER_ANSWER_TIMEOUT};
 
+use headers::now_ms;
 pub use incoming::BROKER_DEAD_LETTERED;
 use incoming::{Incoming, Origin};
 use tags::ChannelTags;
-
-/// Header carrying the event source (first half of the dedup key).
-const SOURCE_HEADER: &str = "x-dedup-source";
-/// Header carrying how many deliveries a republished retry already had.
-const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
-/// Header carrying when the message was first published (Unix ms; a retry's copy keeps it).
-const ENQUEUED_HEADER: &str = "x-dedup-enqueued-ms";
-
-/// Milliseconds since the Unix epoch, for [`ENQUEUED_HEADER`].
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
 
 /// RabbitMQ options (see `[transport]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -118,10 +107,6 @@ fn unavailable(e: lapin::Error) -> TransportError {
 /// The broker did not do what was asked (no answer in time, a nack, a stream that ended).
 fn broker_failed(what: impl std::fmt::Display) -> TransportError {
     TransportError::Unavailable(Cause::from(format!("rabbitmq: {what}")))
-}
-
-fn long(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
 /// What the transport's connections declare: its queues.
@@ -193,26 +178,10 @@ impl RabbitMqQueue {
         attempts: u32,
         enqueued_at: Option<i64>,
     ) -> Result<(), TransportError> {
-        let mut headers = FieldTable::default();
-        if let Some(source) = &message.source {
-            headers.insert(SOURCE_HEADER.into(), long(source));
-        }
-        if let Some(at) = enqueued_at {
-            headers.insert(ENQUEUED_HEADER.into(), AMQPValue::LongLongInt(at));
-        }
-        if let Some(traceparent) = &message.traceparent {
-            headers.insert(traces::TRACEPARENT.into(), long(traceparent));
-        }
-        if attempts > 0 {
-            headers.insert(
-                ATTEMPTS_HEADER.into(),
-                AMQPValue::LongLongInt(i64::from(attempts)),
-            );
-        }
         let mut properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
-            .with_headers(headers);
+            .with_headers(headers::written(message, attempts, enqueued_at));
         if let Some(id) = &message.message_id {
             properties = properties.with_message_id(id.as_str().into());
         }
@@ -458,6 +427,7 @@ impl Transport for RabbitMqQueue {
             message_type: delivery.message_type.clone(),
             payload: delivery.payload.clone(),
             traceparent: delivery.traceparent.clone(),
+            stripe_signature: delivery.stripe_signature.clone(),
         };
         // The copy is confirmed before the original is acked: a crash in between delivers
         // the event twice, which the dedup record absorbs; the other order could lose it.

@@ -5,9 +5,11 @@
 //!   answering). The event id, type and source travel as message attributes; on a FIFO queue
 //!   (`….fifo`) the event's object is the message group and `source:id` the deduplication id
 //!   (`sqs/fifo.rs`).
-//! * `receive` long-polls and gathers up to the batch size in calls of ten; each message stays
-//!   invisible for the lease (`consumer.lease_secs`, extended by the consumer's heartbeat) and
-//!   comes back if not deleted.
+//! * `receive` long-polls for a first page of ten, then gathers the rest of the batch with
+//!   short polls side by side, until a time budget of a quarter of the lease is spent, and keeps
+//!   what it holds leased while it does (`sqs/fill.rs`). Each message stays invisible for the
+//!   lease (`consumer.lease_secs`, extended by the consumer's heartbeat) and comes back if not
+//!   deleted.
 //! * Long polling: every `ReceiveMessage` is billed and counts against throttling, and an empty
 //!   short poll answers at once, so a consumer looping on `receive` with its short
 //!   `consumer.poll_interval_ms` would send a stream of empty calls while idle. So a receive
@@ -26,14 +28,14 @@
 //!   that: one hung attempt may be retried once. `ReceiveMessage` overrides both with its wait
 //!   plus [`RECEIVE_TIMEOUT_MARGIN`] per attempt: bounded if SQS never answers, yet never
 //!   cutting a long poll.
-//! * `ack` is `DeleteMessageBatch` in tens, with duplicate receipt handles removed first (SQS
-//!   rejects a batch whose entry ids repeat). A handle that a later receive replaced (the
-//!   lease ran out first) is not an error: the message's work is committed and its new holder
-//!   deletes it as a duplicate.
+//! * `ack` is `DeleteMessageBatch` in tens, sent side by side (`sqs/batch.rs`), with duplicate
+//!   receipt handles removed first (SQS rejects a batch whose entry ids repeat). A handle that
+//!   a later receive replaced (the lease ran out first) is not an error: the message's work is
+//!   committed and its new holder deletes it as a duplicate.
 //! * `retry_later` changes the message's visibility to the backoff delay (at most 12 h).
 //! * `extend_leases` (the consumer's heartbeat) sets the batch's visibility to the lease again
-//!   with `ChangeMessageVisibilityBatch`, so the visibility timeout can be short and a dead
-//!   consumer's messages come back within seconds.
+//!   with `ChangeMessageVisibilityBatch` (in tens side by side, as `release` does), so the
+//!   visibility timeout can be short and a dead consumer's messages come back within seconds.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -42,10 +44,7 @@ use crate::telemetry::traces;
 use async_trait::async_trait;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::DisplayErrorContext;
-use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
-    MessageAttributeValue, MessageSystemAttributeName,
-};
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
 use aws_sdk_sqs::Client;
 use base64::Engine;
 
@@ -58,6 +57,8 @@ pub(super) const SOURCE_ATTRIBUTE: &str = "dedup-source";
 pub(super) const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
 /// The W3C `traceparent` of the span that published the message.
 pub(super) const TRACE_ATTRIBUTE: &str = traces::TRACEPARENT;
+/// The compact `Stripe-Signature` the ingress verified (`t=…,v1=…`).
+pub(super) const STRIPE_SIGNATURE_ATTRIBUTE: &str = "dedup-stripe-signature";
 /// The batch error code of a delete with a receipt handle that a newer receive replaced.
 const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
@@ -143,49 +144,6 @@ impl SqsQueue {
 
     fn secs(d: Duration) -> i32 {
         i32::try_from(d.min(MAX_VISIBILITY).as_secs()).unwrap_or(i32::MAX)
-    }
-
-    /// Sets the visibility timeout of the messages `handles` to `visibility` from now, in
-    /// `ChangeMessageVisibilityBatch` calls of ten. Returns the handles whose entry failed.
-    async fn change_visibility(
-        &self,
-        handles: &[&str],
-        visibility: Duration,
-    ) -> Result<Vec<String>, TransportError> {
-        let mut failed = Vec::new();
-        for chunk in handles.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, handle)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(*handle)
-                        .visibility_timeout(Self::secs(visibility))
-                        .build()
-                        .map_err(unavailable)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let output = self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&self.url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for entry in output.failed() {
-                tracing::debug!(
-                    code = entry.code(),
-                    message = entry.message(),
-                    "sqs visibility change refused for one message"
-                );
-                if let Some(handle) = entry.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) {
-                    failed.push((*handle).to_owned());
-                }
-            }
-        }
-        Ok(failed)
     }
 
     /// One `ReceiveMessage` call: each delivery with SQS's own message id.
@@ -290,6 +248,10 @@ impl SqsQueue {
         if let Some(traceparent) = &message.traceparent {
             request = request.message_attributes(TRACE_ATTRIBUTE, string_attribute(traceparent)?);
         }
+        if let Some(signature) = &message.stripe_signature {
+            request = request
+                .message_attributes(STRIPE_SIGNATURE_ATTRIBUTE, string_attribute(signature)?);
+        }
         request.send().await.map_err(unavailable)?;
         Ok(())
     }
@@ -315,77 +277,36 @@ impl Transport for SqsQueue {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
-        let mut out = self.receive_once(max, wait.max(self.long_poll)).await?;
-        // Fill the batch while full pages keep coming, without waiting again.
-        while out.len() < max && out.len() % 10 == 0 && !out.is_empty() {
-            let more = self.receive_once(max - out.len(), Duration::ZERO).await?;
-            if more.is_empty() {
-                break;
-            }
-            out.extend(more);
-        }
-        // If filling took longer than the lease, a message from an early call may have come
-        // back in a later one. Only its newest receipt handle can delete it, so keep that one.
-        let mut newest = std::collections::HashMap::with_capacity(out.len());
-        for (position, (message_id, _)) in out.iter().enumerate() {
-            newest.insert(message_id.clone(), position);
-        }
-        Ok(out
-            .into_iter()
-            .enumerate()
-            .filter(|(position, (message_id, _))| newest.get(message_id) == Some(position))
-            .map(|(_, (_, delivery))| delivery)
-            .collect())
+        self.fill(max, wait.max(self.long_poll)).await
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
         let handles = receipt_handles(tags);
-        let mut failures = Vec::new();
-        for chunk in handles.chunks(10) {
-            let entries = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, handle)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(*handle)
-                        .build()
-                        .map_err(invalid)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let output = self
-                .client
-                .delete_message_batch()
-                .queue_url(&self.url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(unavailable)?;
-            for failed in output.failed() {
-                // A message received again after its lease ran out has a new receipt handle;
-                // the old one cannot delete it. Its work is committed, so whoever holds the new
-                // handle sees a duplicate and deletes it: nothing to do here.
-                if failed.code() == RECEIPT_HANDLE_IS_INVALID {
+        let refused = self.delete(&handles).await?;
+        // A message received again after its lease ran out has a new receipt handle; the old
+        // one cannot delete it. Its work is committed, so whoever holds the new handle sees a
+        // duplicate and deletes it: nothing to do here. Any other refusal leaves the message to
+        // come back after its visibility timeout, recognised as a duplicate then.
+        let failures: Vec<_> = refused
+            .iter()
+            .filter(|entry| {
+                let superseded = entry.code == RECEIPT_HANDLE_IS_INVALID;
+                if superseded {
                     tracing::debug!(
                         "sqs delete of a message received again since; its new holder acks it"
                     );
-                    continue;
                 }
-                // Not deleted: it comes back after its visibility timeout and is recognised as
-                // a duplicate then. The other chunks are still deleted first.
-                failures.push(format!(
-                    "{}: {}",
-                    failed.code(),
-                    failed.message().unwrap_or_default()
-                ));
-            }
-        }
+                !superseded
+            })
+            .collect();
         match failures.first() {
             None => Ok(()),
             Some(first) => Err(invalid(format!(
-                "{} of {} deletes failed, e.g. {first}",
+                "{} of {} deletes failed, e.g. {}: {}",
                 failures.len(),
-                handles.len()
+                handles.len(),
+                first.code,
+                first.message
             ))),
         }
     }
@@ -447,7 +368,10 @@ impl Transport for SqsQueue {
 }
 
 mod backlog;
+mod batch;
 mod fifo;
+mod fill;
+pub use fill::{CALLS_AT_ONCE, FILL_BUDGET_PER_LEASE};
 mod incoming;
 #[cfg(test)]
 mod tests;

@@ -56,12 +56,17 @@ pub(super) async fn enqueue(
     let types: Vec<Option<&str>> = messages.iter().map(|m| m.message_type.as_deref()).collect();
     let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
     let traces: Vec<Option<&str>> = messages.iter().map(|m| m.traceparent.as_deref()).collect();
+    let signatures: Vec<Option<&str>> = messages
+        .iter()
+        .map(|m| m.stripe_signature.as_deref())
+        .collect();
     // One statement, one commit: the insert and the notification (delivered on commit).
     sqlx::query(
         "WITH inserted AS (
              INSERT INTO queue_messages (queue, message_id, message_type, payload, source,
-                                         traceparent)
-             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[], $7::text[])
+                                         traceparent, stripe_signature)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[], $7::text[],
+                                      $8::text[])
              RETURNING 1
          )
          SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)",
@@ -73,6 +78,7 @@ pub(super) async fn enqueue(
     .bind(QUEUE_CHANNEL)
     .bind(&sources)
     .bind(&traces)
+    .bind(&signatures)
     .execute(pool)
     .await?;
     Ok(())
@@ -97,7 +103,7 @@ pub(super) async fn claim_messages(
           WHERE q.id = c.id
       RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts,
                 floor(extract(epoch FROM q.enqueued_at) * 1000)::int8 AS enqueued_at,
-                q.traceparent, q.claim_token",
+                q.traceparent, q.stripe_signature, q.claim_token",
     )
     .bind(queue)
     .bind(max as i64)

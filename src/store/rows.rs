@@ -13,6 +13,9 @@ pub struct NewQueueMessage {
     pub payload: Vec<u8>,
     /// The publisher's W3C `traceparent`, so the consumer continues its trace.
     pub traceparent: Option<String>,
+    /// The compact `Stripe-Signature` the ingress verified (see
+    /// [`crate::queue::OutgoingMessage::stripe_signature`]).
+    pub stripe_signature: Option<String>,
 }
 
 /// A message claimed from the database queue.
@@ -29,6 +32,8 @@ pub struct QueuedMessage {
     pub enqueued_at: i64,
     /// The publisher's W3C `traceparent`.
     pub traceparent: Option<String>,
+    /// The compact `Stripe-Signature` the ingress verified.
+    pub stripe_signature: Option<String>,
     /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
     /// message still carries it, i.e. while no other consumer has claimed it since.
     pub claim_token: i64,

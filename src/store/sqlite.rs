@@ -35,7 +35,7 @@ pub(super) async fn enqueue(
     let mut tx = begin_immediate(pool).await?;
     for chunk in messages.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at, traceparent) ",
+            "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at, traceparent, stripe_signature) ",
         );
         qb.push_values(chunk, |mut b, m| {
             b.push_bind(queue)
@@ -45,7 +45,8 @@ pub(super) async fn enqueue(
                 .push_bind(m.payload.as_slice())
                 .push_bind(now)
                 .push_bind(now)
-                .push_bind(m.traceparent.as_deref());
+                .push_bind(m.traceparent.as_deref())
+                .push_bind(m.stripe_signature.as_deref());
         });
         qb.build().execute(&mut *tx).await?;
     }
@@ -67,7 +68,7 @@ pub(super) async fn claim_messages(
                         WHERE queue = $2 AND visible_at <= $3
                         ORDER BY visible_at, id LIMIT $4)
       RETURNING id, source, message_id, message_type, payload, attempts, enqueued_at,
-                traceparent, claim_token",
+                traceparent, stripe_signature, claim_token",
     )
     .bind(now + millis(lease))
     .bind(queue)

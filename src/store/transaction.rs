@@ -144,8 +144,9 @@ impl StoreTx {
     }
 
     /// As [`StoreTx::insert_processed`], with each event's creation time (Unix seconds) where
-    /// the provider signs it: generations sealed well before an event was created are not
-    /// looked up (see [`super::dedup`]). Pass `None` for a time that is not the provider's.
+    /// the caller verified that the provider signed it: generations sealed well before an event
+    /// was created are not looked up (see [`super::dedup`]), whatever this clock says. Pass
+    /// `None` for any other time: a wrong one skips the generation that holds the id.
     pub async fn insert_processed_created(
         &mut self,
         source: &str,

@@ -148,6 +148,21 @@ impl StripeApi {
         }
     }
 
+    /// [`StripeApi::get`], then the answer's body, refused past `max_bytes` (before reading
+    /// any of it when its length is announced, else as soon as it grows past the limit: a body
+    /// that never ends is cut off there, one that trickles by the client's timeout).
+    pub async fn get_limited(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        headers: &[(&str, &str)],
+        policy: RetryPolicy,
+        max_bytes: usize,
+    ) -> Result<Bytes, ApiError> {
+        let response = self.get(path, query, headers, policy).await?;
+        read_limited(response, max_bytes).await
+    }
+
     /// A thin event's full event, `GET /v2/core/events/{id}`, as Stripe sent it (at most
     /// `max_bytes`). `context` is the thin event's `context`, sent as `Stripe-Context` so the
     /// event of a connected account is found.
@@ -171,8 +186,8 @@ impl StripeApi {
             }
             headers.push(("Stripe-Context", context));
         }
-        let response = self.get(&path, &[], &headers, policy).await?;
-        read_limited(response, max_bytes).await
+        self.get_limited(&path, &[], &headers, policy, max_bytes)
+            .await
     }
 }
 

@@ -1,13 +1,15 @@
-//! Stripe, beyond its signature ([`crate::webhook::stripe`] verifies that): the shapes in which
+//! Stripe: its signature ([`signature`]: verified by the ingress on each delivery, and by the
+//! consumer on the compact signature the ingress carried with the message), the shapes in which
 //! it delivers a change ([`shape`]: snapshot events, thin events, EventBridge envelopes, and the
 //! dedup key of each) and its HTTP API ([`api`]: listing events for the backfill, fetching a
 //! thin event's full event for the consumer), with timeouts, size limits and retries.
 
 pub mod api;
 pub mod shape;
+pub mod signature;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
 pub use shape::{
-    eventbridge_detail, thin_event_beside, EnvelopeError, StripeEventHead, StripeShapeError,
-    ThinEventError, SOURCE,
+    eventbridge_detail, eventbridge_envelope, thin_event_beside, EnvelopeError,
+    EventBridgeEnvelope, StripeEventHead, StripeShapeError, ThinEventError, SOURCE,
 };

@@ -95,6 +95,19 @@ impl<'a> StripeEventHead<'a> {
             _ => self.own_id(),
         }
     }
+
+    /// For a thin event that names its snapshot event, the other of its two ids than `key`:
+    /// the key it had (or would have) under the other rule. Releases before the thin-event
+    /// keying recorded a thin event under its own id; a message published then still carries
+    /// that id. `None` for any other event, or a `key` that is neither.
+    pub fn other_key(&self, key: &str) -> Option<&str> {
+        let snapshot = self.snapshot_event.as_deref().filter(|_| self.is_thin())?;
+        match key {
+            k if k == snapshot => Some(self.own_id()),
+            k if k == self.own_id() => Some(snapshot),
+            _ => None,
+        }
+    }
 }
 
 /// Why a body is not an EventBridge envelope of a Stripe event.
@@ -108,6 +121,10 @@ pub enum EnvelopeError {
 
 #[derive(Deserialize)]
 struct Envelope<'a> {
+    /// EventBridge's own id of this put, as it is (not read as a string: a foreign value of
+    /// another type must not make the envelope unreadable).
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     source: Option<Cow<'a, str>>,
     /// Present whatever its value (`null` included): a `detail` key makes the message an
@@ -127,6 +144,21 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
 /// or a webhook this service's ingress published onto the same queue. An envelope must come
 /// from Stripe's partner event source and carry an object as its `detail`.
 pub fn eventbridge_detail(body: &Bytes) -> Result<Option<Bytes>, EnvelopeError> {
+    Ok(eventbridge_envelope(body)?.map(|envelope| envelope.detail))
+}
+
+/// What the pipeline reads of an EventBridge envelope of a Stripe event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventBridgeEnvelope {
+    /// EventBridge's own id (new for every put), when it is a string: never the event's key,
+    /// but the key a consumer without `consumer.envelope = "eventbridge"` gave the message.
+    pub id: Option<String>,
+    /// The Stripe event, as the exact bytes of the envelope's `detail`.
+    pub detail: Bytes,
+}
+
+/// [`eventbridge_detail`], with the envelope's own id.
+pub fn eventbridge_envelope(body: &Bytes) -> Result<Option<EventBridgeEnvelope>, EnvelopeError> {
     // An object only: serde would read `[null, {..}]` into the struct, as a sequence.
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Ok(None);
@@ -141,9 +173,12 @@ pub fn eventbridge_detail(body: &Bytes) -> Result<Option<Bytes>, EnvelopeError> 
         _ if !from_stripe => Err(EnvelopeError::NotStripe(
             crate::event::printable(&source, 80).into_owned(),
         )),
-        Some(detail) if detail.get().starts_with('{') => {
-            Ok(Some(body.slice_ref(detail.get().as_bytes())))
-        }
+        Some(detail) if detail.get().starts_with('{') => Ok(Some(EventBridgeEnvelope {
+            id: envelope
+                .id
+                .and_then(|id| serde_json::from_str::<String>(id.get()).ok()),
+            detail: body.slice_ref(detail.get().as_bytes()),
+        })),
         _ => Err(EnvelopeError::NoDetail),
     }
 }
@@ -218,6 +253,22 @@ mod tests {
     }
 
     #[test]
+    fn a_thin_events_other_key_is_the_other_of_its_two_ids() {
+        let thin = br#"{"id":"evt_thin","object":"v2.core.event","snapshot_event":"evt_A"}"#;
+        let head = StripeEventHead::read(thin).unwrap();
+        assert_eq!(head.other_key("evt_A"), Some("evt_thin"));
+        assert_eq!(head.other_key("evt_thin"), Some("evt_A"));
+        assert_eq!(head.other_key("evt_B"), None);
+        for one_id in [
+            &br#"{"id":"evt_v2","object":"v2.core.event"}"#[..],
+            br#"{"id":"evt_A","object":"event","snapshot_event":"evt_B"}"#,
+        ] {
+            let head = StripeEventHead::read(one_id).unwrap();
+            assert_eq!(head.other_key(head.own_id()), None);
+        }
+    }
+
+    #[test]
     fn the_thin_event_beside_a_snapshot_event_is_keyed_by_it() {
         let snapshot = br#"{"id":"evt_1","object":"event","type":"checkout.session.completed","created":1764547200,"account":"acct_9","data":{"object":{"id":"cs_1","object":"checkout.session"}}}"#;
         let thin = thin_event_beside(snapshot).unwrap();
@@ -272,6 +323,20 @@ mod tests {
         assert_eq!(
             eventbridge_detail(&body).unwrap().as_deref(),
             Some(detail.as_bytes())
+        );
+        let envelope = eventbridge_envelope(&body).unwrap().unwrap();
+        assert_eq!(
+            envelope.id.as_deref(),
+            Some("6a7e8feb-b491-4cf7-a9f1-bf3703467718")
+        );
+        // An id that is not a string is no reason to refuse the envelope.
+        let numeric = Bytes::from(format!(
+            r#"{{"id":7,"source":"aws.partner/stripe.com/ed_1","detail":{detail}}}"#
+        ));
+        let envelope = eventbridge_envelope(&numeric).unwrap().unwrap();
+        assert_eq!(
+            (envelope.id, envelope.detail.as_ref()),
+            (None, detail.as_bytes())
         );
         // Not envelopes: read as plain events.
         for plain in [detail, "[]", "not json", r#"{"id":"evt_1","detail":"#] {

@@ -102,6 +102,7 @@ pub fn event(source: &str, id: &str, event_type: &str, payload: &[u8]) -> Event 
         event_type: event_type.to_owned(),
         payload: bytes::Bytes::copy_from_slice(payload),
         delivery_attempt: 1,
+        alias: None,
     }
 }
 

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::standard::{verify_standard_signature, StandardHeaders, StandardProvider};
-use super::stripe::{verify_stripe_signature, StripeProvider};
+use super::stripe::{verify_delivery, StripeProvider};
 use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::http::problem::Problem;
 use crate::http::status_class;
@@ -256,7 +256,7 @@ async fn receive_stripe(
     let body = read_body(body)?;
     let header = header_text(headers, "stripe-signature")?;
     let provider = &state.stripe;
-    verify_stripe_signature(
+    let verified = verify_delivery(
         header,
         &body,
         &provider.secrets,
@@ -293,6 +293,9 @@ async fn receive_stripe(
         message_type: head.event_type.map(Cow::into_owned),
         payload: body,
         traceparent: None,
+        // What verified, so the consumer can check that Stripe signed these bytes before it
+        // trusts their `created` (see `crate::store::dedup`).
+        stripe_signature: Some(verified.compact()),
     };
     publish(state, message).await?;
     Ok(dedup_id)
@@ -342,6 +345,7 @@ async fn receive_standard(
         message_type: event_type,
         payload: body,
         traceparent: None,
+        stripe_signature: None,
     };
     publish(state, message).await?;
     Ok(id)

@@ -174,9 +174,10 @@ impl<'a> StandardKeys<'a> {
 /// A secret that is not `whsec_`-prefixed base64 (the configuration refuses it at start-up).
 pub use crate::config::InvalidStandardSecret as InvalidSecret;
 
-/// Decodes a `whsec_<base64>` secret into the HMAC key (as the configuration does while loading).
+/// Decodes a `whsec_<base64>` secret into the HMAC key, of any length. The configuration's
+/// [`StandardSecret::parse`] also refuses empty and short keys.
 pub fn decode_secret(secret: &str) -> Result<Vec<u8>, InvalidSecret> {
-    StandardSecret::parse(secret).map(|s| s.key().to_vec())
+    StandardSecret::decode(secret)
 }
 
 /// The `webhook-signature` value (`v1,<base64>`) for a delivery.

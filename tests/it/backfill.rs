@@ -2,7 +2,9 @@
 //! (`GET /v1/events` as Stripe documents it: newest first, `limit`, `starting_after`,
 //! `created[gte]`, `has_more`, a bearer key): 250 events over 3 pages with a 429 on the way,
 //! 50 of them received by webhook before; all 250 reach the sink once, and a second backfill of
-//! the same range publishes nothing.
+//! the same range publishes nothing. And (issue 26) a page past the page limit, one that never
+//! ends and one that trickles stop the backfill with an error naming the limit (or the timeout)
+//! after the pages before it, with nothing of that page published.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -197,4 +199,130 @@ async fn backfill_publishes_what_webhooks_missed_once_and_a_second_run_nothing()
         "a second backfill of the same range publishes nothing"
     );
     drop(bin);
+}
+
+/// What the stand-in answers for a page after the first.
+#[derive(Clone, Copy)]
+enum LaterPage {
+    /// A well-formed page of 100 events, each too large for the consumer: past the page limit,
+    /// with its length announced.
+    Oversized,
+    /// 16 KiB every 10 ms, without end.
+    Endless,
+    /// 10 bytes every 200 ms, without end: stays far below the size limit.
+    Trickling,
+}
+
+/// A stand-in whose first page is 100 ordinary events (more to come), and whose later page is
+/// `later`. No key check, no filters: the pages are what is under test.
+async fn stand_in(later: LaterPage) -> std::net::SocketAddr {
+    async fn list(
+        State(later): State<LaterPage>,
+        Query(query): Query<HashMap<String, String>>,
+    ) -> Response {
+        if !query.contains_key("starting_after") {
+            let page: Vec<Value> = (0..100)
+                .map(|i| {
+                    json!({"id": format!("evt_page1_{i:03}"), "object": "event",
+                                "created": 1_790_000_000 + i, "type": "invoice.paid",
+                                "data": {"object": {"id": format!("in_{i}")}}})
+                })
+                .collect();
+            return Json(json!({"object": "list", "has_more": true, "data": page})).into_response();
+        }
+        let chunks = |size: usize, every: Duration| {
+            futures::stream::unfold((), move |()| async move {
+                tokio::time::sleep(every).await;
+                Some((
+                    Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; size])),
+                    (),
+                ))
+            })
+        };
+        match later {
+            LaterPage::Oversized => {
+                let padding = "x".repeat(3_000);
+                let page: Vec<Value> = (0..100)
+                    .map(|i| {
+                        json!({"id": format!("evt_page2_{i:03}"), "object": "event",
+                                    "created": 1_790_000_000 - i, "type": "invoice.paid",
+                                    "data": {"object": {"id": format!("in_{i}"), "memo": padding}}})
+                    })
+                    .collect();
+                Json(json!({"object": "list", "has_more": false, "data": page})).into_response()
+            }
+            LaterPage::Endless => {
+                axum::body::Body::from_stream(chunks(16 * 1024, Duration::from_millis(10)))
+                    .into_response()
+            }
+            LaterPage::Trickling => {
+                axum::body::Body::from_stream(chunks(10, Duration::from_millis(200)))
+                    .into_response()
+            }
+        }
+    }
+    serve(
+        Router::new()
+            .route("/v1/events", get(list))
+            .with_state(later),
+    )
+    .await
+}
+
+/// Runs a backfill against a stand-in answering `later` for its second page, with events of at
+/// most 2,000 bytes (a page limit of 100 × 2,000 + 64 KiB = 265,536 bytes): the command fails
+/// with `wanted` in its error, after reporting the first page, and the queue holds exactly that
+/// page's 100 events: nothing of the bad page was published.
+async fn backfill_stops(later: LaterPage, wanted: &str) {
+    let api = stand_in(later).await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let store = db.store().await;
+    let env = [
+        ("DATABASE_URL", db.url.clone()),
+        ("STRIPE_API_BASE", format!("http://{api}")),
+        ("STRIPE_API_KEY", API_KEY.to_owned()),
+        ("DEDUP_CONSUMER__MAX_MESSAGE_BYTES", "2000".to_owned()),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        crate::helpers::dedup_command(&env)
+            .args(["backfill", "--since", "1700000000"])
+            .output()
+            .expect("run backfill")
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the backfill succeeded: {stderr}");
+    assert!(
+        stderr.contains("backfill: page 1, listed 100, enqueued 100, already processed 0"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(wanted), "{wanted:?} missing from: {stderr}");
+    assert!(out.stdout.is_empty(), "no summary line after a failure");
+    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_larger_than_the_limit_stops_the_backfill_naming_the_limit() {
+    backfill_stops(
+        LaterPage::Oversized,
+        "a page of Stripe's events is larger than 265536 bytes",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_never_ends_stops_the_backfill_at_the_limit() {
+    backfill_stops(
+        LaterPage::Endless,
+        "a page of Stripe's events is larger than 265536 bytes",
+    )
+    .await;
+}
+
+/// Bounded by the request's timeout (`backfill::REQUEST_TIMEOUT`, 30 s): this test takes that
+/// long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_trickles_stops_the_backfill_at_the_request_timeout() {
+    backfill_stops(LaterPage::Trickling, "timed out").await;
 }

@@ -322,6 +322,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
                         message_type: Some("charge.succeeded".into()),
                         payload: stripe_event(&id, "charge.succeeded").into(),
                         traceparent: None,
+                        stripe_signature: None,
                     })
                     .await
                     .expect("publish");

@@ -73,6 +73,7 @@ fn message(id: &str, payload: Vec<u8>) -> OutgoingMessage {
         message_type: Some("customer.subscription.updated".into()),
         payload: payload.into(),
         traceparent: None,
+        stripe_signature: None,
     }
 }
 

@@ -4,10 +4,14 @@
 //! `bash scripts/test.sh`; one module with `cargo test --test it outage::`, one test with
 //! `cargo test --test it -- --exact outage::unreachable_brokers_answer_503`.
 //!
+//! * [`aliases`]: a message keyed differently by an earlier release (a thin event by its own
+//!   id) or another `consumer.envelope` is a duplicate under its new key, on both stores;
 //! * [`architecture`]: the import graph of `src/` goes down README's floors only and has no
 //!   circle; no file in `src/` is over 500 lines;
 //! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
 //!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
+//!   a page over the page limit, one that never ends and one that trickles stop it with nothing
+//!   of that page published;
 //! * [`broker_outage`]: RabbitMQ and SQS cut, black-holed and refused under traffic: 503 while
 //!   down, reconnection by itself, every acknowledged event at the sink once;
 //! * [`handler_errors`]: a handler's database errors classified (constraint, undefined
@@ -34,6 +38,8 @@
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
 //! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
 //!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
+//! * [`invalid_index`]: a concurrent index build cancelled mid-way leaves an invalid index;
+//!   the next `migrate` rebuilds it (and drops what a cancelled `REINDEX CONCURRENTLY` left);
 //! * [`layout_upgrade`]: a database of the previous version (library tables in `public`, one
 //!   `_sqlx_migrations` shared with the application's) moves to schema `dedup_worker` (SQLite:
 //!   `_dedup_worker_migrations`) keeping every row; the old migrations cannot start again;
@@ -56,7 +62,17 @@
 //!   once; the configured delivery limit on an older queue;
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
 //!   a sink that times out, is black-holed, refused or cut; the `migrate` and `dlq` commands;
+//! * [`settings_refused`]: settings that cannot be right stop the start naming the key: secrets
+//!   that verify nothing (`whsec_`), numbers past their bound (a dedup window that would wrap),
+//!   and at the store, a two-day-old generation outliving the window such a number made; a
+//!   short Stripe secret starts with a warning;
+//! * [`sink_urls`]: a token in the HTTP sink's URL (path or query) reaches no log line,
+//!   `last_error`, `outbox failed` or `events show`, with the sink refusing or answering 500;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
+//! * [`sqs_slow`]: SQS calls made slow (latency on every call, the emulator's own on a deep
+//!   queue): a backlog still drains through two processes; a fill, its heartbeat and its acks
+//!   send their calls side by side; a fill stops at its time budget and keeps what it holds
+//!   leased while it waits;
 //! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
 //!   newer one is held back and listed; off, every update arrives;
 //! * [`standard_ingress`]: Standard Webhooks: the official vector, failed checks, `webhook-id`
@@ -70,6 +86,9 @@
 //! * [`testing_kit`]: the `testing` feature's kit as a handler crate's tests use it: the handler
 //!   alone in one transaction on both stores (committed, or rolled back with its error), and in
 //!   the application with its own migrations;
+//! * [`trusted_created`]: a `created` decides which dedup generations an event skips only
+//!   where Stripe's signature of it verifies (carried by every transport); a foreign message's
+//!   `created` after a seal, or a day ahead, is looked up everywhere;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
 //! * [`user_migrations`]: an application's own migrations applied by every start and by
@@ -85,6 +104,7 @@
 
 mod helpers;
 
+mod aliases;
 mod architecture;
 mod backfill;
 mod broker_outage;
@@ -98,6 +118,7 @@ mod fifo;
 mod handler_errors;
 mod hostile;
 mod idempotency;
+mod invalid_index;
 mod layout_upgrade;
 mod operations;
 mod outage;
@@ -105,7 +126,10 @@ mod paid_invoices;
 mod pipeline;
 mod redrive;
 mod relay;
+mod settings_refused;
+mod sink_urls;
 mod sinks;
+mod sqs_slow;
 mod stale;
 mod standard_ingress;
 mod standard_v1a;
@@ -114,5 +138,6 @@ mod stripe_channels;
 mod stripe_ingress;
 mod testing_kit;
 mod transport_contract;
+mod trusted_created;
 mod user_migrations;
 mod wakeup;

@@ -8,21 +8,16 @@
 //! is still handled at once, and SIGTERM stops it within seconds although its polls are pending.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::Router;
-use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
+use crate::helpers::sqs_calls::SqsCalls;
 use crate::helpers::{
-    file_sink_ids, ledger_counts, post_signed, post_signed_until_not_503, serve, sqs_turn,
-    stripe_event, Backend, RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
+    file_sink_ids, ledger_counts, post_signed, post_signed_until_not_503, sqs_turn, stripe_event,
+    Backend, RunningBinary, SqsLoad, TestDb, TestQueue, Transport,
 };
 
 const SECRET: &str = "whsec_pipeline";
@@ -171,8 +166,8 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
     let queue = TestQueue::new(Transport::Sqs).await;
     let work = tempfile::tempdir().unwrap();
     let sink = work.path().join("events.jsonl");
-    let proxy = CountingProxy::start(
-        std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)"),
+    let proxy = SqsCalls::start(
+        &std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)"),
     )
     .await;
     // Default consumer settings (two workers, a 500 ms poll interval), SQS through the proxy.
@@ -188,14 +183,14 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
         work.path(),
     );
     bin.wait_for("the consumer's first poll", Duration::from_secs(30), || {
-        std::future::ready((proxy.receives() >= 1).then_some(()))
+        std::future::ready((proxy.calls("ReceiveMessage").total >= 1).then_some(()))
     })
     .await;
 
     // The deliberate idle window being measured. Short polling sends hundreds of calls in it.
-    let before = proxy.receives();
+    let before = proxy.calls("ReceiveMessage").total;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let idle_calls = proxy.receives() - before;
+    let idle_calls = proxy.calls("ReceiveMessage").total - before;
     assert!(
         idle_calls <= 4,
         "{idle_calls} ReceiveMessage calls in 10 idle seconds; the binary logged:\n{}",
@@ -244,82 +239,4 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
     );
     drop(bin);
     queue.cleanup().await;
-}
-
-/// A reverse proxy in front of the SQS endpoint that counts `ReceiveMessage` calls. The SDK
-/// speaks SQS's JSON protocol (the operation in `X-Amz-Target`); a query-protocol form body
-/// with `Action=ReceiveMessage` counts too. The emulator checks no signatures, so forwarding
-/// to another host is fine.
-struct CountingProxy {
-    addr: SocketAddr,
-    state: Arc<ProxyState>,
-}
-
-struct ProxyState {
-    client: reqwest::Client,
-    upstream: String,
-    receives: AtomicUsize,
-}
-
-impl CountingProxy {
-    async fn start(upstream: String) -> Self {
-        let state = Arc::new(ProxyState {
-            client: reqwest::Client::new(),
-            upstream: upstream.trim_end_matches('/').to_owned(),
-            receives: AtomicUsize::new(0),
-        });
-        let addr = serve(Router::new().fallback(forward).with_state(state.clone())).await;
-        CountingProxy { addr, state }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn receives(&self) -> usize {
-        self.state.receives.load(Ordering::SeqCst)
-    }
-}
-
-async fn forward(
-    State(state): State<Arc<ProxyState>>,
-    method: Method,
-    uri: Uri,
-    mut headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let json_target = headers.get("x-amz-target").and_then(|v| v.to_str().ok());
-    let query_action = String::from_utf8_lossy(&body)
-        .split('&')
-        .any(|pair| pair == "Action=ReceiveMessage");
-    if json_target == Some("AmazonSQS.ReceiveMessage") || query_action {
-        state.receives.fetch_add(1, Ordering::SeqCst);
-    }
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    headers.remove(header::HOST);
-    headers.remove(header::CONTENT_LENGTH);
-    let upstream = state
-        .client
-        .request(method, format!("{}{path}", state.upstream))
-        .headers(headers)
-        .body(body)
-        .send()
-        .await;
-    let response = match upstream {
-        Ok(response) => response,
-        Err(error) => return (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
-    };
-    let status = response.status();
-    let mut headers = response.headers().clone();
-    for hop in [
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::CONNECTION,
-    ] {
-        headers.remove(hop);
-    }
-    match response.bytes().await {
-        Ok(body) => (status, headers, body).into_response(),
-        Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
-    }
 }

@@ -178,6 +178,7 @@ async fn publish_and_return(queue: &TestQueue, id: &str, returns: usize) {
             message_type: Some("charge.refunded".into()),
             payload: stripe_event(id, "charge.refunded").into(),
             traceparent: None,
+            stripe_signature: None,
         })
         .await
         .expect("publish");

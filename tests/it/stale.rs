@@ -2,7 +2,9 @@
 //! events for one object handled in the order 10:00:09, 10:00:05, 10:00:12 reach the sink as
 //! the first and the third only; the second is listed by `dedup-worker events stale` with the
 //! event that made it stale; an equal version, other objects and other types are untouched.
-//! With the guard off (the default) all three arrive.
+//! With the guard off (the default) all three arrive. Thin events (event notifications, whose
+//! `created` is RFC 3339 and whose object is their `related_object`) are guarded among their
+//! snapshot siblings, in either order.
 
 use std::time::Duration;
 
@@ -27,19 +29,48 @@ fn event(id: &str, event_type: &str, object: &str, created: i64) -> Vec<u8> {
 
 const UPDATED: &str = "customer.subscription.updated";
 
+/// The thin event (event notification) of the change `snapshot` names, as Stripe sends it: its
+/// own id (`<snapshot>_thin`), `created` as RFC 3339 with milliseconds, its object as
+/// `related_object`, and no `data`.
+fn thin_event(snapshot: &str, event_type: &str, object: &str, created: i64) -> Vec<u8> {
+    let time = chrono::DateTime::from_timestamp(created, 0)
+        .expect("a time")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    serde_json::to_vec(&json!({
+        "id": format!("{snapshot}_thin"),
+        "object": "v2.core.event",
+        "type": format!("v1.{event_type}"),
+        "created": time,
+        "snapshot_event": snapshot,
+        "related_object": {"id": object, "type": "subscription", "url": format!("/v1/subscriptions/{object}")}
+    }))
+    .expect("serialize")
+}
+
 /// Posts each event and waits until the consumer has processed it before the next, so they are
 /// handled in this order.
 async fn post_in_order(bin: &RunningBinary, db: &TestDb, events: &[(&str, &str, &str, i64)]) {
+    let bodies: Vec<_> = events
+        .iter()
+        .map(|(id, event_type, object, created)| {
+            (id.to_string(), event(id, event_type, object, *created))
+        })
+        .collect();
+    post_bodies_in_order(bin, db, bodies).await;
+}
+
+/// Posts each `(dedup key, body)` and waits until the consumer has processed its key before
+/// the next.
+async fn post_bodies_in_order(bin: &RunningBinary, db: &TestDb, bodies: Vec<(String, Vec<u8>)>) {
     let client = reqwest::Client::new();
     let store = db.store().await;
-    for (id, event_type, object, created) in events {
-        let body = event(id, event_type, object, *created);
+    for (id, body) in bodies {
         let r = post_signed(&client, &bin.url("/webhooks/stripe"), SECRET, body)
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
         bin.wait_for(&format!("{id} processed"), Duration::from_secs(30), || {
-            let (store, id) = (store.clone(), id.to_string());
+            let (store, id) = (store.clone(), id.clone());
             async move {
                 let processed = store.processed_among("stripe", &[id]).await.ok()?;
                 (!processed.is_empty()).then_some(())
@@ -173,5 +204,75 @@ async fn without_the_guard_every_update_arrives() {
     at_sink.sort();
     assert_eq!(at_sink, ["evt_0905", "evt_0909", "evt_0912"]);
     assert!(cli_json_lines(&[("DATABASE_URL", db.url.clone())], &["events", "stale"]).is_empty());
+    drop(bin);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thin_and_snapshot_events_out_of_order_are_guarded_together_on_sqlite() {
+    thin_and_snapshot_events_are_guarded_together(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thin_and_snapshot_events_out_of_order_are_guarded_together_on_postgres() {
+    thin_and_snapshot_events_are_guarded_together(Backend::Postgres).await;
+}
+
+/// One subscription's changes of 10:00:09 (a snapshot event), 10:00:05 (a thin event: stale),
+/// 10:00:12 (a thin event), 10:00:10 (a snapshot event: stale against the thin one), and another
+/// change at 10:00:12 (a snapshot event: an equal version, not stale).
+async fn thin_and_snapshot_events_are_guarded_together(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("events.jsonl");
+    let bin = start(&db, &sink, work.path(), true);
+    let snapshot = |id: &str, at: i64| (id.to_owned(), event(id, UPDATED, "sub_1", TEN + at));
+    let thin = |id: &str, at: i64| (id.to_owned(), thin_event(id, UPDATED, "sub_1", TEN + at));
+    post_bodies_in_order(
+        &bin,
+        &db,
+        vec![
+            snapshot("evt_0909", 9),
+            thin("evt_0905", 5),
+            thin("evt_0912", 12),
+            snapshot("evt_0910", 10),
+            snapshot("evt_0912_same_second", 12),
+        ],
+    )
+    .await;
+    let store = db.store().await;
+    let mut at_sink: Vec<String> = bin
+        .wait_for("the outbox delivered", Duration::from_secs(30), || {
+            let (store, sink) = (store.clone(), sink.clone());
+            async move {
+                let pending = store.outbox_counts().await.ok()?.pending;
+                let ids = file_sink_ids(&sink);
+                (pending == 0 && ids.len() >= 3).then_some(ids)
+            }
+        })
+        .await;
+    at_sink.sort();
+    assert_eq!(
+        at_sink,
+        ["evt_0909", "evt_0912_same_second", "evt_0912_thin"],
+        "the 10:00:05 thin event and the 10:00:10 snapshot event are not forwarded"
+    );
+    let mut stale = cli_json_lines(&[("DATABASE_URL", db.url.clone())], &["events", "stale"]);
+    stale.sort_by_key(|held| held["event_id"].as_str().map(str::to_owned));
+    let thin_type = format!("v1.{UPDATED}");
+    assert_eq!(
+        stale,
+        vec![
+            json!({
+                "source": "stripe", "event_id": "evt_0905", "event_type": thin_type,
+                "object_id": "sub_1", "version": TEN + 5,
+                "newer_event_id": "evt_0909", "newer_version": TEN + 9,
+            }),
+            json!({
+                "source": "stripe", "event_id": "evt_0910", "event_type": UPDATED,
+                "object_id": "sub_1", "version": TEN + 10,
+                "newer_event_id": "evt_0912", "newer_version": TEN + 12,
+            }),
+        ]
+    );
     drop(bin);
 }

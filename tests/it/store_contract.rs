@@ -59,6 +59,7 @@ fn message(id: &str) -> NewQueueMessage {
         message_type: Some("test.event".into()),
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
         traceparent: None,
+        stripe_signature: None,
     }
 }
 

@@ -190,6 +190,7 @@ fn message(i: usize) -> OutgoingMessage {
         message_type: Some("invoice.paid".into()),
         payload: Bytes::from(format!("{{\"id\":\"evt_{i}\",\"n\":{i}}}")),
         traceparent: None,
+        stripe_signature: None,
     }
 }
 

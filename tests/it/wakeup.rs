@@ -51,6 +51,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
                 message_type: Some("x.y".into()),
                 payload: br#"{"id":"evt_notify_queue","type":"x.y"}"#.to_vec(),
                 traceparent: None,
+                stripe_signature: None,
             }],
         )
         .await

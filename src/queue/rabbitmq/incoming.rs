@@ -18,9 +18,10 @@ use lapin::options::BasicConsumeOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::Channel;
 
-use super::{
-    broker_failed, unavailable, ConsumerSide, ATTEMPTS_HEADER, ENQUEUED_HEADER, SOURCE_HEADER,
+use super::headers::{
+    self, ATTEMPTS_HEADER, ENQUEUED_HEADER, SOURCE_HEADER, STRIPE_SIGNATURE_HEADER,
 };
+use super::{broker_failed, unavailable, ConsumerSide};
 use crate::queue::{Delivery, DeliveryTag, TransportError};
 use crate::telemetry::traces;
 
@@ -71,11 +72,7 @@ pub(super) fn convert(
 ) -> Delivery {
     let headers = d.properties.headers().clone().unwrap_or_default();
     let header = |name: &str| headers.inner().get(&ShortString::from(name)).cloned();
-    let source = match header(SOURCE_HEADER) {
-        Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        Some(AMQPValue::ShortString(s)) => Some(s.as_str().to_owned()),
-        _ => None,
-    };
+    let source = headers::text(&headers, SOURCE_HEADER);
     let as_u32 = |v: Option<AMQPValue>| -> u32 {
         match v {
             Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(0),
@@ -136,5 +133,6 @@ pub(super) fn convert(
         defect: None,
         give_up,
         traceparent,
+        stripe_signature: headers::text(&headers, STRIPE_SIGNATURE_HEADER),
     }
 }

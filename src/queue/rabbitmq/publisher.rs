@@ -23,7 +23,7 @@ use lapin::{
 use tokio::sync::Mutex;
 
 use super::{broker_failed, topology, unavailable};
-use crate::config::redact_url;
+use crate::config::shown_url;
 use crate::queue::{Cause, TransportError};
 
 /// The longest a connect (with its topology) or a publisher confirm may take.
@@ -47,7 +47,7 @@ pub(super) struct Side {
 }
 
 /// Connects and declares `declare`, within [`BROKER_ANSWER_TIMEOUT`]. A failure to connect
-/// names the broker (its URL, password masked) beside the cause, so a log line or a 503 says
+/// names the broker (its URL as a sink's is shown: password masked, no query) beside the cause, so a log line or a 503 says
 /// which host and port did not answer.
 pub(super) async fn connect(url: &str, declare: &Declare) -> Result<Side, TransportError> {
     tokio::time::timeout(BROKER_ANSWER_TIMEOUT, connect_unbounded(url, declare))
@@ -55,7 +55,7 @@ pub(super) async fn connect(url: &str, declare: &Declare) -> Result<Side, Transp
         .map_err(|_| {
             broker_failed(format!(
                 "no answer from {} within {BROKER_ANSWER_TIMEOUT:?}",
-                redact_url(url)
+                shown_url(url)
             ))
         })?
 }
@@ -65,7 +65,7 @@ async fn connect_unbounded(url: &str, declare: &Declare) -> Result<Side, Transpo
         .await
         .map_err(|e| {
             TransportError::Unavailable(Cause::new(
-                format!("rabbitmq: connecting to {}: {e}", redact_url(url)),
+                format!("rabbitmq: connecting to {}: {e}", shown_url(url)),
                 e,
             ))
         })?;

@@ -24,7 +24,8 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ErrorKind};
 
-use super::{long, unavailable};
+use super::headers::long;
+use super::unavailable;
 use crate::queue::{Cause, TransportError};
 
 /// The queue where the broker parks what went over its `x-delivery-limit`.

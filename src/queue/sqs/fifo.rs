@@ -66,6 +66,7 @@ mod tests {
             message_type: Some("customer.subscription.updated".into()),
             payload: bytes::Bytes::from(payload.to_owned()),
             traceparent: None,
+            stripe_signature: None,
         }
     }
 

@@ -7,7 +7,10 @@ use aws_sdk_sqs::types::MessageSystemAttributeName;
 use base64::Engine;
 use bytes::Bytes;
 
-use super::{ENCODING_ATTRIBUTE, ID_ATTRIBUTE, SOURCE_ATTRIBUTE, TRACE_ATTRIBUTE, TYPE_ATTRIBUTE};
+use super::{
+    ENCODING_ATTRIBUTE, ID_ATTRIBUTE, SOURCE_ATTRIBUTE, STRIPE_SIGNATURE_ATTRIBUTE,
+    TRACE_ATTRIBUTE, TYPE_ATTRIBUTE,
+};
 use crate::queue::{Delivery, DeliveryTag};
 use crate::telemetry::traces;
 
@@ -62,5 +65,7 @@ pub(super) fn delivery_of(message: &aws_sdk_sqs::types::Message) -> Option<Deliv
         traceparent: attribute(TRACE_ATTRIBUTE)
             .as_deref()
             .and_then(traces::valid_traceparent),
+        // A claim until the consumer verifies it.
+        stripe_signature: attribute(STRIPE_SIGNATURE_ATTRIBUTE),
     })
 }

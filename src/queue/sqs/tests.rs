@@ -117,6 +117,7 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         defect: None,
         give_up: None,
         traceparent: None,
+        stripe_signature: None,
     };
     let message = OutgoingMessage {
         source: None,
@@ -124,6 +125,7 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         message_type: None,
         payload: Bytes::from_static(b"{}"),
         traceparent: None,
+        stripe_signature: None,
     };
     let tags = [tag()];
     let calls: Vec<(

@@ -24,14 +24,33 @@
 //!   PostgreSQL): every id it held is older than the window. Ids are therefore kept at least the
 //!   window and at most a third longer. If the next slot is not free yet (the window was
 //!   lengthened), the current generation simply keeps growing: never an id dropped early.
-//! * **Events created after a generation was sealed are not looked up in it.** An event cannot
-//!   have been processed before it existed: an id recorded in generation `g` was recorded before
-//!   `g` was sealed, so an event created (by the provider's clock) at or after that seal, plus
-//!   [`CREATED_MARGIN`] for clock skew, cannot be in `g`. The caller passes the creation time
-//!   only where the provider signs it ([`crate::event::Event`] of source `stripe`: the payload's
-//!   `created`); a time further ahead of this clock than the margin is ignored. So a fresh
-//!   event, the usual case, touches the current generation's index only, and a Stripe retry
-//!   (at most three days late) the generations sealed since it was created.
+//! * **Events created after a generation was sealed are not looked up in it**, where the
+//!   creation time is one the provider signed. The caller passes `created` (Unix seconds) only
+//!   when the consumer verified that Stripe signed these exact bytes (`consumer/record.rs`: a
+//!   `stripe` event whose payload verifies, with no timestamp tolerance, against
+//!   `stripe.secrets` under the signature the ingress carried with the message, whose own `id`
+//!   is the key, which is not a thin event, and whose `created` is at most five minutes after
+//!   the signature's `t`); otherwise `None`, and every generation is looked up: correct, only
+//!   slower (no signature, a bad one, no secrets on a consume-only process, backfill, redrive,
+//!   EventBridge, Standard Webhooks, foreign producers). A generation `g` is skipped when
+//!   `created >= sealed_at(g) + CREATED_MARGIN`. Why that cannot skip the generation holding
+//!   the id: an id recorded in `g` was recorded at a database time `r < sealed_at(g)` (a seal
+//!   waits for every batch that may still insert into `g`). The delivery that recorded it was
+//!   received by the ingress before `r`, and the ingress accepts a signature only if its `t` is
+//!   within `stripe.tolerance_secs` of its own clock, so `t <= r + tolerance` (plus the skew
+//!   between the ingress's and the database's clocks); Stripe creates an event before it signs
+//!   a delivery of it, `created <= t`. (Whatever else recorded the id, it could name it only
+//!   after Stripe created it.) So `created < sealed_at(g) + tolerance + skew`, far below
+//!   `sealed_at(g) + CREATED_MARGIN`. The assumption: Stripe's clock and the database's agree
+//!   within the margin (one day) minus the tolerance (at most an hour). The decision depends on
+//!   the message's own signed bytes alone, never on this process's clock, so every delivery of
+//!   one message takes the same path. So a fresh event, the usual case, touches the current
+//!   generation's index only, and a Stripe retry (at most three days late) the generations
+//!   sealed since it was created.
+//! * **Aliases.** An event may carry an alias ([`ProcessedEvent::alias`]): the id an earlier
+//!   release or another setting gave the same message (a thin event's own id, an EventBridge
+//!   envelope's id). It is looked up in every generation and the legacy table, never recorded,
+//!   so a message handled under the old key is a duplicate under the new one.
 //! * **The legacy table.** The table of earlier versions is kept as `processed_events_legacy`
 //!   (an upgrade rewrites nothing) and looked up by `(source, event_id)`; retention deletes its
 //!   rows by age in bounded batches as before, until it is empty.
@@ -75,12 +94,13 @@ pub const RING_LOCK: i64 = 0x6465_6475_7072_696e;
 /// retention pass.
 pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How far the provider's clock may be from the database's: an event created less than this
-/// after a generation was sealed is still looked up in it.
+/// How far a signed creation time may be after a generation's seal and the event still be in
+/// it: the ingress's timestamp tolerance plus the clocks' disagreement (Stripe's, the
+/// ingress's, the database's), with room to spare (see the module docs).
 pub const CREATED_MARGIN: Duration = Duration::from_secs(86_400);
 
 /// One event to record: its id, its type, and when the provider says it was created (Unix
-/// seconds), if the provider signs that. [`ProcessedEvent`] also carries how it was received.
+/// seconds), only if the caller verified the provider's signature of that. [`ProcessedEvent`] also carries how it was received.
 pub type NewProcessed = (String, String, Option<i64>);
 
 /// One event to record, with what `events show` reports of how it arrived.
@@ -88,13 +108,17 @@ pub type NewProcessed = (String, String, Option<i64>);
 pub struct ProcessedEvent {
     pub id: String,
     pub event_type: String,
-    /// When the provider says it was created (Unix seconds), where the provider signs that:
-    /// generations sealed well before it are not looked up.
+    /// When the provider says it was created (Unix seconds), only where the caller verified
+    /// that the provider signed it: generations sealed well before it are not looked up.
     pub created: Option<i64>,
     /// When the transport took it in (Unix milliseconds), where the transport says.
     pub received_at: Option<i64>,
     /// Which delivery of it this is (1 on the first).
     pub delivery_attempt: Option<i32>,
+    /// Another id of the same event under the same source, which an earlier release or setting
+    /// recorded it under (see [`crate::event::Event::alias`]): looked up in every generation
+    /// and the legacy table, never recorded.
+    pub alias: Option<String>,
 }
 
 impl From<&NewProcessed> for ProcessedEvent {
@@ -186,23 +210,28 @@ fn thresholds(rows: &[(i16, Option<f64>)]) -> Result<(i16, Vec<Option<f64>>), St
     Ok((current, from))
 }
 
+/// One event to insert: its key, the event, and its alias's key.
+struct Keyed<'e> {
+    key: [u8; 16],
+    event: &'e ProcessedEvent,
+    alias: Option<[u8; 16]>,
+}
+
 /// Each event with its key, sorted by key: one global order in which every batch inserts, so
 /// two batches sharing ids wait for each other in that order and never form a deadlock cycle.
-/// A creation time further ahead of this clock than [`CREATED_MARGIN`] is dropped (it could
-/// make a lookup skip a generation holding the id).
-fn keyed<'e>(
-    source: &str,
-    events: &'e [ProcessedEvent],
-) -> Vec<([u8; 16], &'e ProcessedEvent, Option<i64>)> {
-    let latest = chrono::Utc::now().timestamp() + CREATED_MARGIN.as_secs() as i64;
+/// The creation time is used as the caller gives it, whatever this clock says: the caller
+/// passes only one the provider signed (see the module docs), so every delivery of one message
+/// takes the same path.
+fn keyed<'e>(source: &str, events: &'e [ProcessedEvent]) -> Vec<Keyed<'e>> {
     let mut rows: Vec<_> = events
         .iter()
-        .map(|event| {
-            let created = event.created.filter(|c| *c <= latest);
-            (dedup_key(source, &event.id), event, created)
+        .map(|event| Keyed {
+            key: dedup_key(source, &event.id),
+            event,
+            alias: event.alias.as_deref().map(|alias| dedup_key(source, alias)),
         })
         .collect();
-    rows.sort_unstable_by_key(|row| row.0);
+    rows.sort_unstable_by_key(|row| row.key);
     rows
 }
 

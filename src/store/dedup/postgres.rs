@@ -17,9 +17,20 @@ use crate::store::StoreError;
 /// another generation holds the id. Another generation is skipped for an event created at or
 /// after its threshold (`$8` … `$11`: its seal plus [`super::CREATED_MARGIN`], NULL for a free
 /// slot): written first, the comparison spares the index probe. The primary key settles the
-/// rest. `processed_at` is the transaction's now(), as is the `created_at` of the outbox rows
-/// the batch writes: `events show` finds an event's outbox rows by that equality.
+/// rest. An event with an alias (`e.ak`, `e.ai`) is inserted only if no generation, the current
+/// one included, nor the legacy table holds the alias either; `e.ak IS NULL`, written first,
+/// spares every other event those probes. `processed_at` is the transaction's now(), as is the
+/// `created_at` of the outbox rows the batch writes: `events show` finds an event's outbox rows
+/// by that equality.
 static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let alias_lookups: String = (0..RING_SLOTS)
+        .map(|s| {
+            format!(
+                "\n        AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.ak)",
+                table(s)
+            )
+        })
+        .collect();
     (0..RING_SLOTS)
         .map(|current| {
             let lookups: String = others(current)
@@ -36,9 +47,11 @@ static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
                 "INSERT INTO {} (key, source, event_id, event_type, received_at, delivery_attempt)
                  SELECT e.key, $1, e.id, e.t, to_timestamp(e.r / 1000.0::float8), e.a
                    FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::int8[],
-                               $7::int4[]) AS e(key, id, t, c, r, a)
+                               $7::int4[], $12::uuid[], $13::text[]) AS e(key, id, t, c, r, a, ak, ai)
                   WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
                                      WHERE l.source = $1 AND l.event_id = e.id){lookups}
+                    AND (e.ak IS NULL OR (NOT EXISTS (SELECT 1 FROM processed_events_legacy l
+                                           WHERE l.source = $1 AND l.event_id = e.ai){alias_lookups}))
                  ON CONFLICT DO NOTHING
                  RETURNING event_id",
                 table(current)
@@ -82,12 +95,18 @@ pub(crate) async fn insert_processed(
     events: &[ProcessedEvent],
 ) -> Result<Vec<String>, StoreError> {
     let rows = keyed(source, events);
-    let keys: Vec<Uuid> = rows.iter().map(|r| Uuid::from_bytes(r.0)).collect();
-    let ids: Vec<&str> = rows.iter().map(|r| r.1.id.as_str()).collect();
-    let types: Vec<&str> = rows.iter().map(|r| r.1.event_type.as_str()).collect();
-    let created: Vec<Option<f64>> = rows.iter().map(|r| r.2.map(|c| c as f64)).collect();
-    let received: Vec<Option<i64>> = rows.iter().map(|r| r.1.received_at).collect();
-    let attempts: Vec<Option<i32>> = rows.iter().map(|r| r.1.delivery_attempt).collect();
+    let keys: Vec<Uuid> = rows.iter().map(|r| Uuid::from_bytes(r.key)).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r.event.id.as_str()).collect();
+    let types: Vec<&str> = rows.iter().map(|r| r.event.event_type.as_str()).collect();
+    let created: Vec<Option<f64>> = rows
+        .iter()
+        .map(|r| r.event.created.map(|c| c as f64))
+        .collect();
+    let received: Vec<Option<i64>> = rows.iter().map(|r| r.event.received_at).collect();
+    let attempts: Vec<Option<i32>> = rows.iter().map(|r| r.event.delivery_attempt).collect();
+    let alias_keys: Vec<Option<Uuid>> =
+        rows.iter().map(|r| r.alias.map(Uuid::from_bytes)).collect();
+    let aliases: Vec<Option<&str>> = rows.iter().map(|r| r.event.alias.as_deref()).collect();
     let (current, thresholds) = generations(tx).await?;
     let mut insert = sqlx::query_scalar(&INSERT_SQL[current as usize])
         .bind(source)
@@ -100,7 +119,11 @@ pub(crate) async fn insert_processed(
     for slot in others(current) {
         insert = insert.bind(thresholds[slot as usize]);
     }
-    Ok(insert.fetch_all(&mut *tx).await?)
+    Ok(insert
+        .bind(&alias_keys)
+        .bind(&aliases)
+        .fetch_all(&mut *tx)
+        .await?)
 }
 
 /// Undoes an insert of this transaction: the row is in the current generation, which cannot

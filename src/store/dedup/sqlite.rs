@@ -12,7 +12,7 @@ use super::{
 };
 use crate::store::{millis, now_ms, StoreError};
 
-/// Rows per statement: eight bound values each, under SQLite's default limit of 32,766.
+/// Rows per statement: ten bound values each, under SQLite's default limit of 32,766.
 const CHUNK: usize = 500;
 
 /// The generations in use, as on PostgreSQL (times in Unix seconds here too).
@@ -36,9 +36,9 @@ pub(crate) async fn insert_processed(
     let rows = keyed(source, events);
     let mut new = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(CHUNK) {
-        // The VALUES list's columns are column1 … column8 (key, source, id, type, time,
-        // created, received, attempt); another generation is skipped for an event created
-        // after its threshold.
+        // The VALUES list's columns are column1 … column10 (key, source, id, type, time,
+        // created, received, attempt, alias key, alias); another generation is skipped for an
+        // event created after its threshold, and an alias is looked up everywhere.
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
             "INSERT INTO {} (key, source, event_id, event_type, processed_at, received_at,
                              delivery_attempt)
@@ -46,15 +46,17 @@ pub(crate) async fn insert_processed(
                FROM (",
             table(current)
         ));
-        qb.push_values(chunk, |mut b, (key, event, created)| {
-            b.push_bind(key.as_slice())
+        qb.push_values(chunk, |mut b, row| {
+            b.push_bind(row.key.as_slice())
                 .push_bind(source)
-                .push_bind(&event.id)
-                .push_bind(&event.event_type)
+                .push_bind(&row.event.id)
+                .push_bind(&row.event.event_type)
                 .push_bind(now)
-                .push_bind(*created)
-                .push_bind(event.received_at)
-                .push_bind(event.delivery_attempt);
+                .push_bind(row.event.created)
+                .push_bind(row.event.received_at)
+                .push_bind(row.event.delivery_attempt)
+                .push_bind(row.alias.map(|key| key.to_vec()))
+                .push_bind(row.event.alias.as_deref());
         });
         qb.push(
             ") AS e WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
@@ -68,7 +70,17 @@ pub(crate) async fn insert_processed(
                 table(slot)
             ));
         }
-        qb.push(" ON CONFLICT DO NOTHING RETURNING event_id");
+        qb.push(
+            " AND (e.column9 IS NULL OR (NOT EXISTS (SELECT 1 FROM processed_events_legacy l
+                  WHERE l.source = e.column2 AND l.event_id = e.column10)",
+        );
+        for slot in 0..super::RING_SLOTS {
+            qb.push(format!(
+                " AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column9)",
+                table(slot)
+            ));
+        }
+        qb.push(")) ON CONFLICT DO NOTHING RETURNING event_id");
         let ids: Vec<String> = qb.build_query_scalar().fetch_all(&mut *tx).await?;
         new.extend(ids);
     }

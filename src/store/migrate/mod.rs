@@ -51,6 +51,15 @@ pub enum LayoutError {
         #[source]
         source: sqlx::Error,
     },
+    /// An index of schema `dedup_worker` left invalid by an interrupted concurrent build could
+    /// not be rebuilt (or its leftover dropped); the migration stops rather than record an
+    /// index that does nothing.
+    #[error("cannot rebuild the invalid index dedup_worker.{index}")]
+    InvalidIndex {
+        index: String,
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
 impl Store {

@@ -104,7 +104,12 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::raw_sql("SET search_path TO dedup_worker")
         .execute(&mut *conn)
         .await?;
+    // Before: so a migration's `CREATE INDEX CONCURRENTLY IF NOT EXISTS` finds the index
+    // valid, not skipped over while invalid and recorded as applied. After: for one recorded
+    // so by an earlier version.
+    repair_invalid_indexes(conn).await?;
     LIBRARY.run(&mut *conn).await?;
+    repair_invalid_indexes(conn).await?;
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LAYOUT_LOCK)
         .execute(&mut *conn)
@@ -132,6 +137,60 @@ async fn lock_layout(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         }
         tokio::time::sleep(LOCK_POLL).await;
     }
+}
+
+/// Rebuilds the invalid indexes of [`SCHEMA`] (under [`LAYOUT_LOCK`], with the timeouts lifted).
+///
+/// A `CREATE INDEX CONCURRENTLY` that is cancelled or killed mid-build (a deploy's SIGKILL, a
+/// statement or lock timeout, an operator's `pg_cancel_backend`) leaves its index in the
+/// catalog marked invalid: never used by queries, yet present, so the migration's
+/// `IF NOT EXISTS` skips it on the next run, and sqlx records the migration as applied with an
+/// index that does nothing. Such an index is rebuilt with `REINDEX INDEX CONCURRENTLY` (the one
+/// form PostgreSQL allows on an invalid index; it blocks no writer). What an interrupted
+/// `REINDEX CONCURRENTLY` leaves (`…_ccnew`, `…_ccold`, invalid copies beside the index) is
+/// dropped instead, as PostgreSQL's documentation advises. Each repair is logged.
+async fn repair_invalid_indexes(conn: &mut PgConnection) -> Result<(), StoreError> {
+    let mut invalid: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i \
+           JOIN pg_class c ON c.oid = i.indexrelid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = 'dedup_worker' AND NOT i.indisvalid \
+          ORDER BY c.relname",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    // Leftovers first: a REINDEX of their index would otherwise leave them beside it.
+    invalid.sort_by_key(|name| !is_reindex_leftover(name));
+    for index in invalid {
+        let quoted = format!("dedup_worker.\"{}\"", index.replace('"', "\"\""));
+        let (statement, done) = if is_reindex_leftover(&index) {
+            (
+                format!("DROP INDEX CONCURRENTLY IF EXISTS {quoted}"),
+                "dropped what an interrupted REINDEX CONCURRENTLY left",
+            )
+        } else {
+            (
+                format!("REINDEX INDEX CONCURRENTLY {quoted}"),
+                "rebuilt an invalid index (its concurrent build had been interrupted)",
+            )
+        };
+        sqlx::raw_sql(&statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|source| LayoutError::InvalidIndex {
+                index: index.clone(),
+                source,
+            })?;
+        tracing::warn!(index = %format!("dedup_worker.{index}"), "{done}");
+    }
+    Ok(())
+}
+
+/// Whether `index` is the copy an interrupted `REINDEX CONCURRENTLY` left (`<name>_ccnew`,
+/// `<name>_ccold`, with a digit when the name was taken).
+fn is_reindex_leftover(index: &str) -> bool {
+    let stem = index.trim_end_matches(|c: char| c.is_ascii_digit());
+    stem.ends_with("_ccnew") || stem.ends_with("_ccold")
 }
 
 /// Creates [`SCHEMA`] unless it exists: a role without CREATE on the database can then use a
@@ -282,4 +341,30 @@ pub(crate) async fn run_user_postgres(
         .execute(&mut conn)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_reindex_leftover;
+
+    #[test]
+    fn only_reindex_copies_count_as_leftovers() {
+        for leftover in [
+            "outbox_failed_ccnew",
+            "outbox_failed_ccnew1",
+            "x_ccold",
+            "x_ccold12",
+        ] {
+            assert!(is_reindex_leftover(leftover), "{leftover}");
+        }
+        for index in [
+            "outbox_failed",
+            "ccnew",
+            "outbox_pkey",
+            "x_ccnewer",
+            "x_cc1",
+        ] {
+            assert!(!is_reindex_leftover(index), "{index}");
+        }
+    }
 }

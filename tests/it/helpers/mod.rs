@@ -16,6 +16,8 @@
 //! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
 //! * [`queue`]: a queue of the test's own on every transport, and the turns the tests take on
 //!   the SQS emulator;
+//! * [`sqs_calls`]: an HTTP proxy in front of the SQS emulator counting each operation's calls
+//!   and how many overlapped, and holding back short polls;
 //! * [`fault_proxy`] (the test kit's): a TCP proxy that black-holes, refuses, cuts or slows a
 //!   dependency;
 //! * [`idempotency`]: a database and Redis prefix for the Idempotency-Key layer, and the
@@ -34,6 +36,7 @@ pub mod idempotency;
 pub mod queue;
 pub mod receiver;
 pub mod signing;
+pub mod sqs_calls;
 pub mod stripe_channels;
 
 pub use app::{

@@ -28,6 +28,7 @@ fn message(message_id: Option<&str>, payload: impl Into<Bytes>) -> OutgoingMessa
         message_type: None,
         payload: payload.into(),
         traceparent: None,
+        stripe_signature: None,
     }
 }
 

@@ -257,6 +257,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
                     message_type: Some("t".into()),
                     payload: bytes::Bytes::from_static(b"{}"),
                     traceparent: None,
+                    stripe_signature: None,
                 };
                 (id, queue.publish(message).await)
             }

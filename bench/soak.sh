@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The fault soak (issue 26): fourteen processes of examples/soak_service (per transport, the
+# database queue, RabbitMQ and SQS on moto_server, two ingress and two consumers; two relays) on
+# one PostgreSQL database of the run's own, a Stripe-like sender, a nemesis drawn from the seed
+# (SIGKILL, SIGSTOP longer than a lease, proxies black-holing, refusing, cutting or slowing
+# PostgreSQL, RabbitMQ, the emulator and the sink, seals and retention of a 60-s dedup window,
+# restarts with another configuration), then a drain and a checker: every event answered 2xx
+# at the sink at least once and in the effect table exactly once. What it does and how it judges
+# is written at the top of examples/soak/main.rs; RELIABILITY.md has the faults and results.
+#
+# Usage: bench/soak.sh SECONDS [SEED]
+#   A fresh seed is drawn (and printed) unless SEED is given; `bench/soak.sh SECONDS SEED`
+#   replays a run: the same event stream and the same fault schedule.
+# Environment:
+#   SOAK_PROFILE=release|debug  the build profile of the driver and the service (default
+#                               release; CI uses debug, which `cargo test` has mostly built)
+#   SOAK_RATE (60 events/s), SOAK_SQS_RATE (4 of them to the SQS lane), SOAK_WINDOW_SECS (60),
+#   SOAK_DIR (target/soak): see the top of examples/soak/main.rs
+#   SOAK_SERVICE_FAULT=forget-dedup|drop-forward: a deliberately broken service (the checker
+#                               must fail)
+#   AWS_ENDPOINT_URL            an SQS emulator already running; otherwise moto_server is started
+#                               on a free port for the run (installed with pip if missing)
+#   DEDUP_TEST_POSTGRES, AMQP_URL: the servers (default the local ones, as the test suite)
+# The last line on stdout is one JSON object (seed, seconds, events_accepted, faults, lost,
+# doubled, sink_redeliveries_same_key, …). Exit status 0 if the promise held, 1 on a violation
+# (the seed, the schedule and the violating keys' history on stderr; the run's database kept),
+# 2 if the soak itself could not run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[soak.sh] %s\n' "$*" >&2; }
+
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  sed -n '/^# Usage/,/^# 2 if/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+SECONDS_ARG=$1
+SEED_ARG=${2:-}
+
+PROFILE=${SOAK_PROFILE:-release}
+case "$PROFILE" in
+  release) BUILD_FLAGS=(--release) ;;
+  debug) BUILD_FLAGS=() ;;
+  *) log "SOAK_PROFILE must be release or debug, not $PROFILE"; exit 2 ;;
+esac
+log "building the driver and the service ($PROFILE)"
+cargo build --quiet --locked "${BUILD_FLAGS[@]}" --example soak --example soak_service
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+EXAMPLES="$TARGET_DIR/$PROFILE/examples"
+
+MOTO_PID=
+cleanup() {
+  if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
+  PYTHON=${PYTHON:-python3}
+  if ! "$PYTHON" -c 'import moto.server' 2>/dev/null; then
+    log "installing moto[server]"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      'moto[server]>=5,<6'
+  fi
+  MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/soak-moto-$MOTO_PORT.log" 2>&1 &
+  MOTO_PID=$!
+  deadline=$((SECONDS + 60))
+  until (exec 3<>"/dev/tcp/127.0.0.1/$MOTO_PORT") 2>/dev/null; do
+    if ((SECONDS > deadline)); then log "moto_server did not come up on port $MOTO_PORT"; exit 2; fi
+    sleep 0.2
+  done
+  export AWS_ENDPOINT_URL="http://127.0.0.1:$MOTO_PORT"
+  log "moto_server on $AWS_ENDPOINT_URL"
+fi
+export AWS_REGION=${AWS_REGION:-us-east-1} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test} \
+  AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}
+
+# Not `exec`: the trap stops moto_server after the driver.
+status=0
+"$EXAMPLES/soak" --service "$EXAMPLES/soak_service" "$SECONDS_ARG" $SEED_ARG || status=$?
+exit "$status"

@@ -1,0 +1,172 @@
+//! `soak`: a randomized fault soak of the whole pipeline with an exactly-once checker, in the
+//! manner of Jepsen (a history of operations under a nemesis, judged against the promise
+//! afterwards) with the seed discipline of FoundationDB's and TigerBeetle's simulators (one seed
+//! decides the workload and the faults). Run it through `bench/soak.sh SECONDS [SEED]`, which
+//! builds it and `soak_service`, starts the SQS emulator if needed, and passes the rest on.
+//!
+//! # What runs
+//!
+//! The service under test is `examples/soak_service`: a service on the library whose handler
+//! inserts one row per call into `soak_effects`, a table with no unique key, and forwards the
+//! event to the sink, both in the consumer's batch transaction. Fourteen processes of it run on
+//! one PostgreSQL database created for the run ([`cluster::LAYOUT`]): per transport (the
+//! database queue, RabbitMQ, SQS on the emulator) two `ingest` and two `consume` processes, and
+//! two `relay` processes. Every process reaches PostgreSQL, RabbitMQ, the emulator and the sink
+//! through a fault proxy of the driver's ([`dedup_worker::testing::fault_proxy`]), one per
+//! dependency. The dedup window is short (`consumer.dedup_window_secs`, 60 s by default,
+//! `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so generations are sealed
+//! and emptied many times in a run.
+//!
+//! # The plan (replayable)
+//!
+//! From `SEED`, `SECONDS` and the rate (`SOAK_RATE` events a second, default 60) the driver
+//! draws, before anything starts ([`plan::Plan`]):
+//!
+//! * the event stream: events at the rate, each posted to one of the six ingress processes
+//!   (`SOAK_SQS_RATE` events a second, default 4, to the SQS lane's two, the rest evenly to the
+//!   other four: moto_server, one Python process, slows down as its queue grows and stops
+//!   accepting connections under a backlog of a few hundred at a third of 60 events a second);
+//!   a quarter re-sent one to three times up to 25 s later to any ingress, in shuffled order;
+//!   every post up to 1.5 s late (reordering); 12 % delivered as a snapshot event and its thin
+//!   event (`v2.core.event` with `snapshot_event`: one change, one key); 10 % with a `created`
+//!   hours in the past;
+//! * the fault schedule: one fault every 2–6 s, never two on one process or one proxy at once:
+//!   SIGKILL and a restart; SIGSTOP longer than any lease, then SIGCONT; a proxy black-holing or
+//!   refusing PostgreSQL, RabbitMQ, the emulator or the sink for 2–10 s; every connection of
+//!   one cut; every consumer paused for 3–8 s (a backlog builds), then 200 ms–2 s of latency on
+//!   every chunk to one dependency for 10–40 s; a seal of the current dedup generation; a
+//!   retention pass; a restart with another batch size, lease and parallelism (a config reload).
+//!
+//! The same `SECONDS SEED` (and rate, SQS share and window) gives the same stream and the same schedule:
+//! `bench/soak.sh SECONDS SEED` replays a run. What the processes then do is real concurrency,
+//! not a simulation: timings, 503s and retries differ between replays, so a replay reproduces
+//! the conditions of a failure, and usually the failure, not its every step.
+//!
+//! # The run
+//!
+//! The sender ([`sender`]) behaves like Stripe: each post signed at each attempt, a 2xx ends
+//! it (the event is *accepted*), a 503, a timeout or a refused connection is retried with
+//! backoff (up to 5 s) through the run and the drain. The nemesis ([`nemesis`]) carries out the
+//! schedule; a watch restarts any process that exits by itself and records it as a crash.
+//!
+//! After `SECONDS`, no new post starts. The drain ([`drain`]) heals every proxy, continues every
+//! paused process and starts every stopped one, lets the sender finish its retries, and polls
+//! until every accepted event is at the sink and the three queues and the outbox are empty
+//! (three polls in a row), or nothing moved for 60 s, or its deadline (180 s, or half the run if
+//! longer). Then every process gets SIGTERM, and the effect table, the dead letters and the
+//! outbox's failed rows are read.
+//!
+//! # The checker
+//!
+//! The history (`history.jsonl`: every post's attempts and answers, every sink delivery with
+//! its `Idempotency-Key`, every fault's start and end) and the effect table are judged by
+//! [`checker`]: nothing accepted lost (at the sink at least once, with its effect row), nothing
+//! doubled (no two effect rows of one key less than the window apart; rows further apart are
+//! allowed by the promise and reported as `reaccepted_after_window`), sink redeliveries under
+//! the first delivery's `Idempotency-Key`, no dead letter, no failed outbox row, no crash. The
+//! last line printed is one JSON object:
+//! `{"seed", "seconds", "events_accepted", "faults", "lost", "doubled",
+//! "sink_redeliveries_same_key", …}`. On a violation the driver prints the seed, the replay
+//! command, the schedule and the history of the violating keys, keeps the database
+//! (`dw_soak_<run>`, named in the output) for a post-mortem, and exits 1.
+//!
+//! # The run's directory
+//!
+//! `target/soak/<run>/` (`SOAK_DIR` for another parent): `schedule.json` (the plan's
+//! parameters and faults), `history.jsonl`, `effects.jsonl`, `dead_letters.txt`,
+//! `outbox_failed.txt`, `summary.json`, and `logs/<process>.log` (each process's stderr,
+//! across its restarts). `soak --check DIR` judges a kept run again.
+//!
+//! # Broken on purpose
+//!
+//! `SOAK_SERVICE_FAULT=forget-dedup` or `drop-forward` makes the service wrong (see
+//! `examples/soak_service`), to see the checker fail.
+
+mod checker;
+mod cluster;
+mod drain;
+mod history;
+mod infra;
+mod nemesis;
+mod plan;
+mod run;
+mod sender;
+mod settings;
+mod sink;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "soak",
+    about = "A fault soak of the pipeline with an exactly-once checker"
+)]
+struct Args {
+    /// How long the workload and the nemesis run (the drain comes after).
+    seconds: Option<u64>,
+    /// The seed of the event stream and the fault schedule (default: a fresh one, printed).
+    seed: Option<u64>,
+    /// Events a second.
+    #[arg(long, env = "SOAK_RATE", default_value_t = 60)]
+    rate: u32,
+    /// Events a second sent to the SQS lane, out of the rate (the emulator slows down as its
+    /// queue grows: a third of a high rate buries it under the first backlog).
+    #[arg(long, env = "SOAK_SQS_RATE", default_value_t = 4)]
+    sqs_rate: u32,
+    /// The dedup window (`consumer.dedup_window_secs`).
+    #[arg(long, env = "SOAK_WINDOW_SECS", default_value_t = 60)]
+    window_secs: u64,
+    /// Where the run's directory is made.
+    #[arg(long, env = "SOAK_DIR", default_value = "target/soak")]
+    dir: PathBuf,
+    /// The service's binary (default: `soak_service` beside this one).
+    #[arg(long, env = "SOAK_SERVICE")]
+    service: Option<PathBuf>,
+    /// Judge the run kept in this directory again, instead of running.
+    #[arg(long, value_name = "RUN_DIR")]
+    check: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let outcome = match (&args.check, args.seconds) {
+        (Some(dir), _) => run::check_again(dir),
+        (None, Some(seconds)) => {
+            let seed = args.seed.unwrap_or_else(rand::random);
+            let service = match &args.service {
+                Some(path) => path.clone(),
+                None => beside_this_binary("soak_service"),
+            };
+            run::soak(run::Options {
+                seconds,
+                seed,
+                rate: args.rate,
+                sqs_rate: args.sqs_rate,
+                window_secs: args.window_secs,
+                parent_dir: args.dir.clone(),
+                service,
+            })
+            .await
+        }
+        (None, None) => Err(anyhow::anyhow!(
+            "usage: soak SECONDS [SEED] (or soak --check RUN_DIR)"
+        )),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("soak: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn beside_this_binary(name: &str) -> PathBuf {
+    let this = std::env::current_exe().unwrap_or_default();
+    this.with_file_name(name)
+}

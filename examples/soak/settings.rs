@@ -1,0 +1,87 @@
+//! What each process of the service is given: the run's database, sink and dedup window,
+//! limits that faults alone cannot exhaust, and per transport its queue, every address through
+//! the run's fault proxies.
+
+use crate::cluster::Lane;
+use crate::infra::{Infra, DATABASE_QUEUE};
+
+/// The Stripe secret every ingress verifies with and the sender signs with.
+pub const SECRET: &str = "whsec_soak_0123456789abcdef0123456789abcdef";
+
+/// What every process is given (the lanes add their transport).
+pub fn common_env(infra: &Infra, window_secs: u64) -> Vec<(String, String)> {
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let mut env: Vec<(String, String)> = [
+        ("DATABASE_URL", infra.database_url_proxied.clone()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("DEDUP_LISTEN", "127.0.0.1:0".to_owned()),
+        ("DEDUP_SINK", infra.sink_url()),
+        ("RUST_LOG", var("SOAK_RUST_LOG", "warn")),
+        ("DEDUP_LOG__FORMAT", "text".to_owned()),
+        ("DEDUP_DATABASE__MAX_CONNECTIONS", "4".to_owned()),
+        ("DEDUP_CONSUMER__DEDUP_WINDOW_SECS", window_secs.to_string()),
+        (
+            "DEDUP_CONSUMER__ALLOW_SHORT_DEDUP_RETENTION",
+            "true".to_owned(),
+        ),
+        ("DEDUP_CONSUMER__RETENTION_INTERVAL_SECS", "2".to_owned()),
+        // Limits infrastructure faults cannot exhaust in a run: a dead letter or a failed
+        // outbox row is then a finding, not the nemesis's doing.
+        ("DEDUP_CONSUMER__MAX_ATTEMPTS", "500".to_owned()),
+        ("DEDUP_TRANSPORT__DELIVERY_LIMIT", "500".to_owned()),
+        ("DEDUP_OUTBOX__MAX_ATTEMPTS", "500".to_owned()),
+        ("DEDUP_CONSUMER__RETRY_BASE_MS", "200".to_owned()),
+        ("DEDUP_CONSUMER__RETRY_MAX_MS", "5000".to_owned()),
+        ("DEDUP_OUTBOX__RETRY_BASE_MS", "200".to_owned()),
+        ("DEDUP_OUTBOX__RETRY_MAX_MS", "5000".to_owned()),
+        ("DEDUP_OUTBOX__HTTP_TIMEOUT_MS", "5000".to_owned()),
+        ("DEDUP_TRANSPORT__SQS_WAIT_TIME_SECS", "5".to_owned()),
+        ("DEDUP_SHUTDOWN__GRACE_SECS", "10".to_owned()),
+        ("AWS_REGION", var("AWS_REGION", "us-east-1")),
+        ("AWS_ACCESS_KEY_ID", var("AWS_ACCESS_KEY_ID", "test")),
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            var("AWS_SECRET_ACCESS_KEY", "test"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    if let Ok(fault) = std::env::var("SOAK_SERVICE_FAULT") {
+        env.push(("SOAK_SERVICE_FAULT".to_owned(), fault));
+    }
+    env
+}
+
+pub fn lane_env(infra: &Infra) -> Vec<(Lane, Vec<(String, String)>)> {
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    vec![
+        (
+            Lane::Database,
+            pairs(&[
+                ("DEDUP_TRANSPORT", "database"),
+                ("DEDUP_QUEUE", DATABASE_QUEUE),
+            ]),
+        ),
+        (
+            Lane::Rabbitmq,
+            pairs(&[
+                ("DEDUP_TRANSPORT", "rabbitmq"),
+                ("DEDUP_QUEUE", &infra.rabbit_queue),
+                ("AMQP_URL", &infra.amqp_url_proxied),
+            ]),
+        ),
+        (
+            Lane::Sqs,
+            pairs(&[
+                ("DEDUP_TRANSPORT", "sqs"),
+                ("DEDUP_QUEUE", &infra.sqs_queue_url_proxied),
+                ("AWS_ENDPOINT_URL", &infra.aws_endpoint_proxied),
+            ]),
+        ),
+    ]
+}

@@ -1,0 +1,353 @@
+//! Which creation time may spare dedup lookups (issue 26, item 2), through the real binary on
+//! every transport (the database queue on both stores; RabbitMQ and SQS on PostgreSQL).
+//!
+//! The dedup record skips a sealed generation for an event created (by Stripe's signed word)
+//! more than a day after the seal. A `created` nobody verified must not decide that:
+//! * an event handled, its generation sealed, then 25 hours later the same id from a foreign
+//!   producer (no source, so `stripe` by `consumer.source`'s default; no signature) with a
+//!   `created` after the seal: handled once;
+//! * just after a seal, a foreign message whose `created` is a day ahead: handled once;
+//!
+//! while Stripe's own word still does:
+//! * a delivery Stripe signed, created now, skips a generation sealed two days ago: shown with
+//!   its id planted there, which only the skipped lookup would have found (the performance path
+//!   works through every transport, which must carry the ingress's signature); so does one
+//!   whose signature is an hour old (it waited in the queue: no tolerance applies);
+//! * the same signed body published under another message id, and a body with a signature that
+//!   does not verify, are looked up everywhere: their planted ids are found, so not handled.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker::store::{NewQueueMessage, Store};
+use dedup_worker::webhook::stripe::signature_header;
+use serde_json::json;
+
+use crate::helpers::{
+    ledger_counts, now, post_signed, Backend, RunningBinary, TestDb, TestQueue, Transport,
+};
+
+const SECRET: &str = "whsec_trusted_created";
+const WINDOW: Duration = Duration::from_secs(30 * 86_400);
+const DAY: i64 = 86_400;
+
+macro_rules! on_every_transport {
+    ($($name:ident),* $(,)?) => {
+        mod database_sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() {
+                   super::$name(super::Backend::Sqlite, super::Transport::Database).await
+               } )*
+        }
+        mod database_postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() {
+                   super::$name(super::Backend::Postgres, super::Transport::Database).await
+               } )*
+        }
+        mod rabbitmq {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() {
+                   super::$name(super::Backend::Postgres, super::Transport::Rabbitmq).await
+               } )*
+        }
+        mod sqs {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() {
+                   let _emulator = crate::helpers::sqs_turn(crate::helpers::SqsLoad::Light).await;
+                   super::$name(super::Backend::Postgres, super::Transport::Sqs).await
+               } )*
+        }
+    };
+}
+
+on_every_transport!(
+    a_created_nobody_verified_never_skips_the_generation_holding_the_id,
+    a_created_stripe_signed_skips_and_only_for_its_own_bytes_and_key,
+);
+
+/// The binary, its database and queue (dropped in this order).
+struct Setup {
+    bin: RunningBinary,
+    store: Store,
+    queue: TestQueue,
+    _db: TestDb,
+    _work: tempfile::TempDir,
+}
+
+async fn start(backend: Backend, transport: Transport) -> Setup {
+    let db = TestDb::new(backend).await;
+    let queue = TestQueue::new(transport).await;
+    let work = tempfile::tempdir().unwrap();
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_TRANSPORT", queue.kind().into()),
+            ("DEDUP_QUEUE", queue.name.clone()),
+        ],
+        work.path(),
+    );
+    let store = db.store().await;
+    Setup {
+        bin,
+        store,
+        queue,
+        _db: db,
+        _work: work,
+    }
+}
+
+/// A snapshot event, created at `created` (Unix seconds).
+fn event(id: &str, created: i64) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id,
+        "object": "event",
+        "created": created,
+        "type": "invoice.paid",
+        "data": {"object": {"id": format!("in_{id}"), "object": "invoice"}}
+    }))
+    .unwrap()
+}
+
+/// A message as a producer other than the ingress publishes it: no source (the consumer's
+/// default, `stripe`), the key at `/id` unless `message_id` says, and `stripe_signature` as
+/// given (the ingress's form: `t=…,v1=…`).
+fn foreign(
+    message_id: Option<&str>,
+    payload: Vec<u8>,
+    signature: Option<String>,
+) -> OutgoingMessage {
+    OutgoingMessage {
+        source: None,
+        message_id: message_id.map(str::to_owned),
+        message_type: None,
+        payload: Bytes::from(payload),
+        traceparent: None,
+        stripe_signature: signature,
+    }
+}
+
+impl Setup {
+    /// Posts `body`, signed now, to the ingress: 200.
+    async fn post(&self, body: Vec<u8>) {
+        let url = self.bin.url("/webhooks/stripe");
+        let response = post_signed(&reqwest::Client::new(), &url, SECRET, body)
+            .await
+            .expect("the ingress answers");
+        assert_eq!(response.status(), 200);
+    }
+
+    /// Publishes `message` onto the binary's queue, as another producer would.
+    async fn publish(&self, message: OutgoingMessage) {
+        match self.queue.transport {
+            Transport::Database => {
+                let row = NewQueueMessage {
+                    source: message.source,
+                    message_id: message.message_id,
+                    message_type: message.message_type,
+                    payload: message.payload.to_vec(),
+                    traceparent: None,
+                    stripe_signature: message.stripe_signature,
+                };
+                self.store.enqueue(&self.queue.name, &[row]).await.unwrap();
+            }
+            Transport::Rabbitmq => {
+                let producer = self.queue.rabbit();
+                producer.publish(message).await.expect("publish");
+                producer.close().await;
+            }
+            Transport::Sqs => {
+                let client = self.queue.sqs_client().expect("an SQS queue").clone();
+                let producer =
+                    SqsQueue::with_client(client, self.queue.name.clone(), Duration::from_secs(30));
+                producer.publish(message).await.expect("publish");
+            }
+        }
+    }
+
+    /// Waits until `deliveries` deliveries of `id` were settled, each handled (a ledger row) or
+    /// recognised as a duplicate; then how many times it was handled.
+    async fn handled(&self, id: &str, deliveries: i64) -> i64 {
+        self.bin
+            .wait_for(
+                &format!("{deliveries} deliveries of {id} settled"),
+                Duration::from_secs(30),
+                || async {
+                    // Duplicates first: one is recorded only after the delivery it repeats was
+                    // committed, so the ledger read next includes that one.
+                    let duplicates = self.store.duplicates_of("stripe", id, 100).await.ok()?;
+                    let handled = *ledger_counts(&self.store).await.get(id).unwrap_or(&0);
+                    (handled + duplicates.count >= deliveries).then_some(handled)
+                },
+            )
+            .await
+    }
+
+    /// Records `ids` as processed in the current generation, as an earlier delivery would.
+    async fn plant(&self, ids: &[&str]) {
+        let mut tx = self.store.begin().await.unwrap();
+        let events: Vec<_> = ids
+            .iter()
+            .map(|id| (id.to_string(), "invoice.paid".to_owned()))
+            .collect();
+        assert_eq!(
+            tx.insert_processed("stripe", &events).await.unwrap().len(),
+            ids.len()
+        );
+        tx.commit().await.unwrap();
+    }
+
+    /// Seals the current generation (slot 0: the first seal); the seal's time (Unix seconds).
+    /// Tried again while the binary's own retention pass holds the ring's maintenance lock.
+    async fn seal(&self) -> f64 {
+        crate::helpers::wait_for("a seal", Duration::from_secs(10), || async {
+            let done = self.store.seal_dedup_generation(WINDOW).await.unwrap();
+            done.sealed.then_some(())
+        })
+        .await;
+        self.move_seal_back(0).await
+    }
+
+    /// Moves slot 0's seal `secs` seconds into the past, as if it had happened then; the seal's
+    /// time (Unix seconds) after the move.
+    async fn move_seal_back(&self, secs: i64) -> f64 {
+        let (moved, sealed_at) = match self.store.postgres_pool() {
+            Some(_) => (
+                format!(
+                    "UPDATE dedup_generations
+                        SET sealed_at = sealed_at - make_interval(secs => {secs}) WHERE slot = 0"
+                ),
+                "SELECT extract(epoch FROM sealed_at)::float8 FROM dedup_generations WHERE slot = 0",
+            ),
+            None => (
+                format!(
+                    "UPDATE dedup_generations SET sealed_at = sealed_at - {secs} * 1000 WHERE slot = 0"
+                ),
+                "SELECT sealed_at / 1000.0 FROM dedup_generations WHERE slot = 0",
+            ),
+        };
+        crate::helpers::db::execute(&self.store, &moved).await;
+        match (self.store.postgres_pool(), self.store.sqlite_pool()) {
+            (Some(pool), _) => sqlx::query_scalar(sealed_at).fetch_one(pool).await,
+            (_, Some(pool)) => sqlx::query_scalar(sealed_at).fetch_one(pool).await,
+            (None, None) => unreachable!(),
+        }
+        .unwrap()
+    }
+
+    async fn cleanup(self) {
+        drop(self.bin);
+        self.queue.cleanup().await;
+    }
+}
+
+async fn a_created_nobody_verified_never_skips_the_generation_holding_the_id(
+    backend: Backend,
+    transport: Transport,
+) {
+    let setup = start(backend, transport).await;
+    for id in ["evt_ahead", "evt_later"] {
+        setup.post(event(id, now())).await;
+        assert_eq!(setup.handled(id, 1).await, 1);
+    }
+    let sealed_at = setup.seal().await;
+
+    // Just after the seal, a foreign copy of evt_ahead created a day after the seal: a day
+    // ahead of every clock here. (Published once this clock has passed the seal's second, as
+    // a copy created "a day ahead" of it.)
+    let created = sealed_at.ceil() as i64 + DAY;
+    crate::helpers::wait_for(
+        "the clock past the seal",
+        Duration::from_secs(5),
+        || async { (now() as f64 >= sealed_at.ceil()).then_some(()) },
+    )
+    .await;
+    let ahead =
+        json!({"id": "evt_ahead", "object": "event", "type": "invoice.paid", "created": created});
+    setup
+        .publish(foreign(None, serde_json::to_vec(&ahead).unwrap(), None))
+        .await;
+    assert_eq!(
+        setup.handled("evt_ahead", 2).await,
+        1,
+        "a created a day ahead, unsigned, is looked up in the sealed generation"
+    );
+
+    // 25 hours later (the seal moved back), a foreign producer's copy of evt_later stamped
+    // with the time it republished it.
+    setup.move_seal_back(25 * 3_600).await;
+    let later =
+        json!({"id": "evt_later", "object": "event", "type": "invoice.paid", "created": now()});
+    setup
+        .publish(foreign(None, serde_json::to_vec(&later).unwrap(), None))
+        .await;
+    assert_eq!(
+        setup.handled("evt_later", 2).await,
+        1,
+        "a created after the seal, unsigned, is looked up in the sealed generation"
+    );
+    setup.cleanup().await;
+}
+
+async fn a_created_stripe_signed_skips_and_only_for_its_own_bytes_and_key(
+    backend: Backend,
+    transport: Transport,
+) {
+    let setup = start(backend, transport).await;
+    // Ids in the generation sealed two days ago: only a skipped lookup misses them.
+    setup
+        .plant(&["evt_signed", "evt_waited", "evt_renamed", "evt_forged"])
+        .await;
+    setup.seal().await;
+    setup.move_seal_back(2 * DAY).await;
+
+    // Stripe's delivery of evt_signed, created now, through the ingress: its signature travels
+    // with the message, verifies, and the old generation is skipped, so the planted id is not
+    // found and the event is handled. (A real event created now cannot be there.)
+    setup.post(event("evt_signed", now())).await;
+    assert_eq!(
+        setup.handled("evt_signed", 1).await,
+        1,
+        "a signed created after the seal skips the sealed generation"
+    );
+    // A delivery the ingress accepted an hour ago, which waited in the queue since: its
+    // signature is past any tolerance, and still Stripe's.
+    let hour_ago = now() - 3_600;
+    let body = event("evt_waited", hour_ago - 5);
+    let carried = signature_header(SECRET, hour_ago, &body);
+    let mut waited = foreign(None, body, Some(carried));
+    waited.source = Some("stripe".into());
+    setup.publish(waited).await;
+    assert_eq!(
+        setup.handled("evt_waited", 1).await,
+        1,
+        "authenticity does not expire: a signature past the tolerance still skips"
+    );
+    // A genuine signed body published under another message id: looked up everywhere.
+    let body = event("evt_genuine", now());
+    let genuine = signature_header(SECRET, now(), &body);
+    setup
+        .publish(foreign(Some("evt_renamed"), body, Some(genuine)))
+        .await;
+    assert_eq!(
+        setup.handled("evt_renamed", 1).await,
+        0,
+        "a signed body under another key is looked up everywhere"
+    );
+    // A body whose carried signature does not verify: looked up everywhere.
+    let body = event("evt_forged", now());
+    let forged = signature_header("whsec_not_the_endpoints", now(), &body);
+    setup
+        .publish(foreign(Some("evt_forged"), body, Some(forged)))
+        .await;
+    assert_eq!(
+        setup.handled("evt_forged", 1).await,
+        0,
+        "a signature that does not verify is looked up everywhere"
+    );
+    setup.cleanup().await;
+}
