@@ -50,6 +50,7 @@ pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
 use record::record_new;
+pub(crate) use record::trusted_creation_time;
 use settle::Settlement;
 pub use stale::StaleGuard;
 

@@ -82,7 +82,7 @@ pub(super) async fn record_new<'e, 'd>(
 ///
 /// Everything else (no signature or a bad one, no secrets on a consume-only process, backfill,
 /// redrive, EventBridge, Standard Webhooks, foreign producers) gives `None`.
-fn trusted_creation_time(
+pub(crate) fn trusted_creation_time(
     event: &Event,
     signature: Option<&str>,
     secrets: &[String],

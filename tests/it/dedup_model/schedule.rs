@@ -185,6 +185,7 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
             Step::Insert(b, deliveries) => {
                 for d in deliveries {
                     if state.created[d.id].is_none() {
+                        state.forged[d.id] = d.created == Created::Forged;
                         state.created[d.id] = Some(match d.created {
                             Created::MinutesFromNow(m) => state.now + m * 60,
                             Created::Forged => state.now + FORGED_AHEAD,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use super::super::model::{event_id, Done, State, Step, Wait, FORGED_AHEAD, IDS, SOURCE};
+use super::super::model::{event_id, Done, State, Step, Wait, IDS, SOURCE};
 use super::super::{Context, Coverage};
 use super::{Sut, LIMIT};
 
@@ -109,9 +109,7 @@ pub(super) fn count(coverage: &mut Coverage, state: &State, step: &Step) {
             coverage.with_created += deliveries.iter().filter(|d| d.with_created).count() as u32;
             coverage.forged += deliveries
                 .iter()
-                .filter(|d| {
-                    d.with_created && state.created[d.id] >= Some(state.now + FORGED_AHEAD / 2)
-                })
+                .filter(|d| d.with_created && state.forged[d.id])
                 .count() as u32;
             match state.batches[*b].waiting {
                 Some(Wait::Key { .. }) => coverage.waits_for_key += 1,
