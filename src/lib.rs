@@ -42,8 +42,8 @@
 //! only there); and, with the `testing` feature, `testing`: the kit for a handler crate's own
 //! tests (a database per test, the handler in one transaction, the application on port 0).
 //!
-//! Imports go down the floors of README's "Layout" only (checked by
-//! `tests/it/architecture.rs`): config and the vocabulary, store, queue, outbox, the stages,
+//! Imports go down the floors of the book's "Layout" (docs/src/guide/layout.md) only (checked
+//! by `tests/it/architecture.rs`): config and the vocabulary, store, queue, outbox, the stages,
 //! the webhook routes, startup, the command line.
 
 pub mod backfill;

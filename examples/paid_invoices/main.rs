@@ -1,5 +1,5 @@
-//! `paid_invoices`: a service of your own on dedup-worker, as README's "Your own handler"
-//! walks through it. It records each paid Stripe invoice once in a table of its own and tells
+//! `paid_invoices`: a service of your own on dedup-worker, as the book's "Your own handler"
+//! (docs/src/handler/your-own-handler.md) walks through it. It records each paid Stripe invoice once in a table of its own and tells
 //! the sink about it once, on PostgreSQL or SQLite, with every stock command of the
 //! `dedup-worker` binary (`serve`, `migrate`, `dlq`, `outbox`, `events`, `sign`, …):
 //!

@@ -182,8 +182,9 @@ impl EventReport {
         types.into_iter().find(|t| !t.is_empty())
     }
 
-    /// The report as one JSON object (README, "What happened to an event?", lists the fields).
-    /// Times are RFC 3339 in UTC with milliseconds.
+    /// The report as one JSON object (the book's "What happened to an event?",
+    /// docs/src/operations/events-show.md, lists the fields). Times are RFC 3339 in UTC with
+    /// milliseconds.
     pub fn to_json(&self) -> Value {
         let processed = self.processed.as_ref().map(|p| {
             json!({

@@ -63,7 +63,8 @@ const OTHER_SECONDS_BUCKETS: &[f64] = &[
 ];
 
 /// Every histogram the process records, by exact name, and its buckets (upper bounds, in the
-/// histogram's unit). README's "Metrics" lists what each measures.
+/// histogram's unit). The book's "Metrics" chapter (docs/src/operations/metrics.md) lists what
+/// each measures.
 pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     ("dedup_ingress_request_seconds", INGRESS_BUCKETS),
     ("dedup_consumer_batch_seconds", CONSUMER_BATCH_BUCKETS),

@@ -6,8 +6,8 @@
 //!
 //! * [`aliases`]: a message keyed differently by an earlier release (a thin event by its own
 //!   id) or another `consumer.envelope` is a duplicate under its new key, on both stores;
-//! * [`architecture`]: the import graph of `src/` goes down README's floors only and has no
-//!   circle; no file in `src/` is over 500 lines;
+//! * [`architecture`]: the import graph of `src/` goes down the floors of the book's "Layout"
+//!   (docs/src/guide/layout.md) only and has no circle; no file in `src/` is over 500 lines;
 //! * [`backfill`]: `dedup-worker backfill` against a stand-in of Stripe's list-events API
 //!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
 //!   a page over the page limit, one that never ends and one that trickles stop it with nothing

@@ -160,8 +160,8 @@ async fn thin_and_snapshot_are_handled_once(backend: Backend) {
     }
     let (v2_body, v2_header) = &signed[18];
     post_with(&bin, v2_body, v2_header).await;
-    // And a pair made by `dedup-worker sign --thin-event` from a snapshot event, as README's
-    // local test does: the official library verifies both, and they are one change too.
+    // And a pair made by `dedup-worker sign --thin-event` from a snapshot event, as the local
+    // test in the book's "Stripe's channels" (docs/src/stripe/channels.md) does: the official library verifies both, and they are one change too.
     let snapshot_path = work.path().join("snapshot.json");
     let thin_path = work.path().join("thin.json");
     std::fs::write(

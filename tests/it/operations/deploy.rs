@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 
 use super::{deploy_dir, on_path, yaml_documents};
 
-/// The configuration key each fixed environment name sets (README's "Configuration").
+/// The configuration key each fixed environment name sets (the book's "Configuration",
+/// docs/src/configuration.md).
 const FIXED_NAMES: &[(&str, &str)] = &[
     ("DATABASE_URL", "database_url"),
     ("DEDUP_LISTEN", "http.listen"),
