@@ -12,17 +12,25 @@ use std::time::Duration;
 use dedup_worker::webhook::stripe::signature_header;
 use rand::Rng;
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::{Lane, LAYOUT};
 use crate::history::{History, Outcome, Record};
 use crate::plan::{Plan, Post, Shape};
 
 /// Requests in flight at once (each waits at most [`REQUEST_TIMEOUT`]). Held per attempt, not
 /// across a post's backoff: as at Stripe, events that keep failing do not hold back new ones.
 const IN_FLIGHT: usize = 256;
+/// Requests in flight at once to the SQS lane's ingress processes, within [`IN_FLIGHT`]: a
+/// webhook sender limits its concurrency per endpoint, and the emulator's capacity is a few
+/// calls a second. Without this cap the first long soak's SQS lane never recovered from its
+/// first outage: every unanswered post was retried within 20 s, each 503'd SendMessage could
+/// still land (a copy), the emulator's queue grew, its calls slowed, and more posts went
+/// unanswered (RELIABILITY.md, "What the soak and the property test found").
+const SQS_LANE_IN_FLIGHT: usize = 4;
 /// Stripe waits this long for an answer before counting a delivery failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 /// Retries back off from this…
@@ -32,6 +40,34 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// become the load that keeps a slow dependency slow (each 503'd SendMessage may still land:
 /// a copy).
 const MAX_BACKOFF: Duration = Duration::from_secs(20);
+
+/// The sender's limits on requests in flight: all of them, and those to the SQS lane.
+struct Permits {
+    all: Semaphore,
+    sqs_lane: Semaphore,
+}
+
+impl Permits {
+    /// A permit for one attempt to ingress process `ingress` (held until its answer).
+    async fn acquire(&self, ingress: usize) -> (Option<SemaphorePermit<'_>>, SemaphorePermit<'_>) {
+        let lane = if LAYOUT[ingress].lane == Lane::Sqs {
+            Some(
+                self.sqs_lane
+                    .acquire()
+                    .await
+                    .expect("the semaphore is never closed"),
+            )
+        } else {
+            None
+        };
+        let all = self
+            .all
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        (lane, all)
+    }
+}
 
 pub struct Sender {
     pub plan: Arc<Plan>,
@@ -68,7 +104,10 @@ impl Sender {
             .build()
             .expect("an HTTP client");
         let this = Arc::new(self);
-        let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+        let permits = Arc::new(Permits {
+            all: Semaphore::new(IN_FLIGHT),
+            sqs_lane: Semaphore::new(SQS_LANE_IN_FLIGHT),
+        });
         let started_at = Instant::now();
         let mut tasks = JoinSet::new();
         let mut totals = SenderTotals::default();
@@ -100,7 +139,7 @@ impl Sender {
     async fn deliver(
         &self,
         client: &reqwest::Client,
-        permits: &Semaphore,
+        permits: &Permits,
         index: usize,
         give_up: &CancellationToken,
     ) -> bool {
@@ -114,7 +153,7 @@ impl Sender {
             if let Some(address) = address {
                 let permit = tokio::select! {
                     _ = give_up.cancelled() => return false,
-                    permit = permits.acquire() => permit.expect("the semaphore is never closed"),
+                    permit = permits.acquire(post.ingress) => permit,
                 };
                 attempt += 1;
                 self.history.record(Record::Invoke {
