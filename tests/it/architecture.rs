@@ -1,12 +1,15 @@
-//! The shape of `src/`, checked on every run (README's "Layout" draws it):
+//! The shape of `src/`, checked on every run (the book's "Layout", docs/src/guide/layout.md,
+//! draws it):
 //!
-//! * every module imports only from modules on a lower floor of [`FLOORS`] (or from itself):
+//! * every module imports only from modules on a lower floor of the map ([`MAP`], the book's
+//!   one drawing of the house; every module is on it once, and nothing else is) or from itself:
 //!   configuration and the shared vocabulary at the bottom, the wiring and then the command
 //!   line at the top;
 //! * the binary is `main.rs` alone, one call of the library's command line, so a service's own
 //!   `main` runs every command the stock binary has;
-//! * the import graph between modules and their direct submodules has no circle (two files of
-//!   one folder that import each other cannot be read, or changed, one at a time);
+//! * the import graph has no circle, between modules and their direct submodules, and between
+//!   files (two files of one folder that import each other cannot be read, or changed, one at
+//!   a time);
 //! * no file in `src/` is longer than [`MAX_LINES`].
 //!
 //! Imports are read from the source text: every `crate::…` path (in `use` or inline) and every
@@ -15,44 +18,47 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Floors, lowest first. A module may import from a lower floor only; modules on one floor are
-/// independent of each other.
-const FLOORS: &[&[&str]] = &[
-    // Unit-test support (proptest configuration).
-    &["proptest_support"],
-    // The vocabulary everything shares: the event, error causes, retry policy and durations,
-    // lease heartbeats, metrics.
-    &["error", "event", "lease", "retry", "telemetry"],
-    // Configuration (typed and validated; it reads only the event's field rules), and the group
-    // commit with its breaker that the database queue and the idempotency writers share.
-    &["config", "group_commit"],
-    // Storage: every SQL statement of the pipeline; beside it, Stripe's event shapes and API.
-    &["store", "stripe"],
-    // Transports: the database queue, RabbitMQ, SQS (and their publishers).
-    &["queue"],
-    // The outbox: messages, sinks (which publish through the transports' publishers), relay.
-    &["outbox"],
-    // The stages over them, the background sampler of the gauges, HTTP plumbing (server,
-    // problem+json, operational routes), and `events show`'s reading of one event's records.
-    &[
-        "consumer",
-        "retention",
-        "dlq",
-        "backfill",
-        "gauges",
-        "http",
-        "inspect",
-    ],
-    // The webhook routes (answering through http's problem+json); the idempotency layer, apart
-    // from the pipeline (it uses only the vocabulary and the HTTP server).
-    &["webhook", "idempotency"],
-    // Wiring.
-    &["startup"],
-    // What a service built on the library runs and tests with: the command line (every
-    // subcommand, over startup's wiring) and the `testing` feature's kit for a handler crate's
-    // own tests.
-    &["cli", "testing"],
-];
+/// The map of the house: the book's "Layout". Its first code block draws the floors, highest
+/// first, separated by rules of `─`; each line that starts at the second column begins with the
+/// modules it describes (`x.rs` or `x/`, one or more, then two spaces and the description);
+/// lines that start further in continue a description.
+const MAP: &str = "docs/src/guide/layout.md";
+
+/// Floors, lowest first, as the map draws them. A module may import from a lower floor only;
+/// modules on one floor are independent of each other.
+fn floors() -> Vec<Vec<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MAP);
+    let text = std::fs::read_to_string(&path).expect("read the map (docs/src/guide/layout.md)");
+    let block = text
+        .split("```")
+        .nth(1)
+        .expect("the map has a code block drawing the floors");
+    let mut floors: Vec<Vec<String>> = vec![Vec::new()];
+    for line in block.lines() {
+        if line.trim_start().starts_with('─') {
+            floors.push(Vec::new());
+            continue;
+        }
+        // A line naming modules starts with one space; a continuation, with many.
+        let Some(rest) = line.strip_prefix(' ') else {
+            continue;
+        };
+        if rest.starts_with(' ') || rest.is_empty() {
+            continue;
+        }
+        let names = rest.split("  ").next().unwrap_or_default();
+        for name in names.split_whitespace() {
+            let module = name
+                .strip_suffix(".rs")
+                .or_else(|| name.strip_suffix('/'))
+                .unwrap_or_else(|| panic!("{MAP}: `{name}` names no module (x.rs or x/)"));
+            floors.last_mut().expect("a floor").push(module.to_owned());
+        }
+    }
+    floors.retain(|floor| !floor.is_empty());
+    floors.reverse();
+    floors
+}
 
 /// Files of the binary, not of the library (`dedup_worker::` paths, not `crate::`): only its
 /// `main`, which runs the library's command line (see
@@ -164,23 +170,49 @@ struct Graph {
     edges: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-fn import_graph() -> Graph {
+/// How finely the graph sees `src/`.
+#[derive(Clone, Copy)]
+enum Grain {
+    /// A node per top-level module and per direct submodule of a folder (the floors' view).
+    Modules,
+    /// A node per file: `a/b/c.rs` is `a::b::c`, `a/b/mod.rs` is `a::b`.
+    Files,
+}
+
+/// The file node a module path belongs to: its longest prefix that is a file
+/// (`idempotency::layer::tx::Lent` is node `idempotency::layer::tx`).
+fn file_node_of(path: &[String], nodes: &BTreeSet<String>) -> Option<String> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].join("::"))
+        .find(|candidate| nodes.contains(candidate))
+}
+
+fn import_graph(grain: Grain) -> Graph {
     let mut files = Vec::new();
     rust_files(&src_dir(), &mut files);
     files.retain(|f| {
         f.parent() != Some(src_dir().as_path())
             || !BINARY_FILES.contains(&f.file_name().and_then(|n| n.to_str()).unwrap_or(""))
     });
+    let depth = match grain {
+        Grain::Modules => 2,
+        Grain::Files => usize::MAX,
+    };
     let nodes: BTreeSet<String> = files
         .iter()
         .map(|f| module_path(f))
         .filter(|p| !p.is_empty())
-        .map(|p| p.iter().take(2).cloned().collect::<Vec<_>>().join("::"))
+        .map(|p| p.iter().take(depth).cloned().collect::<Vec<_>>().join("::"))
         .collect();
+    let node = |path: &[String]| match grain {
+        Grain::Modules => node_of(path, &nodes),
+        Grain::Files => file_node_of(path, &nodes),
+    };
     let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for file in &files {
         let module = module_path(file);
-        let Some(from) = node_of(&module, &nodes) else {
+        let Some(from) = node(&module) else {
             continue; // lib.rs: the crate root declares every module
         };
         let text = code(&std::fs::read_to_string(file).expect("read source"));
@@ -201,7 +233,7 @@ fn import_graph() -> Graph {
             targets.push(full);
         }
         for target in targets {
-            let Some(to) = node_of(&target, &nodes) else {
+            let Some(to) = node(&target) else {
                 continue;
             };
             // Paths that name no module (a macro at the crate root, `super::*`) are no edge.
@@ -221,21 +253,22 @@ fn top(node: &str) -> &str {
     node.split("::").next().unwrap_or(node)
 }
 
-fn floor_of(module: &str) -> usize {
-    FLOORS
+fn floor_of(floors: &[Vec<String>], module: &str) -> usize {
+    floors
         .iter()
-        .position(|floor| floor.contains(&module))
-        .unwrap_or_else(|| panic!("module `{module}` is on no floor of FLOORS: add it"))
+        .position(|floor| floor.iter().any(|m| m == module))
+        .unwrap_or_else(|| panic!("module `{module}` is on no floor of the map ({MAP}): add it"))
 }
 
 #[test]
 fn every_module_imports_only_from_lower_floors() {
-    let graph = import_graph();
+    let graph = import_graph(Grain::Modules);
+    let floors = floors();
     let mut wrong = Vec::new();
     for (from, targets) in &graph.edges {
         for (to, file) in targets {
             let (from_top, to_top) = (top(from), top(to));
-            if from_top != to_top && floor_of(to_top) >= floor_of(from_top) {
+            if from_top != to_top && floor_of(&floors, to_top) >= floor_of(&floors, from_top) {
                 wrong.push(format!("{from} imports {to} ({file})"));
             }
         }
@@ -247,10 +280,8 @@ fn every_module_imports_only_from_lower_floors() {
     );
 }
 
-#[test]
-fn the_import_graph_has_no_circle() {
-    let graph = import_graph();
-    // Depth-first search for a back edge; the path to it is the circle.
+/// The first circle of `graph` found by a depth-first search (the path to a back edge).
+fn find_circle(graph: &Graph) -> Option<Vec<String>> {
     fn visit(
         node: &str,
         graph: &Graph,
@@ -276,11 +307,61 @@ fn the_import_graph_has_no_circle() {
         None
     }
     let mut done = BTreeSet::new();
-    for node in graph.edges.keys() {
-        if let Some(circle) = visit(node, &graph, &mut Vec::new(), &mut done) {
-            panic!("import circle: {}", circle.join(" -> "));
-        }
+    graph
+        .edges
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_import_graph_has_no_circle() {
+    if let Some(circle) = find_circle(&import_graph(Grain::Modules)) {
+        panic!("import circle: {}", circle.join(" -> "));
     }
+}
+
+/// Inside a folder too: files that import each other round a circle (`flow.rs` → `tx.rs` →
+/// `flow.rs`) cannot be read, or changed, one at a time. A folder's `mod.rs` naming its own
+/// files (`mod x; pub use x::Y;`) is how a folder is built, and is no edge here (those paths are
+/// relative, not `crate::` or `super::`); a file importing from its folder's `mod.rs` is.
+#[test]
+fn no_circle_between_files() {
+    if let Some(circle) = find_circle(&import_graph(Grain::Files)) {
+        panic!("import circle between files: {}", circle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_map_names_every_module_once_and_nothing_else() {
+    let mut on_map: Vec<String> = floors().into_iter().flatten().collect();
+    on_map.sort();
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .filter_map(|f| module_path(f).first().cloned())
+        .filter(|m| !BINARY_FILES.contains(&format!("{m}.rs").as_str()))
+        .collect();
+    let twice: Vec<&String> = on_map
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| &w[0])
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "on more than one floor of {MAP}: {twice:?}"
+    );
+    let on_map: BTreeSet<String> = on_map.into_iter().collect();
+    let missing: Vec<&String> = modules.difference(&on_map).collect();
+    let stale: Vec<&String> = on_map.difference(&modules).collect();
+    assert!(
+        missing.is_empty(),
+        "modules of src/ not on the map ({MAP}): {missing:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "on the map ({MAP}) but not in src/: {stale:?}"
+    );
 }
 
 #[test]

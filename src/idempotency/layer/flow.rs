@@ -20,16 +20,16 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures::FutureExt;
-use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{response, Request, Response, StatusCode};
+use http::{response, Request, Response};
 use tower::Service;
 
 use super::held::{Committed, HeldClaim, KeyHold};
+use super::stored::{keep_header, releases_key, replay};
 use super::tx::{Lent, TxSlot};
 use super::{
     cache_error, outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared,
-    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_KEY,
 };
 use crate::idempotency::fingerprint::Fingerprint;
 use crate::idempotency::key::{IdempotencyKey, KeyError};
@@ -385,48 +385,4 @@ async fn finish(held: HeldClaim, tx: Lent, head: response::Parts, body: Bytes) -
         Committed::Lost => Rejection::InProgress(Duration::from_secs(1)).into_response(style),
         Committed::Failed => Rejection::Unavailable.into_response(style),
     }
-}
-
-/// Results a client is expected to retry are not stored: 5xx (unless `keep_5xx`), and 408,
-/// 409, 425 and 429, which say "not now" rather than "this is the outcome".
-pub(super) fn releases_key(status: StatusCode, keep_5xx: bool) -> bool {
-    (status.is_server_error() && !keep_5xx) || matches!(status.as_u16(), 408 | 409 | 425 | 429)
-}
-
-/// Whether a response header is stored and replayed. Connection-level and per-response
-/// headers (date, length, framing) are regenerated; cookies are not replayed to whoever
-/// retries.
-pub fn keep_header(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "date"
-            | "content-length"
-            | "connection"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "set-cookie"
-            | "idempotent-replayed"
-    )
-}
-
-/// A stored result as the response a retry gets, marked `Idempotent-Replayed: true`.
-fn replay(stored: &StoredResponse) -> Response<Body> {
-    let mut resp = Response::new(Body::from(stored.body.clone()));
-    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let headers = resp.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            headers.append(n, v);
-        }
-    }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    resp
 }

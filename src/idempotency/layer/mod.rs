@@ -29,6 +29,7 @@ mod flow;
 mod held;
 pub mod phases;
 mod rejection;
+mod stored;
 pub mod tx;
 
 use std::future::Future;
@@ -48,9 +49,10 @@ use tower::{Layer, Service};
 use super::redis::{CacheError, RedisCache};
 use super::store::PgIdempotencyStore;
 use flow::KeyHeader;
-pub use flow::{keep_header, MAX_ACCOUNT_LEN};
+pub use flow::MAX_ACCOUNT_LEN;
 pub use phases::{Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases};
 pub use rejection::{ErrorStyle, Rejection};
+pub use stored::keep_header;
 pub use tx::{IdempotentTx, TxRejection};
 
 impl IdempotencyConfig {

@@ -55,7 +55,7 @@ use http::Request;
 use sqlx::{PgConnection, Postgres, Transaction};
 use tower::Service;
 
-use super::flow::releases_key;
+use super::stored::releases_key;
 use super::{ErrorStyle, NotExecuted, Rejection, Shared};
 use crate::idempotency::records::ClaimToken;
 
