@@ -190,7 +190,7 @@ pub async fn backfill(
         summary.listed += events.len() as u64;
         let ids: Vec<String> = events.iter().map(|(e, _)| e.id.to_owned()).collect();
         let processed = store
-            .processed_among("stripe", &ids)
+            .processed_among(crate::stripe::SOURCE, &ids)
             .await
             .map_err(BackfillError::Store)?;
         for (event, raw) in &events {
@@ -199,7 +199,7 @@ pub async fn backfill(
                 continue;
             }
             let message = OutgoingMessage {
-                source: Some("stripe".to_owned()),
+                source: Some(crate::stripe::SOURCE.to_owned()),
                 message_id: Some(event.id.to_owned()),
                 message_type: Some(event.event_type.to_owned()),
                 payload: bytes::Bytes::copy_from_slice(raw.get().as_bytes()),

@@ -80,7 +80,7 @@ async fn stripe_webhook(
     let outcome = receive_stripe(&state, &headers, body)
         .instrument(span)
         .await;
-    answer("stripe", "/webhooks/stripe", started, outcome)
+    answer(crate::stripe::SOURCE, "/webhooks/stripe", started, outcome)
 }
 
 async fn standard_webhook(

@@ -35,7 +35,7 @@ impl StripeProvider {
                     .collect(),
             ),
             tolerance_secs: settings.tolerance_secs,
-            source: "stripe",
+            source: crate::stripe::SOURCE,
         }
     }
 }
