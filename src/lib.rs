@@ -73,6 +73,19 @@ pub mod telemetry;
 pub mod testing;
 pub mod webhook;
 
+pub use cli::Service;
+
+/// What a handler crate imports: `use dedup_worker::prelude::*;` brings the handler's trait and
+/// its error, the event, the transaction, outbox messages, migrations and the service builder.
+/// (The test kit is `dedup_worker::testing`, with the `testing` feature.)
+pub mod prelude {
+    pub use crate::cli::Service;
+    pub use crate::consumer::{Handler, HandlerError, OutboxMessage};
+    pub use crate::event::Event;
+    pub use crate::store::{DbTx, Migrations};
+    pub use async_trait::async_trait;
+}
+
 /// The versions a handler crate's own code must match: `sqlx` for `DbTx`'s connections and
 /// `async_trait` for [`consumer::Handler`]. (`sqlx::migrate!` expands to `::sqlx::…` paths, so
 /// a crate with migrations of its own also depends on `sqlx = "0.8"` directly.)

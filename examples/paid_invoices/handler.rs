@@ -2,10 +2,7 @@
 //! message for the sink, both in the consumer's transaction, so they commit with the dedup
 //! record or not at all.
 
-use dedup_worker::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::DbTx;
+use dedup_worker::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Records paid invoices; ignores every other event type.

@@ -12,8 +12,7 @@
 
 mod handler;
 
-use dedup_worker::startup::Overrides;
-use dedup_worker::store::Migrations;
+use dedup_worker::prelude::*;
 use sqlx::migrate::Migrator;
 
 /// The service's own tables, applied after dedup-worker's on every start (when
@@ -28,8 +27,9 @@ fn migrations() -> Migrations {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let overrides = Overrides::default()
+    Service::new()
         .handler(handler::PaidInvoices)
-        .migrations(migrations());
-    dedup_worker::cli::run(overrides).await
+        .migrations(migrations())
+        .run()
+        .await
 }

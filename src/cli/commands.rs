@@ -35,9 +35,9 @@ pub(super) enum EventsCommand {
         /// The event id (`evt_…`; a Standard Webhooks `webhook-id`).
         id: String,
         /// The source half of the dedup key (`standard_webhooks.source` for Standard Webhooks).
-        #[arg(long, default_value = "stripe")]
+        #[arg(long, default_value = crate::stripe::SOURCE)]
         source: String,
-        /// Print one JSON object (fields: README, "What happened to an event?").
+        /// Print one JSON object (fields: the book's "What happened to an event?").
         #[arg(long)]
         json: bool,
     },

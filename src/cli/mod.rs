@@ -2,14 +2,16 @@
 //! on the library runs with its own handler and migrations. Its `main` is one call:
 //!
 //! ```no_run
-//! use dedup_worker::startup::Overrides;
+//! use dedup_worker::prelude::*;
 //! # use dedup_worker::consumer::LedgerHandler as MyHandler;
 //!
 //! #[tokio::main]
 //! async fn main() -> std::process::ExitCode {
-//!     dedup_worker::cli::run(Overrides::default().handler(MyHandler)).await
+//!     Service::new().handler(MyHandler).run().await
 //! }
 //! ```
+//!
+//! ([`Service`] builds the [`Overrides`] that [`run`] takes.)
 //!
 //! Every subcommand is there (`serve`, `ingest`, `consume`, `relay`, `migrate`, `sign`, `dlq`,
 //! `outbox`, `events`, `backfill`). The roles (`serve`, `ingest`, `consume`, `relay`) run with
@@ -32,6 +34,9 @@ use crate::config::Settings;
 use crate::startup::{Application, Overrides};
 
 mod commands;
+mod service;
+
+pub use service::Service;
 
 use commands::{DlqCommand, EventsCommand, OutboxCommand};
 
