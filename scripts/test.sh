@@ -6,6 +6,11 @@
 # ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
 # installed, moto_server is started on a free port for the run and stopped after; Debian's
 # prometheus and docker-compose are installed when missing (tests/it/operations/).
+# It begins with the gates and the fast lane, which need no service: `cargo fmt --check`, clippy
+# on every target with warnings denied, rustdoc with warnings denied, the book under docs/ built
+# (mdbook, installed if missing) and every relative link of it and of the top-level pages checked
+# (scripts/check_links.py), then the unit and property tests of the library (LINT=0 skips the gates; a test filter given as arguments skips the fast
+# lane and runs `cargo test --locked FILTER…` alone).
 # Then a fault soak of 60 s (bench/soak.sh; SOAK_SECONDS=0 skips it), and a fuzz smoke run:
 # every cargo-fuzz target of fuzz/ for FUZZ_SECONDS (default 20) each, through scripts/fuzz.sh
 # (which installs cargo-fuzz if missing); FUZZ_SECONDS=0 skips it.
@@ -13,6 +18,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[test.sh] %s\n' "$*" >&2; }
+# Each section's start, with the seconds since the script began (where CI's time goes).
+section() { log "$* (at ${SECONDS} s)"; }
+
+# Tests must not pick up a developer's own configuration.
+unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
+
+# --- gates and the fast lane (no services) ----------------------------------------------------
+if [ "${LINT:-1}" != 0 ]; then
+  section "gates: rustfmt, clippy, rustdoc"
+  cargo fmt --all --check
+  cargo clippy --locked --all-targets -- -D warnings
+  RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --quiet
+  section "gates: the book (docs/) built, its links and README's checked"
+  if ! command -v mdbook >/dev/null; then
+    log "installing mdbook"
+    cargo install mdbook --locked --no-default-features --version '^0.5'
+  fi
+  book_dir=$(mktemp -d "${TMPDIR:-/tmp}/dedup-book.XXXXXX")
+  mdbook build docs --dest-dir "$book_dir"
+  rm -rf -- "$book_dir"
+  python3 scripts/check_links.py --self-test
+  python3 scripts/check_links.py
+fi
+if [ $# -eq 0 ]; then
+  section "fast lane: the library's unit and property tests"
+  cargo test --locked --lib --bins
+fi
+
+section "services"
 
 # --- services ---------------------------------------------------------------------------------
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -82,19 +116,21 @@ export AWS_ENDPOINT_URL="http://127.0.0.1:$MOTO_PORT" AWS_REGION=us-east-1 \
 log "moto_server on $AWS_ENDPOINT_URL"
 
 # --- the suite --------------------------------------------------------------------------------
-# Tests must not pick up a developer's own configuration.
-unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
 # tests/it/paid_invoices.rs runs the example service's binary, which `cargo test` builds only as
 # its unit-test harness.
+section "the suite"
 cargo build --locked --example paid_invoices
 cargo test --locked "$@"
 
 # --- fault soak -------------------------------------------------------------------------------
 # bench/soak.sh for 60 s, a fresh seed each run (printed first, with the command that replays
 # it), debug builds (`cargo test` built most of them), on an emulator of its own.
+section "fault soak"
 [ "${SOAK_SECONDS:-60}" = 0 ] || env -u AWS_ENDPOINT_URL SOAK_PROFILE=debug SOAK_RATE=20 ./bench/soak.sh "${SOAK_SECONDS:-60}"
 
 # --- fuzz smoke run -------------------------------------------------------------------------
 if [ "${FUZZ_SECONDS:-20}" != 0 ]; then
+  section "fuzz smoke run"
   ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
+section "done"
