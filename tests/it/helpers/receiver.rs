@@ -151,11 +151,15 @@ async fn record(
 }
 
 /// Event ids in a JSON-lines sink file, one per line (empty if the file does not exist yet).
+/// A last line without its newline is being written by the relay as the file is read, and is
+/// left for the next read.
 pub fn file_sink_ids(path: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Vec::new();
     };
-    text.lines()
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("each sink line is JSON");
