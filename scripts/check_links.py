@@ -76,22 +76,7 @@ def blank(text: str, start: int, end: int) -> str:
 
 def without_code(text: str) -> str:
     """Fenced blocks, HTML comments and inline code spans blanked out."""
-    lines = text.split("\n")
-    fence: str | None = None
-    for i, line in enumerate(lines):
-        if fence is None:
-            opened = FENCE_OPEN.match(line)
-            if opened:
-                fence = opened.group(1)
-                lines[i] = ""
-        else:
-            closing = line.strip()
-            if closing and set(closing) == {fence[0]} and len(closing) >= len(fence):
-                fence = None
-            lines[i] = ""
-    text = "\n".join(lines)
-    for comment in reversed(list(re.finditer(r"<!--.*?-->", text, re.S))):
-        text = blank(text, comment.start(), comment.end())
+    text = without_code_blocks_only(text)
     # A code span: a run of backticks closed by a run of the same length, within a paragraph.
     pos = 0
     while True:

@@ -64,10 +64,4 @@ impl Service {
     {
         super::run_from(args, self.overrides).await
     }
-
-    /// What the wiring takes ([`crate::startup::Application::build`]), for tests that build the
-    /// application themselves.
-    pub fn into_overrides(self) -> Overrides {
-        self.overrides
-    }
 }
