@@ -6,8 +6,8 @@
 //! `cargo bench --bench fingerprint`
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use dedup_worker::idempotency::Fingerprint;
 use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Method};
+use idempotency_key::Fingerprint;
 
 const PAYMENT: &str = r#"{
   "amount": 2000,

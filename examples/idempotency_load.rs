@@ -27,12 +27,12 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use clap::Parser;
-use dedup_worker::idempotency::{
-    GroupOptions, IdempotencyLayer, IdempotentTx, PgIdempotencyStore, RedisCache,
-};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use idempotency_key::{
+    GroupOptions, IdempotencyLayer, IdempotentTx, PgIdempotencyStore, RedisCache,
+};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
 
@@ -270,7 +270,7 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
         .max_connections(args.pool)
         .connect(url)
         .await?;
-    dedup_worker::idempotency::migrate(&pool).await?;
+    idempotency_key::migrate(&pool).await?;
     let defaults = GroupOptions::default();
     let grouping = (args.group_max != Some(0)).then_some(GroupOptions {
         max_batch: args.group_max.unwrap_or(defaults.max_batch),

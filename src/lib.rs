@@ -27,8 +27,11 @@
 //!   background, for the gauges `/metrics` shows.
 //! * [`inspect`]: `events show`, what happened to one event, from everything the store
 //!   recorded of it.
-//! * [`idempotency`]: standing alone, a tower layer giving synchronous APIs
-//!   Stripe-style `Idempotency-Key` semantics.
+//!
+//! Beside it, in crates of their own: `idempotency-key` (crates/idempotency-key), a tower layer
+//! giving synchronous APIs Stripe-style `Idempotency-Key` semantics, which a service can use
+//! without this pipeline; and `dedup-db` (crates/dedup-db), what both do against their database
+//! (group commit with a breaker, backoff, the PostgreSQL schema `dedup_worker` they share).
 //!
 //! Around them: [`config`] (one typed settings struct, parsed and validated once; the ground
 //! floor, importing nothing of the pipeline), [`startup`] (wires the roles together and runs
@@ -54,9 +57,7 @@ pub mod dlq;
 pub mod error;
 pub mod event;
 pub mod gauges;
-pub mod group_commit;
 pub mod http;
-pub mod idempotency;
 pub mod inspect;
 pub mod lease;
 pub mod outbox;

@@ -9,7 +9,7 @@
 //! `serde_json::Value` refuses `1e400`, which the canonicaliser copies as written.)
 #![no_main]
 
-use dedup_worker::idempotency::Fingerprint;
+use idempotency_key::Fingerprint;
 use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
 

@@ -3,8 +3,8 @@
 //! whitespace all parse back to the same key.
 #![no_main]
 
-use dedup_worker::idempotency::key::MAX_KEY_LEN;
-use dedup_worker::idempotency::IdempotencyKey;
+use idempotency_key::key::MAX_KEY_LEN;
+use idempotency_key::IdempotencyKey;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "support.rs"]

@@ -7,7 +7,7 @@
 //!
 //! Each commit is bounded by `commit_timeout`, and while the database cannot be reached the
 //! writers' shared breaker answers "unavailable" at once instead of letting every queued
-//! publish wait out a timeout of its own ([`crate::group_commit`], as for the idempotency
+//! publish wait out a timeout of its own (`dedup_db::group_commit`, as for the idempotency
 //! store's writers).
 
 use std::sync::Arc;
@@ -18,8 +18,8 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use crate::group_commit::{server_answered, Committed, Committer, Names, WriteFailure};
 use crate::store::{bounded, NewQueueMessage, Store, StoreError, Wakeups};
+use dedup_db::group_commit::{server_answered, Committed, Committer, Names, WriteFailure};
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
 

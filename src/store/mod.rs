@@ -92,6 +92,20 @@ pub enum StoreError {
     ConnectTimedOut { target: String, timeout: Duration },
 }
 
+/// A failure of the pipeline's own migrations, or of putting the tables in their schema.
+impl From<dedup_db::schema::SchemaError> for StoreError {
+    fn from(error: dedup_db::schema::SchemaError) -> Self {
+        use dedup_db::schema::SchemaError;
+        match error {
+            SchemaError::Database(e) => StoreError::Database(e),
+            SchemaError::Migrate(e) => StoreError::from(e),
+            SchemaError::Layout(e) => StoreError::Layout(e),
+            // `SchemaError` is non-exhaustive: a later kind is still a failed migration.
+            other => StoreError::Database(sqlx::Error::Protocol(other.to_string())),
+        }
+    }
+}
+
 /// A failure of the library's own migrations (the application's are mapped in
 /// [`Store::migrate_with`]).
 impl From<sqlx::migrate::MigrateError> for StoreError {

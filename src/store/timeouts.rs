@@ -53,10 +53,6 @@ impl ServerTimeouts {
             ),
         ])
     }
-
-    /// Lifts both on one session (0: no limit).
-    pub(super) const LIFT: &'static str =
-        "SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0";
 }
 
 /// A duration as PostgreSQL reads a bare number for these settings: milliseconds, at least 1

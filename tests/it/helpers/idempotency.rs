@@ -11,9 +11,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
-use dedup_worker::idempotency::{
-    example, IdempotentTx, NotExecuted, PgIdempotencyStore, RedisCache,
-};
+use idempotency_key::{IdempotentTx, NotExecuted, PgIdempotencyStore, RedisCache};
+use idempotency_key_checkout as example;
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -40,9 +39,7 @@ impl TestEnv {
             .expect("connect test db");
         // All migrations, the lead's included, exactly as the binary applies them (into schema
         // dedup_worker; the pool is the application's, with its default search_path).
-        dedup_worker::idempotency::migrate(&pool)
-            .await
-            .expect("migrations");
+        idempotency_key::migrate(&pool).await.expect("migrations");
         example::setup(&pool).await.expect("example tables");
         // What the counting handler writes in the transactional mode: no unique key of its own,
         // so a second execution would show as a second row.

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use dedup_worker::http::ServerLimits;
-use dedup_worker::idempotency::example::{CheckoutApp, CheckoutConfig};
-use dedup_worker::idempotency::{Claim, Fingerprint};
 use futures::stream::{self, StreamExt};
+use idempotency_key::{Claim, Fingerprint};
+use idempotency_key_checkout::{CheckoutApp, CheckoutConfig, Limits};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::idempotency::TestEnv;
@@ -28,7 +27,8 @@ async fn start(env: &TestEnv) -> (String, CancellationToken, tokio::task::JoinHa
         redis_prefix: env.prefix.clone(),
         listen: "127.0.0.1:0".into(),
         provider_listen: "127.0.0.1:0".into(),
-        limits: ServerLimits::default(),
+        limits: Limits::default(),
+        metrics: dedup_worker::telemetry::metrics_handle(),
     })
     .await
     .expect("checkout app");

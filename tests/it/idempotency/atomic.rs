@@ -13,9 +13,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Json, Router};
-use dedup_worker::idempotency::layer::FaultPoint;
-use dedup_worker::idempotency::{IdempotencyLayer, IdempotentTx, PgIdempotencyStore};
 use http::StatusCode;
+use idempotency_key::layer::FaultPoint;
+use idempotency_key::{IdempotencyLayer, IdempotentTx, PgIdempotencyStore};
 use serde_json::json;
 use sqlx::PgPool;
 

@@ -10,9 +10,9 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
-use dedup_worker::idempotency::example::{self, CheckoutState, PaymentRequest};
-use dedup_worker::idempotency::{IdempotencyLayer, IdempotentClient, RetryPolicy};
 use http::{HeaderMap, Method, StatusCode};
+use idempotency_key::{IdempotencyLayer, IdempotentClient, RetryPolicy};
+use idempotency_key_checkout::{self as example, CheckoutState, PaymentRequest};
 use serde_json::{json, Value};
 
 use crate::helpers::idempotency::TestEnv;
@@ -236,7 +236,7 @@ async fn client_helper_retries_with_one_key_and_stops_on_other_4xx() {
         .await
         .unwrap_err();
     match err {
-        dedup_worker::idempotency::ClientError::Network { attempts, .. } => assert_eq!(attempts, 7),
+        idempotency_key::ClientError::Network { attempts, .. } => assert_eq!(attempts, 7),
         other => panic!("unexpected {other}"),
     }
     let _ = Method::POST;

@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use dedup_worker::idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, Ownership, PgIdempotencyStore,
-};
 use http::StatusCode;
+use idempotency_key::{Claim, Fingerprint, IdempotencyLayer, Ownership, PgIdempotencyStore};
 
 use super::{app, http, layer, layer_with_redis_if, post, stored};
 use crate::helpers::idempotency::{Counting, DoomedServer, TestEnv};

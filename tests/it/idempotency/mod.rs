@@ -35,8 +35,8 @@ mod transactional;
 
 use std::net::SocketAddr;
 
-use dedup_worker::idempotency::{IdempotencyLayer, PgIdempotencyStore, StoredResponse};
 use http::{HeaderMap, StatusCode};
+use idempotency_key::{IdempotencyLayer, PgIdempotencyStore, StoredResponse};
 use serde_json::Value;
 
 use crate::helpers::idempotency::{Counting, TestEnv};
@@ -88,7 +88,7 @@ async fn post(
     }
 }
 
-fn layer(env: &TestEnv) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+fn layer(env: &TestEnv) -> idempotency_key::IdempotencyLayerBuilder {
     layer_on(env.store())
 }
 
@@ -96,7 +96,7 @@ fn layer(env: &TestEnv) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
 fn layer_with_redis_if(
     env: &TestEnv,
     with_redis: bool,
-) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+) -> idempotency_key::IdempotencyLayerBuilder {
     let b = layer(env);
     if with_redis {
         b.redis(env.redis())
@@ -105,7 +105,7 @@ fn layer_with_redis_if(
     }
 }
 
-fn layer_on(store: PgIdempotencyStore) -> dedup_worker::idempotency::IdempotencyLayerBuilder {
+fn layer_on(store: PgIdempotencyStore) -> idempotency_key::IdempotencyLayerBuilder {
     // `x-account` names the account; without it the request belongs to "default", except that
     // `x-account: none` stands for a caller the extractor cannot identify.
     IdempotencyLayer::builder(store).account(|p| {

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedup_worker::idempotency::example::{
-    self, checkout_account, checkout_router, CheckoutState, PaymentRequest,
-};
-use dedup_worker::idempotency::layer::FaultPoint;
-use dedup_worker::idempotency::{
+use http::StatusCode;
+use idempotency_key::layer::FaultPoint;
+use idempotency_key::{
     IdempotencyKey, IdempotencyLayer, IdempotentClient, PgIdempotencyStore, RetryPolicy,
 };
-use http::StatusCode;
+use idempotency_key_checkout::{
+    self as example, checkout_account, checkout_router, CheckoutState, PaymentRequest,
+};
 use serde_json::{json, Value};
 
 use crate::helpers::idempotency::{DoomedServer, TestEnv};

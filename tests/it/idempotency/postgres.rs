@@ -3,8 +3,8 @@
 //! writer's breaker refuses the queue behind it.
 use std::time::Duration;
 
-use dedup_worker::idempotency::{Claim, Fingerprint, GroupOptions, Ownership, PgIdempotencyStore};
 use http::StatusCode;
+use idempotency_key::{Claim, Fingerprint, GroupOptions, Ownership, PgIdempotencyStore};
 
 use super::{app, http, layer_on, post, stored};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};

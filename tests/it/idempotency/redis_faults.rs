@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use dedup_worker::idempotency::{PgIdempotencyStore, RedisCache};
 use http::StatusCode;
+use idempotency_key::{PgIdempotencyStore, RedisCache};
 
 use super::{app, layer, post, Reply};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};

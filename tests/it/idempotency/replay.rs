@@ -1,8 +1,8 @@
 //! A key replays its stored response and runs once; reuse with another body is 422; key forms
 //! and accounts; what is stored (a declined card) and what is not (5xx, 429, a refusal marked
 //! `NotExecuted`); an oversized body claims nothing.
-use dedup_worker::idempotency::ErrorStyle;
 use http::StatusCode;
+use idempotency_key::ErrorStyle;
 
 use super::{app, http, layer, layer_with_redis_if, post};
 use crate::helpers::idempotency::{Counting, TestEnv};

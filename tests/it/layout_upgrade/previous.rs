@@ -104,10 +104,26 @@ pub(super) fn migrations_dir(backend: Backend) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)
 }
 
+/// Every library migration on `backend`, in version order: on PostgreSQL the pipeline's and
+/// the Idempotency-Key layer's (crates/idempotency-key/migrations), which the previous version
+/// kept in one folder and ran as one migrator.
+async fn library_migrator(backend: Backend) -> Migrator {
+    let mut migrator = Migrator::new(migrations_dir(backend)).await.unwrap();
+    if backend == Backend::Postgres {
+        let layer_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/idempotency-key/migrations/postgres");
+        let layer = Migrator::new(layer_dir).await.unwrap();
+        let mut all: Vec<_> = migrator.iter().chain(layer.iter()).cloned().collect();
+        all.sort_by_key(|m| m.version);
+        migrator.migrations = all.into();
+    }
+    migrator
+}
+
 /// The previous version's migrator, exactly as it ran: the files up to [`PREVIOUS`], with
 /// sqlx's runner and history.
 pub(super) async fn previous_migrator(backend: Backend) -> Migrator {
-    let mut migrator = Migrator::new(migrations_dir(backend)).await.unwrap();
+    let mut migrator = library_migrator(backend).await;
     migrator.migrations = migrator
         .migrations
         .iter()
@@ -118,9 +134,19 @@ pub(super) async fn previous_migrator(backend: Backend) -> Migrator {
     migrator
 }
 
-/// The current library migrations (the same files), for their checksums.
+/// The current library migrations of both products (the same files), for their checksums: what
+/// the history holds after a previous version's database is upgraded.
 pub(super) async fn library_migrations(backend: Backend) -> Vec<(i64, Vec<u8>)> {
-    let migrator = Migrator::new(migrations_dir(backend)).await.unwrap();
+    versions_and_checksums(&library_migrator(backend).await)
+}
+
+/// The pipeline's own migrations: what the history holds after the pipeline migrates a new
+/// database (the layer's are applied by the layer, `idempotency_key::migrate`).
+pub(super) async fn pipeline_migrations(backend: Backend) -> Vec<(i64, Vec<u8>)> {
+    versions_and_checksums(&Migrator::new(migrations_dir(backend)).await.unwrap())
+}
+
+fn versions_and_checksums(migrator: &Migrator) -> Vec<(i64, Vec<u8>)> {
     migrator
         .iter()
         .map(|m| (m.version, m.checksum.to_vec()))

@@ -22,8 +22,7 @@ mod traces;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dedup_worker::http::ServerLimits;
-use dedup_worker::idempotency::example::{CheckoutApp, CheckoutConfig};
+use idempotency_key_checkout::{CheckoutApp, CheckoutConfig, Limits};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::idempotency::TestEnv;
@@ -127,7 +126,8 @@ pub async fn checkout_exposition() -> Exposition {
         redis_prefix: env.prefix.clone(),
         listen: "127.0.0.1:0".into(),
         provider_listen: "127.0.0.1:0".into(),
-        limits: ServerLimits::default(),
+        limits: Limits::default(),
+        metrics: dedup_worker::telemetry::metrics_handle(),
     })
     .await
     .expect("checkout app");

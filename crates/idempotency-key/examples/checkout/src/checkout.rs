@@ -25,9 +25,9 @@ use sqlx::{PgPool, Row};
 use super::{
     bearer, error, idem_key, listing, missing_bearer_or_key, require_bearer, PaymentRequest,
 };
-use crate::idempotency::client::IdempotentClient;
-use crate::idempotency::key::IdempotencyKey;
-use crate::idempotency::layer::{IdempotencyLayer, Phase, PhaseError, Phases};
+use idempotency_key::{
+    IdempotencyKey, IdempotencyLayer, IdempotentClient, Phase, PhaseError, Phases,
+};
 
 /// State of the checkout service.
 #[derive(Debug, Clone)]

@@ -19,10 +19,10 @@ use sqlx::{Postgres, Transaction};
 
 use super::tx::{HeldKey, Lent};
 use super::{cache_error, outcome, IdempotencyConfig, Shared};
-use crate::idempotency::fingerprint::Fingerprint;
-use crate::idempotency::key::IdempotencyKey;
-use crate::idempotency::records::{ClaimToken, Ownership, StoredResponse};
-use crate::idempotency::redis::CachedResponse;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::records::{ClaimToken, Ownership, StoredResponse};
+use crate::redis::CachedResponse;
 
 /// One request's key, and the short lock once taken: before the claim, all it may hold.
 pub(super) struct KeyHold {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example checkout
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p idempotency-key-checkout
 //! ```
 //!
 //! - `POST /v1/payments` (behind the Idempotency-Key layer, keys scoped by
@@ -16,13 +16,13 @@
 //!
 //! Environment: `CHECKOUT_LISTEN` (default `127.0.0.1:8081`), `DATABASE_URL` (PostgreSQL,
 //! required), `REDIS_URL` (optional fast path), `PROVIDER_LISTEN` (default `127.0.0.1:0`).
-//! Both servers run under `dedup_worker::http::ServerLimits::default()` (header and body
-//! read timeouts, a request timeout, caps on requests and connections).
+//! Both servers run under [`Limits::default()`](idempotency_key_checkout::Limits) (a request
+//! timeout and a cap on requests at once).
 //!
-//! The whole service is `dedup_worker::idempotency::example::CheckoutApp`, so the tests start
-//! the very code this runs.
+//! The whole service is `idempotency_key_checkout::CheckoutApp`, so the tests start the very
+//! code this runs.
 
-use dedup_worker::idempotency::example::{CheckoutApp, CheckoutConfig};
+use idempotency_key_checkout::{install_metrics, CheckoutApp, CheckoutConfig};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -32,7 +32,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let config = CheckoutConfig::from_env()?;
+    let mut config = CheckoutConfig::from_env()?;
+    config.metrics = install_metrics();
     let redis = config.redis_url.is_some();
     let app = CheckoutApp::build(config).await?;
     tracing::info!(

@@ -13,7 +13,7 @@ use axum::body::Body;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::idempotency::key::KeyError;
+use crate::key::KeyError;
 
 /// How error responses produced by the layer look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -23,7 +23,7 @@
 //! and fail after it are the same outage, not further attempts: they do not lengthen the
 //! backoff.
 //!
-//! Below every pipeline stage: it knows `sqlx`'s error kinds and [`crate::retry`]'s backoff,
+//! Below every pipeline stage: it knows `sqlx`'s error kinds and [`crate::backoff`]'s backoff,
 //! nothing of queues or keys.
 
 use std::fmt::Display;
@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::retry::backoff_delay;
+use crate::backoff::backoff_delay;
 
 /// How long the breaker stays open after the first failure to reach the database; doubled
 /// (with jitter) for each further failed attempt.

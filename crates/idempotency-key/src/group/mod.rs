@@ -13,7 +13,7 @@
 //! This file holds the requests' side (options, what is asked, the partitions); the writer's
 //! loop is in `writer.rs`, the statement and its session settings in `statement.rs`; the
 //! statement timeout and the breaker are the crate's group-commit helper's
-//! ([`crate::group_commit`]), shared with the database queue.
+//! (`dedup_db::group_commit`), shared with the pipeline's database queue.
 //!
 //! Guarantees:
 //! - a grouped claim is `INSERT … ON CONFLICT DO NOTHING`: it only ever creates a key that did
@@ -70,7 +70,7 @@ use uuid::Uuid;
 
 use super::fingerprint::Fingerprint;
 use super::records::{Claim, StoreError, StoredResponse};
-use crate::group_commit::{Committer, Names};
+use dedup_db::group_commit::{Committer, Names};
 use statement::{group_sql, writer_settings};
 use writer::{Link, Writer};
 

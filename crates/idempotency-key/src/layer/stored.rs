@@ -7,7 +7,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::IDEMPOTENT_REPLAYED;
-use crate::idempotency::records::StoredResponse;
+use crate::records::StoredResponse;
 
 /// Results a client is expected to retry are not stored: 5xx (unless `keep_5xx`), and 408,
 /// 409, 425 and 429, which say "not now" rather than "this is the outcome".

@@ -191,8 +191,8 @@ impl IdempotencyLayerBuilder {
     /// Longest time the whole request body may take to arrive (default 30 s; 408 beyond, and
     /// nothing runs). The body is buffered before the key is claimed, so a client trickling it
     /// holds no key, but it would hold this request's memory and task without a bound.
-    /// A server-wide header-read timeout and concurrency cap are the server's job: see
-    /// [`crate::http::serve`].
+    /// A server-wide header-read timeout and concurrency cap are the server's job (dedup-worker's
+    /// `http::serve` sets both; with `axum::serve`, a `tower::limit` layer and a proxy's).
     pub fn body_read_timeout(mut self, timeout: Duration) -> Self {
         self.config.body_read_timeout = timeout;
         self
@@ -212,7 +212,7 @@ impl IdempotencyLayerBuilder {
     /// answer is 503 with `Retry-After` and the key is released, or left to its lease. The
     /// grouped claims and completions have their own bound ([`GroupOptions`]).
     ///
-    /// [`GroupOptions`]: crate::idempotency::GroupOptions
+    /// [`GroupOptions`]: crate::GroupOptions
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.config.statement_timeout = timeout;
         self
@@ -362,6 +362,13 @@ where
     }
 }
 
+/// `1xx` … `5xx`: the status label of `idempotency_request_seconds`, few values (as the
+/// pipeline's own request histograms use).
+fn status_class(status: http::StatusCode) -> &'static str {
+    const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+    CLASSES[usize::from(status.as_u16() / 100).clamp(1, 5) - 1]
+}
+
 /// A request the layer answers for (it carries a key, or lacks one where one is required),
 /// timed from the call to its answer in `idempotency_request_seconds{status, replayed}`:
 /// replays and executions apart, as they differ by the handler's whole run. Requests the layer
@@ -374,7 +381,7 @@ async fn timed<E>(
     let result = request.await;
     let (status, replayed) = match &result {
         Ok(response) => (
-            crate::http::status_class(response.status()),
+            status_class(response.status()),
             response.headers().contains_key(&IDEMPOTENT_REPLAYED),
         ),
         // The inner service failed (axum routers never do): no answer of the layer's.
@@ -396,7 +403,7 @@ async fn timed<E>(
 ///
 /// ```
 /// use axum::{http::StatusCode, response::IntoResponse, Extension};
-/// use dedup_worker::idempotency::NotExecuted;
+/// use idempotency_key::NotExecuted;
 ///
 /// async fn create_payment() -> impl IntoResponse {
 ///     (StatusCode::BAD_REQUEST, Extension(NotExecuted), "amount must be positive")

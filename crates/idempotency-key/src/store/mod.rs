@@ -134,20 +134,20 @@ impl PgIdempotencyStore {
         }))
     }
 
-    /// Applies the crate's PostgreSQL migrations (the pipeline's and this module's) on a
-    /// connection of `pool`, into schema `dedup_worker`, exactly as the store does
-    /// ([`crate::store::migrate_postgres`]). The pool is the application's: its tables and its
+    /// Applies this crate's PostgreSQL migrations on a connection of `pool`, into schema
+    /// `dedup_worker`, beside the pipeline's if the database has them (`dedup_db::schema`).
+    /// The pool is the application's: its tables and its
     /// own migration history stay where its `search_path` puts them (`public` by default),
     /// which is why this module's SQL names `dedup_worker.idempotency_keys` in full.
     pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-        use crate::store::StoreError as Library;
-        crate::store::migrate_postgres(pool)
+        use dedup_db::schema::SchemaError;
+        dedup_db::schema::migrate(pool, sqlx::migrate!("migrations/postgres"))
             .await
             .map_err(|e| match e {
-                Library::Database(e) => StoreError::Database(e),
-                Library::Migrate { source, .. } => StoreError::Migrate(source),
-                Library::Layout(e) => StoreError::Layout(e),
-                // The migration opens no connection of its own and bounds no call.
+                SchemaError::Database(e) => StoreError::Database(e),
+                SchemaError::Migrate(e) => StoreError::Migrate(e),
+                SchemaError::Layout(e) => StoreError::Layout(e),
+                // `SchemaError` is non-exhaustive: a later kind is still a failed migration.
                 other => StoreError::Database(sqlx::Error::Protocol(other.to_string())),
             })
     }

@@ -4,8 +4,8 @@
 //! Owns: key parsing ([`key`]), request fingerprints ([`fingerprint`]), the tower/axum layer
 //! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth, with concurrent
 //! writes grouped by [`group`]; both speak in the [`records`] below them), the optional Redis
-//! fast path ([`redis`]), a retrying client helper ([`client`]) and the checkout example's
-//! routers ([`example`]).
+//! fast path ([`redis`]) and a retrying client helper ([`client`]). The checkout example
+//! (`examples/checkout`, crate `idempotency-key-checkout`) shows all of them in one service.
 //!
 //! Guarantees:
 //! - for one `(account, key)`, the wrapped handler runs at most once while the key lives
@@ -22,7 +22,6 @@
 //! - reusing a key for a different request is refused with 422 and changes nothing.
 
 pub mod client;
-pub mod example;
 pub mod fingerprint;
 pub mod group;
 pub mod key;
@@ -30,6 +29,9 @@ pub mod layer;
 pub mod records;
 pub mod redis;
 pub mod store;
+
+#[cfg(test)]
+mod proptest_support;
 
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
 pub use fingerprint::Fingerprint;

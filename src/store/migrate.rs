@@ -3,7 +3,7 @@
 //! An application that embeds dedup-worker has tables and sqlx migrations of its own, in the same
 //! database. sqlx's history table (`_sqlx_migrations`) refuses any applied version its migrator
 //! does not know (`VersionMissing`), so two migrators cannot share one. Hence:
-//! * PostgreSQL ([`postgres`]): every library table and the library's sqlx history live in schema
+//! * PostgreSQL (`dedup_db::schema`): every library table and the library's sqlx history live in schema
 //!   [`SCHEMA`]; the application's stay in its own schemas (`public` by default). The store's
 //!   connections put [`SCHEMA`] first in their `search_path`, so the pipeline's unqualified SQL
 //!   finds the library's tables and a handler's SQL still finds the application's.
@@ -14,52 +14,23 @@
 //! Both upgrade an existing database (library tables in `public` and history in
 //! `_sqlx_migrations`, as written by earlier versions) in place, keeping every row.
 
-mod postgres;
 mod sqlite;
 
 use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::PgPool;
 
 use super::{Pool, Store, StoreError};
 
-pub(super) use postgres::put_schema_first;
-pub(crate) use postgres::run_user_postgres;
-pub use postgres::{migrate_postgres, SCHEMA};
+pub(super) use dedup_db::schema::put_schema_first;
+pub use dedup_db::schema::{LayoutError, SCHEMA};
 
-/// Why the library's tables could not be moved into, or found in, their place.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LayoutError {
-    /// The database records the library's migrations in both places: the old history (written
-    /// before the split) and the new one. Something ran the old migrations again after the
-    /// upgrade, or the new ones before it; which tables hold the rows needs a person to decide.
-    #[error(
-        "dedup-worker's migrations are recorded both in {old} and in {new}: \
-         the database holds two layouts; keep the one in use and delete the other's history rows"
-    )]
-    BothLayouts {
-        old: &'static str,
-        new: &'static str,
-    },
-    /// Moving the library's tables into schema `dedup_worker` failed, most likely on a lock a
-    /// process of the previous version holds (the move waits at most `lock_timeout`, 10 s).
-    /// Nothing was moved: the move is one transaction.
-    #[error(
-        "cannot move dedup-worker's tables from public into schema dedup_worker \
-         (a lock wait that timed out: stop every process of the previous version, then migrate again)"
-    )]
-    Move {
-        #[source]
-        source: sqlx::Error,
-    },
-    /// An index of schema `dedup_worker` left invalid by an interrupted concurrent build could
-    /// not be rebuilt (or its leftover dropped); the migration stops rather than record an
-    /// index that does nothing.
-    #[error("cannot rebuild the invalid index dedup_worker.{index}")]
-    InvalidIndex {
-        index: String,
-        #[source]
-        source: sqlx::Error,
-    },
+/// Applies the pipeline's pending PostgreSQL migrations on a connection of `pool`, in schema
+/// [`SCHEMA`] (upgrading an earlier version's layout first; see `dedup_db::schema`, which the
+/// Idempotency-Key layer's migrations share).
+pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
+    dedup_db::schema::migrate(pool, sqlx::migrate!("migrations/postgres"))
+        .await
+        .map_err(StoreError::from)
 }
 
 impl Store {
@@ -84,7 +55,9 @@ impl Store {
     /// resolve and create unqualified names in [`SCHEMA`] first.
     pub async fn run_user_migrator(&self, migrator: &Migrator) -> Result<(), MigrateError> {
         match &self.0 {
-            Pool::Postgres(pool) => run_user_postgres(pool, migrator).await,
+            Pool::Postgres(pool) => {
+                dedup_db::schema::run_application_migrator(pool, migrator).await
+            }
             Pool::Sqlite(pool) => migrator.run(pool).await,
         }
     }

@@ -31,10 +31,10 @@ use super::{
     cache_error, outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared,
     IDEMPOTENCY_KEY,
 };
-use crate::idempotency::fingerprint::Fingerprint;
-use crate::idempotency::key::{IdempotencyKey, KeyError};
-use crate::idempotency::records::{Claim, StoredResponse};
-use crate::idempotency::redis::LockOutcome;
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, KeyError};
+use crate::records::{Claim, StoredResponse};
+use crate::redis::LockOutcome;
 
 /// The longest `Retry-After` for a 409: short, since the holder usually finishes soon.
 const IN_PROGRESS_RETRY_MAX: Duration = Duration::from_secs(2);
@@ -130,7 +130,7 @@ async fn read_body(cfg: &IdempotencyConfig, body: Body) -> Result<Bytes, Rejecti
             Err(if cause.is::<http_body_util::LengthLimitError>() {
                 Rejection::TooLarge
             } else if cause.is::<tower_http::timeout::TimeoutError>() {
-                // The server's pause limit between two reads (see `crate::http::server`).
+                // The server's pause limit between two reads (a `tower_http::timeout::RequestBodyTimeoutLayer`).
                 Rejection::BodyTimeout
             } else {
                 Rejection::UnreadableBody

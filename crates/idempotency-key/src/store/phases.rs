@@ -1,4 +1,4 @@
-//! The records of a request split into phases (see [`Phases`](crate::idempotency::Phases)):
+//! The records of a request split into phases (see [`Phases`](crate::Phases)):
 //! each finished phase's name and JSON output, written in the phase's own transaction and
 //! guarded by the claim token like every write of a claimed key.
 
@@ -7,11 +7,11 @@ use std::time::Duration;
 use sqlx::types::Json;
 
 use super::PgIdempotencyStore;
-use crate::idempotency::records::{ClaimToken, Ownership, StoreError};
+use crate::records::{ClaimToken, Ownership, StoreError};
 
 impl PgIdempotencyStore {
     /// The phases a claimed request has recorded (see
-    /// [`Phases`](crate::idempotency::Phases)): each finished phase's name and output. `None` if the claim
+    /// [`Phases`](crate::Phases)): each finished phase's name and output. `None` if the claim
     /// was lost.
     pub async fn recorded_phases(
         &self,

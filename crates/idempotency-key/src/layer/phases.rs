@@ -32,14 +32,14 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::tx::{begin, IdempotentTx, TxRejection, TxSlot};
 use super::{ErrorStyle, FaultPoint, Rejection};
-use crate::idempotency::records::Ownership;
+use crate::records::Ownership;
 
 /// The phases of a request behind the layer, and what earlier attempts recorded of them.
 /// Extract it in the handler; see the module's documentation.
 ///
 /// ```no_run
 /// use axum::http::StatusCode;
-/// use dedup_worker::idempotency::{Phase, PhaseError, Phases};
+/// use idempotency_key::{Phase, PhaseError, Phases};
 ///
 /// async fn create_payment(phases: Phases) -> Result<StatusCode, PhaseError> {
 ///     let payment: i64 = match phases.phase("create_payment")? {

@@ -1,33 +1,108 @@
-//! PostgreSQL: the library's tables and its sqlx history in schema [`SCHEMA`].
+//! PostgreSQL: both products' tables and their one sqlx history in schema [`SCHEMA`].
 //!
 //! sqlx's migrator names its history `_sqlx_migrations`, unqualified, so it resolves through
 //! `search_path`: run with `search_path = dedup_worker`, it keeps `dedup_worker._sqlx_migrations`
 //! and creates every table of the (unchanged, checksummed) migration files in that schema.
-//! The application's migrator, run with its own `search_path`, keeps `public._sqlx_migrations`.
+//! An application's own migrator, run with its own `search_path`, keeps `public._sqlx_migrations`.
+//!
+//! Two migrators share that history: the pipeline's (crate `dedup-worker`) and the
+//! Idempotency-Key layer's (crate `idempotency-key`), each applying only its own files.
+//! [`migrate`] runs either with `ignore_missing`, so each finds the other's rows applied and
+//! unknown to it without refusing them (sqlx's `VersionMissing`); the versions of the two sets
+//! never collide, and each still refuses a changed file of its own (`VersionMismatch`).
 //!
 //! Databases written by earlier versions hold the library's tables in `public` and its history
 //! rows in `public._sqlx_migrations` (beside the application's, if it used the same history).
-//! [`upgrade_layout`] moves both, in one transaction, before the migrator runs.
+//! `upgrade_layout` moves both products' tables and rows at once, in one transaction, before
+//! the first migrator of either runs.
 
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use super::LayoutError;
-use crate::store::{ServerTimeouts, StoreError};
+/// Why the library's tables could not be moved into, or found in, their place.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// The database records the library's migrations in both places: the old history (written
+    /// before the split) and the new one. Something ran the old migrations again after the
+    /// upgrade, or the new ones before it; which tables hold the rows needs a person to decide.
+    #[error(
+        "dedup-worker's migrations are recorded both in {old} and in {new}: \
+         the database holds two layouts; keep the one in use and delete the other's history rows"
+    )]
+    BothLayouts {
+        old: &'static str,
+        new: &'static str,
+    },
+    /// Moving the library's tables into schema `dedup_worker` failed, most likely on a lock a
+    /// process of the previous version holds (the move waits at most `lock_timeout`, 10 s).
+    /// Nothing was moved: the move is one transaction.
+    #[error(
+        "cannot move dedup-worker's tables from public into schema dedup_worker \
+         (a lock wait that timed out: stop every process of the previous version, then migrate again)"
+    )]
+    Move {
+        #[source]
+        source: sqlx::Error,
+    },
+    /// An index of schema `dedup_worker` left invalid by an interrupted concurrent build could
+    /// not be rebuilt (or its leftover dropped); the migration stops rather than record an
+    /// index that does nothing.
+    #[error("cannot rebuild the invalid index dedup_worker.{index}")]
+    InvalidIndex {
+        index: String,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Why [`migrate`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The migrator failed (the cause says which migration and why).
+    #[error("applying dedup-worker's migrations failed")]
+    Migrate(#[from] MigrateError),
+    /// The tables could not be put in their place.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+/// Lifts the statement and idle-in-transaction timeouts on one session (0: no limit): a
+/// migration that rewrites a large table may rightly take longer than any pipeline statement.
+pub const LIFT_TIMEOUTS: &str =
+    "SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0";
 
 /// The schema of the library's tables and history on PostgreSQL.
 pub const SCHEMA: &str = "dedup_worker";
 
-static LIBRARY: Migrator = sqlx::migrate!("migrations/postgres");
+/// Every migration version either product had released when they became two crates. An earlier
+/// layout's history (`public._sqlx_migrations`) can hold only these; later versions are only
+/// ever applied in [`SCHEMA`].
+const OLD_LAYOUT_VERSIONS: &[i64] = &[
+    20261129000001,
+    20261129000002, // idempotency-key
+    20261129000003,
+    20261129000004,
+    20261201000001,
+    20261201000002, // idempotency-key
+    20261201000003,
+    20261202000001,
+    20261210000001,
+    20261210000002,
+    20261220000001,
+];
 
 /// The advisory lock the library's migrations run under (layout move and migrator together),
 /// so two processes migrating at once take turns. Not sqlx's own key (derived from the
 /// database name), which the application's migrator takes too. ASCII "dw_layou".
 const LAYOUT_LOCK: i64 = 0x6477_5f6c_6179_6f75;
 
-/// How often a process waiting for [`LAYOUT_LOCK`] asks again.
+/// How often a process waiting for `LAYOUT_LOCK` asks again.
 const LOCK_POLL: Duration = Duration::from_millis(100);
 
 /// Every relation the library's migrations ever created in `public`, as earlier versions left
@@ -76,28 +151,29 @@ const SENTINEL: &str = "CREATE VIEW public.processed_events AS \
 const PUT_SCHEMA_FIRST: &str = "SELECT set_config('search_path', \
      concat_ws(', ', 'dedup_worker', nullif(current_setting('search_path'), '')), false)";
 
-/// Runs [`PUT_SCHEMA_FIRST`] on a new pool connection.
-pub(in crate::store) async fn put_schema_first(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+/// Runs `PUT_SCHEMA_FIRST` on a new pool connection.
+pub async fn put_schema_first(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query(PUT_SCHEMA_FIRST).execute(conn).await.map(drop)
 }
 
-/// Applies the library's pending PostgreSQL migrations on a connection of `pool` (any pool:
-/// the store's, or an application's that runs the idempotency layer), upgrading an earlier
-/// version's layout first.
-pub async fn migrate_postgres(pool: &PgPool) -> Result<(), StoreError> {
+/// Applies `migrator`'s pending migrations (one product's own: `sqlx::migrate!(…)`; run with
+/// `ignore_missing`, see the module documentation) in
+/// [`SCHEMA`] on a connection of `pool` (any pool: the pipeline store's, or an application's
+/// that runs the Idempotency-Key layer), upgrading an earlier version's layout first. Several
+/// processes may call it at once: they take turns.
+pub async fn migrate(pool: &PgPool, mut migrator: Migrator) -> Result<(), SchemaError> {
+    migrator.set_ignore_missing(true);
     // Taken from the pool (so within its acquire timeout) and detached: a session with the
     // limits lifted and its search_path changed must not serve anything afterwards. Dropping it
     // closes the socket, which also frees the advisory lock if a step failed while holding it.
     let mut conn = pool.acquire().await?.detach();
-    let migrated = migrate_on(&mut conn).await;
+    let migrated = migrate_on(&mut conn, &migrator).await;
     drop(conn);
     migrated
 }
 
-async fn migrate_on(conn: &mut PgConnection) -> Result<(), StoreError> {
-    sqlx::raw_sql(ServerTimeouts::LIFT)
-        .execute(&mut *conn)
-        .await?;
+async fn migrate_on(conn: &mut PgConnection, migrator: &Migrator) -> Result<(), SchemaError> {
+    sqlx::raw_sql(LIFT_TIMEOUTS).execute(&mut *conn).await?;
     lock_layout(conn).await?;
     upgrade_layout(conn).await?;
     create_schema(conn).await?;
@@ -108,7 +184,7 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<(), StoreError> {
     // valid, not skipped over while invalid and recorded as applied. After: for one recorded
     // so by an earlier version.
     repair_invalid_indexes(conn).await?;
-    LIBRARY.run(&mut *conn).await?;
+    migrator.run(&mut *conn).await?;
     repair_invalid_indexes(conn).await?;
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(LAYOUT_LOCK)
@@ -117,7 +193,7 @@ async fn migrate_on(conn: &mut PgConnection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Takes [`LAYOUT_LOCK`] by asking until it is free, not with a blocking `pg_advisory_lock`: a
+/// Takes `LAYOUT_LOCK` by asking until it is free, not with a blocking `pg_advisory_lock`: a
 /// session blocked in a statement holds a snapshot, and the holder's `CREATE INDEX
 /// CONCURRENTLY` (20261210000001) waits for every older snapshot to go: both would wait for
 /// each other until the deadlock detector cancels one.
@@ -139,7 +215,7 @@ async fn lock_layout(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     }
 }
 
-/// Rebuilds the invalid indexes of [`SCHEMA`] (under [`LAYOUT_LOCK`], with the timeouts lifted).
+/// Rebuilds the invalid indexes of [`SCHEMA`] (under `LAYOUT_LOCK`, with the timeouts lifted).
 ///
 /// A `CREATE INDEX CONCURRENTLY` that is cancelled or killed mid-build (a deploy's SIGKILL, a
 /// statement or lock timeout, an operator's `pg_cancel_backend`) leaves its index in the
@@ -149,7 +225,7 @@ async fn lock_layout(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 /// form PostgreSQL allows on an invalid index; it blocks no writer). What an interrupted
 /// `REINDEX CONCURRENTLY` leaves (`…_ccnew`, `…_ccold`, invalid copies beside the index) is
 /// dropped instead, as PostgreSQL's documentation advises. Each repair is logged.
-async fn repair_invalid_indexes(conn: &mut PgConnection) -> Result<(), StoreError> {
+async fn repair_invalid_indexes(conn: &mut PgConnection) -> Result<(), SchemaError> {
     let mut invalid: Vec<String> = sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_index i \
            JOIN pg_class c ON c.oid = i.indexrelid \
@@ -212,21 +288,21 @@ async fn create_schema(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 /// `public._sqlx_migrations`) into [`SCHEMA`], in one transaction: all of it or nothing.
 /// A no-op when `public._sqlx_migrations` holds no library version (a fresh database, or one
 /// already moved). The application's history rows and tables stay where they are.
-async fn upgrade_layout(conn: &mut PgConnection) -> Result<(), StoreError> {
-    let versions: Vec<i64> = LIBRARY.iter().map(|m| m.version).collect();
+async fn upgrade_layout(conn: &mut PgConnection) -> Result<(), SchemaError> {
+    let versions = OLD_LAYOUT_VERSIONS;
     let mut tx = conn.begin().await?;
-    let old = library_rows(&mut tx, "public._sqlx_migrations", &versions).await?;
+    let old = library_rows(&mut tx, "public._sqlx_migrations", versions).await?;
     if old == 0 {
         return Ok(()); // nothing written: the transaction rolls back on drop
     }
-    if library_rows(&mut tx, "dedup_worker._sqlx_migrations", &versions).await? > 0 {
+    if library_rows(&mut tx, "dedup_worker._sqlx_migrations", versions).await? > 0 {
         return Err(LayoutError::BothLayouts {
             old: "public._sqlx_migrations",
             new: "dedup_worker._sqlx_migrations",
         }
         .into());
     }
-    let moved = move_into_schema(&mut tx, &versions).await;
+    let moved = move_into_schema(&mut tx, versions).await;
     moved.map_err(|source| LayoutError::Move { source })?;
     tx.commit().await?;
     tracing::info!("moved dedup-worker's tables and migration history into schema dedup_worker");
@@ -317,20 +393,18 @@ async fn move_into_schema(conn: &mut PgConnection, versions: &[i64]) -> Result<(
 
 /// Runs an application's migrator on a connection of `pool` with the session's own
 /// `search_path` back (`RESET`: the role's, database's or URL's default, without the store's
-/// [`PUT_SCHEMA_FIRST`]), so its `_sqlx_migrations` and its tables are the application's
-/// (`public` by default), never the library's. Detached, like [`migrate_postgres`]'s, with
-/// the timeouts lifted for the same reason. Under [`LAYOUT_LOCK`] too, taken by asking: sqlx's
+/// `PUT_SCHEMA_FIRST`), so its `_sqlx_migrations` and its tables are the application's
+/// (`public` by default), never the library's. Detached, like [`migrate`]'s, with
+/// the timeouts lifted for the same reason. Under `LAYOUT_LOCK` too, taken by asking: sqlx's
 /// own lock blocks, so processes running the application's migrations at once would deadlock
-/// on one of its `CREATE INDEX CONCURRENTLY` (see [`lock_layout`]); with ours taken first,
+/// on one of its `CREATE INDEX CONCURRENTLY` (see `lock_layout`); with ours taken first,
 /// sqlx's never waits for another process of this library.
-pub(crate) async fn run_user_postgres(
+pub async fn run_application_migrator(
     pool: &PgPool,
     migrator: &Migrator,
 ) -> Result<(), MigrateError> {
     let mut conn = pool.acquire().await?.detach();
-    sqlx::raw_sql(ServerTimeouts::LIFT)
-        .execute(&mut conn)
-        .await?;
+    sqlx::raw_sql(LIFT_TIMEOUTS).execute(&mut conn).await?;
     sqlx::raw_sql("RESET search_path")
         .execute(&mut conn)
         .await?;

@@ -17,7 +17,7 @@ use sqlx::{PgPool, Row};
 use super::{
     bearer, error, idem_key, listing, missing_bearer_or_key, require_bearer, PaymentRequest,
 };
-use crate::idempotency::layer::{IdempotencyLayer, IdempotentTx};
+use idempotency_key::{IdempotencyLayer, IdempotentTx};
 
 /// The payment-provider stub: `POST /v1/charges`, `GET /v1/charges`, behind `layer` (whose
 /// account extractor should scope by merchant, e.g. [`provider_account`]).

@@ -1,5 +1,6 @@
-//! The checkout example's routers (`cargo run --example checkout`), here so that tests run the
-//! very code the example serves.
+//! The checkout example (`cargo run -p idempotency-key-checkout`), a library so that tests run
+//! the very code the example serves. It uses the idempotency-key crate alone: none of the
+//! dedup-worker pipeline.
 //!
 //! Three layers of idempotency:
 //! 1. the caller uses [`IdempotentClient`]: one key per payment, retried with the same key;
@@ -21,26 +22,28 @@ mod provider;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use axum::{Json, Router};
+pub use checkout::{checkout_account, checkout_router, CheckoutState};
+use idempotency_key::{
+    IdempotencyKey, IdempotencyLayer, IdempotentClient, PgIdempotencyStore, RedisCache,
+    IDEMPOTENCY_KEY,
+};
+use metrics_exporter_prometheus::PrometheusHandle;
+pub use provider::{provider_account, provider_router};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPoolOptions, PgRow};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-use super::client::IdempotentClient;
-use super::key::IdempotencyKey;
-use super::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
-use super::redis::RedisCache;
-use super::store::PgIdempotencyStore;
-use crate::http::{serve, ServerLimits};
-pub use checkout::{checkout_account, checkout_router, CheckoutState};
-pub use provider::{provider_account, provider_router};
+use tower::ServiceBuilder;
+use tower_http::timeout::TimeoutLayer;
 
 /// What the checkout example runs with (its environment, see `examples/checkout.rs`).
 #[derive(Debug, Clone)]
@@ -56,7 +59,84 @@ pub struct CheckoutConfig {
     /// Provider stub listen address (`PROVIDER_LISTEN`).
     pub provider_listen: String,
     /// Timeouts and caps of both servers.
-    pub limits: ServerLimits,
+    pub limits: Limits,
+    /// Where `GET /metrics` reads from (the layer's `idempotency_*` metrics among them); none:
+    /// no such route. `main` installs the recorder ([`install_metrics`]); a test passes the
+    /// handle of the recorder its process already has.
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// The bounds both servers run under: `axum::serve` with tower's and tower-http's layers.
+/// (A public service also needs header-read timeouts and a connection cap, which `axum::serve`
+/// does not set: a proxy in front, or hyper's own builder, gives them.)
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Every request is answered within this; then 503 with `Retry-After`, and the key is
+    /// released by the layer's drain, not by the client's wait.
+    pub request_timeout: Duration,
+    /// Requests handled at once; more are answered 503 with `Retry-After` at once.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for Limits {
+    /// Every answer within 15 s, 1,024 requests at once.
+    fn default() -> Self {
+        Limits {
+            request_timeout: Duration::from_secs(15),
+            max_concurrent_requests: 1024,
+        }
+    }
+}
+
+/// Installs the process's Prometheus recorder, with buckets for the layer's histograms, and
+/// returns its handle (none if the process already has a recorder).
+pub fn install_metrics() -> Option<PrometheusHandle> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let seconds = [
+        0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+    ];
+    let group_sizes = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("idempotency_request_seconds".into()),
+            &seconds,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("idempotency_group_size".into()), &group_sizes)
+        })
+        .ok()?
+        .install_recorder()
+        .ok()
+}
+
+/// Serves `router` on `listener` under `limits` until `shutdown`, then lets the requests in
+/// flight finish.
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let busy = |_: tower::BoxError| async {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "busy: try again",
+        )
+    };
+    let bounded = router.layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(busy))
+            .load_shed()
+            .concurrency_limit(limits.max_concurrent_requests)
+            .layer(TimeoutLayer::with_status_code(
+                StatusCode::SERVICE_UNAVAILABLE,
+                limits.request_timeout,
+            )),
+    );
+    axum::serve(listener, bounded)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
 }
 
 impl CheckoutConfig {
@@ -70,7 +150,8 @@ impl CheckoutConfig {
             redis_prefix: "checkout-example".into(),
             listen: var("CHECKOUT_LISTEN").unwrap_or_else(|| "127.0.0.1:8081".into()),
             provider_listen: var("PROVIDER_LISTEN").unwrap_or_else(|| "127.0.0.1:0".into()),
-            limits: ServerLimits::default(),
+            limits: Limits::default(),
+            metrics: None,
         })
     }
 }
@@ -85,7 +166,7 @@ pub struct CheckoutApp {
     provider_layer: IdempotencyLayer,
     /// Deletes expired keys in the background.
     expiry: tokio::task::JoinHandle<()>,
-    limits: ServerLimits,
+    limits: Limits,
 }
 
 impl CheckoutApp {
@@ -130,8 +211,14 @@ impl CheckoutApp {
         };
         // `/metrics` beside it, outside the bearer check: what Prometheus scrapes of a service
         // that mounts the layer (its `idempotency_*` metrics).
-        let checkout = checkout_router(state, checkout_layer.clone())
-            .merge(crate::http::ops::metrics_router());
+        let mut checkout = checkout_router(state, checkout_layer.clone());
+        if let Some(handle) = config.metrics {
+            let render = move || {
+                let text = handle.render();
+                async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+            };
+            checkout = checkout.route("/metrics", get(render));
+        }
         let checkout_listener = TcpListener::bind(&config.listen).await?;
         Ok(CheckoutApp {
             checkout: (checkout_listener, checkout),

@@ -57,14 +57,14 @@ use tower::Service;
 
 use super::stored::releases_key;
 use super::{ErrorStyle, NotExecuted, Rejection, Shared};
-use crate::idempotency::records::ClaimToken;
+use crate::records::ClaimToken;
 
 /// The transaction a handler writes in, committed by the layer with the key's stored response.
 /// Use it as a connection: `sqlx::query(…).execute(&mut *tx)`.
 ///
 /// ```no_run
 /// use axum::{http::StatusCode, Json};
-/// use dedup_worker::idempotency::IdempotentTx;
+/// use idempotency_key::IdempotentTx;
 ///
 /// async fn create_order(mut tx: IdempotentTx, Json(order): Json<serde_json::Value>) -> StatusCode {
 ///     let inserted = sqlx::query("INSERT INTO orders (body) VALUES ($1)")

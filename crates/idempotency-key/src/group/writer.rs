@@ -4,7 +4,7 @@
 //! Every request gets an answer, and never a false success: a group whose statement went
 //! through is answered row by row; one the server refused is split so that each request is
 //! decided by its own single-row statement (no shared fate); one that could not reach the server
-//! fails as a whole and opens the breaker ([`crate::group_commit`], which also bounds each
+//! fails as a whole and opens the breaker (`dedup_db::group_commit`, which also bounds each
 //! statement). A writer that goes away mid-group drops the replies, which callers see as an
 //! error.
 
@@ -18,8 +18,8 @@ use uuid::Uuid;
 
 use super::statement::group_query;
 use super::{ClaimEntry, Completed, CompletionEntry, Write};
-use crate::group_commit::{server_answered, Committed, Committer, WriteFailure};
-use crate::idempotency::records::{decode_existing, Claim, ClaimToken, StoreError};
+use crate::records::{decode_existing, Claim, ClaimToken, StoreError};
+use dedup_db::group_commit::{server_answered, Committed, Committer, WriteFailure};
 
 /// One partition's writer.
 pub(super) struct Writer {

@@ -29,7 +29,7 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The library's tables could not be put in their place (schema `dedup_worker`).
     #[error(transparent)]
-    Layout(#[from] crate::store::LayoutError),
+    Layout(#[from] dedup_db::schema::LayoutError),
     /// A stored row does not have the expected shape.
     #[error("idempotency store: corrupt row: {0}")]
     Corrupt(&'static str),
@@ -95,7 +95,7 @@ pub enum Ownership {
     Lost,
 }
 
-pub(super) use crate::retry::millis;
+pub(super) use dedup_db::backoff::millis;
 
 /// The milliseconds a statement computed, as a duration; the statements clamp at zero already,
 /// so a negative value (clock trouble) reads as "none left".
