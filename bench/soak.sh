@@ -61,7 +61,7 @@ if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
       'moto[server]>=5,<6'
   fi
   MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/soak-moto-$MOTO_PORT.log" 2>&1 &
+  "$PYTHON" scripts/moto_server.py -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/soak-moto-$MOTO_PORT.log" 2>&1 &
   MOTO_PID=$!
   deadline=$((SECONDS + 60))
   until (exec 3<>"/dev/tcp/127.0.0.1/$MOTO_PORT") 2>/dev/null; do
