@@ -41,7 +41,7 @@ if [ "${LINT:-1}" != 0 ]; then
       exit 1
     fi
   done
-  section "gates: the book (docs/) built, its links and README's checked"
+  section "gates: the book (docs/) built, its links and README's checked, its configuration table against config/default.toml"
   if ! command -v mdbook >/dev/null; then
     log "installing mdbook"
     cargo install mdbook --locked --no-default-features --version '^0.5'
@@ -51,6 +51,9 @@ if [ "${LINT:-1}" != 0 ]; then
   rm -rf -- "$book_dir"
   python3 scripts/check_links.py --self-test
   python3 scripts/check_links.py
+  # The book's configuration table names exactly the keys config/default.toml has.
+  python3 scripts/check_config_reference.py --self-test
+  python3 scripts/check_config_reference.py
 fi
 if [ $# -eq 0 ]; then
   section "fast lane: the unit and property tests of every crate"
