@@ -2,7 +2,9 @@
 //!
 //! An application that embeds dedup-worker has tables and sqlx migrations of its own, in the same
 //! database. sqlx's history table (`_sqlx_migrations`) refuses any applied version its migrator
-//! does not know (`VersionMissing`), so two migrators cannot share one. Hence:
+//! does not know (`VersionMissing`), so an application's migrator cannot share the library's.
+//! (The library's own two, the pipeline's and the Idempotency-Key layer's, do share one, each
+//! run with `ignore_missing`: see `dedup_db::schema`.) Hence:
 //! * PostgreSQL (`dedup_db::schema`): every library table and the library's sqlx history live in schema
 //!   [`SCHEMA`]; the application's stay in its own schemas (`public` by default). The store's
 //!   connections put [`SCHEMA`] first in their `search_path`, so the pipeline's unqualified SQL

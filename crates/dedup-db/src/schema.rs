@@ -9,7 +9,10 @@
 //! Idempotency-Key layer's (crate `idempotency-key`), each applying only its own files.
 //! [`migrate`] runs either with `ignore_missing`, so each finds the other's rows applied and
 //! unknown to it without refusing them (sqlx's `VersionMissing`); the versions of the two sets
-//! never collide, and each still refuses a changed file of its own (`VersionMismatch`).
+//! never collide (a unit test below reads both folders), and each still refuses a changed file
+//! of its own (`VersionMismatch`). The price, on PostgreSQL only: an older build of either
+//! product no longer refuses to start on a database a newer one migrated (that refusal was
+//! sqlx's `VersionMissing`), and a migration file deleted from a product goes unnoticed.
 //!
 //! Databases written by earlier versions hold the library's tables in `public` and its history
 //! rows in `public._sqlx_migrations` (beside the application's, if it used the same history).
@@ -419,7 +422,44 @@ pub async fn run_application_migrator(
 
 #[cfg(test)]
 mod tests {
-    use super::is_reindex_leftover;
+    use super::{is_reindex_leftover, OLD_LAYOUT_VERSIONS};
+
+    /// The versions of one product's migration folder, from the file names (`<version>_….sql`).
+    fn versions_in(folder: &str) -> Vec<i64> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
+        let mut versions: Vec<i64> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|entry| {
+                let name = entry.expect("entry").file_name();
+                let name = name.to_string_lossy();
+                name.split('_')
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("a version")
+            })
+            .collect();
+        versions.sort_unstable();
+        versions
+    }
+
+    /// The two products share one history, each migrator ignoring the other's rows: a version
+    /// in both folders would be one product's migration recorded, and refused (checksum), as
+    /// the other's. And the upgrade moves every version released in the old layout.
+    #[test]
+    fn the_products_versions_are_apart_and_the_old_layout_knows_them() {
+        let pipeline = versions_in("../../migrations/postgres");
+        let layer = versions_in("../idempotency-key/migrations/postgres");
+        let shared: Vec<&i64> = pipeline.iter().filter(|v| layer.contains(v)).collect();
+        assert!(shared.is_empty(), "versions in both products: {shared:?}");
+        let last_old = *OLD_LAYOUT_VERSIONS.last().expect("versions");
+        let mut released: Vec<i64> = pipeline
+            .into_iter()
+            .chain(layer)
+            .filter(|v| *v <= last_old)
+            .collect();
+        released.sort_unstable();
+        assert_eq!(released, OLD_LAYOUT_VERSIONS);
+    }
 
     #[test]
     fn only_reindex_copies_count_as_leftovers() {

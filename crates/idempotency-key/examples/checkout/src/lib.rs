@@ -43,9 +43,8 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
-use tower_http::timeout::TimeoutLayer;
 
-/// What the checkout example runs with (its environment, see `examples/checkout.rs`).
+/// What the checkout example runs with (its environment, see `src/main.rs`).
 #[derive(Debug, Clone)]
 pub struct CheckoutConfig {
     /// PostgreSQL (`DATABASE_URL`): keys, payments and the stub's charges.
@@ -117,22 +116,23 @@ async fn serve(
     limits: Limits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    // Both refusals are "not now": the cap's load shedding (at once) and the request timeout
+    // (the handler kept running past it; the layer releases or completes its key on its own).
     let busy = |_: tower::BoxError| async {
-        (
+        let unavailable = error(
             StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            "busy: try again",
-        )
+            "api_error",
+            "unavailable",
+            "try again",
+        );
+        ([(header::RETRY_AFTER, "1")], unavailable)
     };
     let bounded = router.layer(
         ServiceBuilder::new()
             .layer(HandleErrorLayer::new(busy))
             .load_shed()
-            .concurrency_limit(limits.max_concurrent_requests)
-            .layer(TimeoutLayer::with_status_code(
-                StatusCode::SERVICE_UNAVAILABLE,
-                limits.request_timeout,
-            )),
+            .concurrency_limit(limits.max_concurrent_requests.max(1))
+            .timeout(limits.request_timeout),
     );
     axum::serve(listener, bounded)
         .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -156,7 +156,7 @@ impl CheckoutConfig {
     }
 }
 
-/// The checkout example, bound and ready to run: what `cargo run --example checkout` serves,
+/// The checkout example, bound and ready to run: what `cargo run -p idempotency-key-checkout` serves,
 /// and what tests start on port 0.
 pub struct CheckoutApp {
     checkout: (TcpListener, Router),
