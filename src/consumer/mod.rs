@@ -50,6 +50,8 @@ pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
 use record::record_new;
+/// For the test kit (`testing::trusted_creation_time`), which checks the rule on its own.
+#[cfg(feature = "testing")]
 pub(crate) use record::trusted_creation_time;
 use settle::Settlement;
 pub use stale::StaleGuard;
