@@ -9,7 +9,7 @@
 //!   `main` runs every command the stock binary has;
 //! * the import graph has no circle, between modules and their direct submodules, and between
 //!   files (two files of one folder that import each other cannot be read, or changed, one at
-//!   a time), in every crate of the workspace ([`CRATES`]);
+//!   a time), in every crate of the workspace ([`crates`]);
 //! * no file of any of them is longer than [`MAX_LINES`].
 //!
 //! The floors are the pipeline's (`src/`); the other crates are small enough that "no circle"
@@ -71,17 +71,35 @@ const BINARY_FILES: &[&str] = &["main.rs"];
 /// The longest a file in `src/` may be.
 const MAX_LINES: usize = 500;
 
-/// The source folders of the workspace's crates: the pipeline's first.
-const CRATES: &[&str] = &[
-    "src",
-    "crates/dedup-db/src",
-    "crates/idempotency-key/src",
-    "crates/idempotency-key/examples/checkout/src",
-];
+/// The source folders of the workspace's crates, read from the root manifest's
+/// `[workspace] members` (so a crate added there is checked without a second list): the
+/// pipeline's (`.`) first.
+fn crates() -> Vec<String> {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .expect("read Cargo.toml");
+    let start = manifest
+        .find("members = [")
+        .expect("a [workspace] members list")
+        + "members = [".len();
+    let end = start + manifest[start..].find(']').expect("the members list's end");
+    let mut roots: Vec<String> = manifest[start..end]
+        .split(',')
+        .map(|member| member.trim().trim_matches('"'))
+        .filter(|member| !member.is_empty())
+        .map(|member| match member {
+            "." => "src".to_owned(),
+            other => format!("{other}/src"),
+        })
+        .collect();
+    roots.sort_by_key(|root| root != "src");
+    assert!(roots.len() > 1 && roots[0] == "src", "members: {roots:?}");
+    roots
+}
 
 /// The pipeline's source folder.
 fn src_dir() -> PathBuf {
-    crate_dir(CRATES[0])
+    crate_dir("src")
 }
 
 fn crate_dir(relative: &str) -> PathBuf {
@@ -331,8 +349,8 @@ fn find_circle(graph: &Graph) -> Option<Vec<String>> {
 
 #[test]
 fn the_import_graph_has_no_circle() {
-    for root in CRATES {
-        if let Some(circle) = find_circle(&import_graph(&crate_dir(root), Grain::Modules)) {
+    for root in crates() {
+        if let Some(circle) = find_circle(&import_graph(&crate_dir(&root), Grain::Modules)) {
             panic!("import circle in {root}: {}", circle.join(" -> "));
         }
     }
@@ -344,8 +362,8 @@ fn the_import_graph_has_no_circle() {
 /// relative, not `crate::` or `super::`); a file importing from its folder's `mod.rs` is.
 #[test]
 fn no_circle_between_files() {
-    for root in CRATES {
-        if let Some(circle) = find_circle(&import_graph(&crate_dir(root), Grain::Files)) {
+    for root in crates() {
+        if let Some(circle) = find_circle(&import_graph(&crate_dir(&root), Grain::Files)) {
             panic!(
                 "import circle between files in {root}: {}",
                 circle.join(" -> ")
@@ -422,8 +440,8 @@ fn the_binary_is_the_librarys_command_line() {
 #[test]
 fn no_file_in_any_crate_is_over_the_limit() {
     let mut files = Vec::new();
-    for root in CRATES {
-        rust_files(&crate_dir(root), &mut files);
+    for root in crates() {
+        rust_files(&crate_dir(&root), &mut files);
     }
     let mut long: Vec<String> = files
         .iter()
