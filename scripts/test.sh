@@ -21,6 +21,23 @@ cd "$(dirname "$0")/.."
 log() { printf '[test.sh] %s\n' "$*" >&2; }
 # Each section's start, with the seconds since the script began (where CI's time goes).
 section() { log "$* (at ${SECONDS} s)"; }
+# `cargo test ARGS…`, its output also kept; on a failure, a short summary of each failed test's
+# message printed last (scripts/failure_summary.py), because CI shows only the end of the output
+# and the messages come before libtest's list and the binaries' logs. No backtraces: the panic's
+# location and message say more than frames of async test code, and they push the message out.
+run_tests() {
+  local test_log status
+  test_log=$(mktemp "${TMPDIR:-/tmp}/dedup-tests.XXXXXX")
+  set +e
+  RUST_BACKTRACE=0 cargo test "$@" 2>&1 | tee "$test_log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" != 0 ]; then
+    python3 scripts/failure_summary.py "$test_log" >&2 || true
+  fi
+  rm -f -- "$test_log"
+  return "$status"
+}
 
 # Tests must not pick up a developer's own configuration.
 unset DATABASE_URL DEDUP_LISTEN DEDUP_TRANSPORT DEDUP_QUEUE DEDUP_SINK STRIPE_WEBHOOK_SECRET REDIS_URL
@@ -57,7 +74,8 @@ if [ "${LINT:-1}" != 0 ]; then
 fi
 if [ $# -eq 0 ]; then
   section "fast lane: the unit and property tests of every crate"
-  cargo test --locked --workspace --lib --bins
+  python3 scripts/failure_summary.py --self-test
+  run_tests --locked --workspace --lib --bins
   # The pipeline's doc tests run with its integration tests below; the other crates' here.
   cargo test --locked -p idempotency-key -p dedup-db --doc
 fi
@@ -136,7 +154,7 @@ log "moto_server on $AWS_ENDPOINT_URL"
 # its unit-test harness.
 section "the suite"
 cargo build --locked --example paid_invoices
-cargo test --locked "$@"
+run_tests --locked "$@"
 
 # --- fault soak -------------------------------------------------------------------------------
 # bench/soak.sh for 60 s, a fresh seed each run (printed first, with the command that replays

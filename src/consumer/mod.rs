@@ -403,7 +403,9 @@ impl Consumer {
             let exhausted = delivery.attempts >= self.options.max_attempts;
             if matches!(error, HandlerError::Fatal(_)) || exhausted {
                 tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, "dead-lettering event");
-                tx.insert_dead_letter(&self.dead_letter(event, delivery, &error.to_string()))
+                // Once per event: a second delivery failing the same way (SQS handing the
+                // message to two receivers, a crash before the ack) lists nothing new.
+                tx.insert_dead_letter_once(&self.dead_letter(event, delivery, &error.to_string()))
                     .await?;
                 outcome.dead_lettered += 1;
                 to_ack.push(delivery.tag.clone());

@@ -201,11 +201,28 @@ pub(super) async fn insert_outbox(
     Ok(())
 }
 
+/// Arbitrary constant naming the advisory locks (the two-`int4` key space, apart from the
+/// `bigint` locks above and in `dedup`) that make a once-only dead letter once.
+const DEAD_LETTER_LOCK_CLASS: i32 = 0x6465_6164;
+
 pub(super) async fn insert_dead_letter(
     tx: &mut PgConnection,
     row: &NewDeadLetter,
     once: bool,
 ) -> Result<u64, StoreError> {
+    if once && !row.event_id.is_empty() {
+        // The check below reads committed rows only: two batches moving one event at once (SQS
+        // handed its message to two receivers) would each find none and each insert. Locked
+        // per event until commit, the second one's check sees the first's row. A hash collision
+        // only makes two events wait for each other.
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2 || ' ' || $3 || ' ' || $4))")
+            .bind(DEAD_LETTER_LOCK_CLASS)
+            .bind(&row.source)
+            .bind(&row.queue)
+            .bind(&row.event_id)
+            .execute(&mut *tx)
+            .await?;
+    }
     Ok(sqlx::query(
         "INSERT INTO dead_letters (source, event_id, event_type, queue, payload, error, attempts)
          SELECT $1, $2, $3, $4, $5, $6, $7

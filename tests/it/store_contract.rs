@@ -33,6 +33,7 @@ contract!(
     queue_concurrent_claims_never_overlap,
     queue_release_applies_only_under_the_current_claim,
     dead_letters_list_and_redrive,
+    two_batches_moving_one_event_at_once_list_it_once,
     retention_purges_old_rows,
 );
 
@@ -614,6 +615,47 @@ async fn dead_letters_list_and_redrive(backend: Backend) {
     assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 1);
     assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 0);
     assert_eq!(store.dead_letters(10).await.unwrap().len(), 3);
+}
+
+/// SQS may hand one message to two receivers at once, so two batches may dead-letter one event
+/// side by side: the second waits for the first and then adds nothing, though neither saw the
+/// other's row when it began.
+async fn two_batches_moving_one_event_at_once_list_it_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let row = NewDeadLetter {
+        source: "stripe".into(),
+        event_id: "evt_twice".into(),
+        event_type: "test.event".into(),
+        queue: "q".into(),
+        payload: b"{}".to_vec(),
+        error: "fatal".into(),
+        attempts: 1,
+    };
+    let mut first = store.begin().await.unwrap();
+    assert!(first.insert_dead_letter_once(&row).await.unwrap());
+    let second = tokio::spawn({
+        let (store, row) = (store.clone(), row.clone());
+        async move {
+            let mut tx = store.begin().await?;
+            let inserted = tx.insert_dead_letter_once(&row).await?;
+            tx.commit().await?;
+            Ok::<_, dedup_worker::store::StoreError>(inserted)
+        }
+    });
+    // Let the second reach its wait (PostgreSQL: the event's lock; SQLite: the write lock).
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while !second.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    first.commit().await.unwrap();
+    assert!(
+        !second.await.unwrap().expect("the second move"),
+        "the second move inserted a row"
+    );
+    assert_eq!(store.dead_letters(10).await.unwrap().len(), 1);
 }
 
 async fn retention_purges_old_rows(backend: Backend) {
