@@ -405,6 +405,36 @@ fn the_map_names_every_module_once_and_nothing_else() {
     );
 }
 
+/// The supported surface is the prelude, `Service`, the macros and the test kit: every other
+/// module is public only for this repository's binary and tests, and hidden from the docs, so a
+/// new module does not widen what a handler crate is promised (docs/public-api/ records it).
+#[test]
+fn every_module_but_the_prelude_and_the_test_kit_is_hidden() {
+    let lib = std::fs::read_to_string(src_dir().join("lib.rs")).expect("read lib.rs");
+    let lines: Vec<&str> = lib.lines().map(str::trim).collect();
+    let mut shown = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line.strip_prefix("pub mod ") else {
+            continue;
+        };
+        let name = name.trim_end_matches([';', '{', ' ']);
+        // The attributes right above the declaration.
+        let attributes = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| l.starts_with("#["))
+            .collect::<Vec<_>>();
+        let hidden = attributes.iter().any(|a| a.starts_with("#[doc(hidden)]"));
+        if !hidden && !["prelude", "testing"].contains(&name) {
+            shown.push(name.to_owned());
+        }
+    }
+    assert!(
+        shown.is_empty(),
+        "public modules outside the supported surface, not #[doc(hidden)] in src/lib.rs: {shown:?}"
+    );
+}
+
 #[test]
 fn the_binary_is_the_librarys_command_line() {
     let main = code(&std::fs::read_to_string(src_dir().join("main.rs")).expect("read main.rs"));
