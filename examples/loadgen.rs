@@ -118,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
                     r#"{{"id":"{id}","object":"event","type":"invoice.paid","created":{created},"data":{{"object":{{"id":"in_{id}","amount_paid":1999,"currency":"usd"}}}}}}"#
                 );
                 let t = chrono::Utc::now().timestamp();
-                let signature = dedup_worker::webhook::stripe::signature_header(&secret, t, body.as_bytes());
+                let signature = dedup_worker::signature::stripe::signature_header(&secret, t, body.as_bytes());
                 let request = hyper::Request::post(path.as_str())
                     .header("host", host.as_str())
                     .header("content-type", "application/json")

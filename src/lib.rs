@@ -14,11 +14,13 @@
 //!   delivers the rows, and the sinks (log, file, HTTP, AMQP, SQS).
 //! * `store`: PostgreSQL (production) and SQLite (embedded default) behind one
 //!   type; every SQL statement of the pipeline lives here.
-//! * `stripe`: what the pipeline knows of Stripe: its signature (verified by the ingress on
-//!   each delivery, and again by the consumer, on the copy the ingress carried with the
-//!   message, before it trusts an event's `created`), the shapes a change arrives in (snapshot
+//! * `stripe`: what the pipeline knows of Stripe: the shapes a change arrives in (snapshot
 //!   event, thin event, EventBridge envelope) and the dedup key of each, and its API (the
 //!   backfill's event list, a thin event's full event).
+//! * `signature`: every signature, verified and made: `Stripe-Signature` (checked by the
+//!   ingress on each delivery, and again by the consumer on the copy the ingress carried,
+//!   before it trusts an event's `created`), Standard Webhooks `v1` (HMAC) and `v1a` (ed25519),
+//!   and the keys the configuration parses once and the HTTP sink signs with.
 //! * `dlq`: `dlq redrive`, which publishes dead letters again through the configured
 //!   transport; `backfill`: events Stripe no longer retries, listed from its API and
 //!   published the same way, so dedup absorbs those received before.
@@ -34,7 +36,7 @@
 //! (group commit with a breaker, backoff, the PostgreSQL schema `dedup_worker` they share).
 //!
 //! Around them: `config` (one typed settings struct, parsed and validated once; the ground
-//! floor, importing nothing of the pipeline), `startup` (wires the roles together and runs
+//! floor, importing nothing of the pipeline but the signature keys it parses), `startup` (wires the roles together and runs
 //! them until shutdown), `http` (the server with its timeouts and limits against slow and
 //! hostile clients, problem+json, the operational routes), `lease` (the heartbeat that
 //! extends leases while work runs), `error` (the cause every boundary error keeps),
@@ -92,6 +94,8 @@ pub mod queue;
 pub mod retention;
 #[doc(hidden)]
 pub mod retry;
+#[doc(hidden)]
+pub mod signature;
 #[doc(hidden)]
 pub mod startup;
 #[doc(hidden)]

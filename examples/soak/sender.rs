@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use dedup_worker::webhook::stripe::signature_header;
+use dedup_worker::signature::stripe::signature_header;
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::{Semaphore, SemaphorePermit};

@@ -15,10 +15,10 @@ use crate::config::{shown_destination, Settings, TransportKind};
 use crate::dlq;
 use crate::event::{check_event_field, EventField};
 use crate::inspect::{self, ShowOptions};
+use crate::signature::stripe::signature_header;
 use crate::startup::build_transport;
 use crate::store::{Store, Wakeups};
 use crate::stripe::StripeApi;
-use crate::webhook::stripe::signature_header;
 
 #[derive(Debug, Subcommand)]
 pub(super) enum EventsCommand {

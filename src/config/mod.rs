@@ -14,23 +14,18 @@ use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
+use crate::signature::ed25519::StandardPublicKey;
+use crate::signature::secrets::{SigningSecret, StandardSecret};
 use crate::telemetry::LogFormat;
 
 mod bounds;
-mod ed25519;
 mod secrets;
 mod sink;
 mod validate;
 
 pub use bounds::{whole_days, whole_hours};
-pub use ed25519::{
-    signed_content, InvalidEd25519Key, StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS,
-    PUBLIC_KEY_PREFIX, SECRET_KEY_PREFIX,
-};
 pub use secrets::{
-    redact_url, standard_mac, stripe_key_material, webhook_signature, ConnectionUrl,
-    InvalidSigningSecret, InvalidStandardSecret, Secret, SigningSecret, StandardSecret,
-    HMAC_SECRET_PREFIX, MIN_STANDARD_KEY_BYTES, STRIPE_SECRET_WARN_CHARS,
+    redact_url, stripe_key_material, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };
 pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 
@@ -214,8 +209,8 @@ pub struct StandardWebhookSettings {
     #[serde(deserialize_with = "secrets::comma_separated_standard")]
     pub secrets: Vec<StandardSecret>,
     /// `whpk_<base64>` ed25519 public keys (`v1a` signatures), checked while loading, each
-    /// tried; at most [`MAX_PUBLIC_KEYS`]. With neither these nor `secrets`,
-    /// `/webhooks/standard` is not served.
+    /// tried; at most [`MAX_PUBLIC_KEYS`](crate::signature::ed25519::MAX_PUBLIC_KEYS). With
+    /// neither these nor `secrets`, `/webhooks/standard` is not served.
     #[serde(deserialize_with = "secrets::comma_separated_public_keys")]
     pub public_keys: Vec<StandardPublicKey>,
     /// Accepted clock difference in both directions.

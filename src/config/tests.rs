@@ -1,6 +1,8 @@
 //! Configuration tests: defaults, and that each refused value names its key.
 
 use super::*;
+use crate::signature::ed25519::MAX_PUBLIC_KEYS;
+use crate::signature::secrets::webhook_signature;
 use base64::prelude::{Engine as _, BASE64_STANDARD};
 use figment::providers::Serialized;
 

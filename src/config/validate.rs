@@ -2,10 +2,11 @@
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
 use super::{
-    invalid, stripe_key_material, ConfigError, Settings, TransportKind, MAX_PUBLIC_KEYS,
-    MIN_DEDUP_RETENTION_DAYS, MIN_LEASE_SECS, STRIPE_SECRET_WARN_CHARS,
+    invalid, stripe_key_material, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS,
+    MIN_LEASE_SECS, STRIPE_SECRET_WARN_CHARS,
 };
 use crate::event::{check_event_field, EventField};
+use crate::signature::ed25519::MAX_PUBLIC_KEYS;
 
 impl Settings {
     /// Rejects values that parse but cannot work, naming the key.

@@ -28,6 +28,7 @@
 //! failed step leaves: it gives the batch back to the transport at once, backs off, and waits
 //! for the store to answer before it receives again.
 
+mod batch;
 mod dead_letter;
 pub mod decode;
 mod error;
@@ -39,17 +40,14 @@ mod run;
 mod settle;
 mod stale;
 
-use std::collections::HashSet;
-
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
 pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
-use record::record_new;
 /// For the test kit (`testing::trusted_creation_time`), which checks the rule on its own.
 #[cfg(feature = "testing")]
 pub(crate) use record::trusted_creation_time;
@@ -57,10 +55,8 @@ use settle::Settlement;
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
-use crate::event::Event;
-use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
-use crate::retry::backoff_delay;
-use crate::store::{NewOutboxRow, Store, StoreError, Wakeups};
+use crate::queue::{Delivery, Transport, TransportError};
+use crate::store::{Store, StoreError, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -272,193 +268,5 @@ impl Consumer {
             }
         }
         Ok(settlement)
-    }
-
-    /// Commits one received batch: dedup, handlers, outbox, dead letters. Acks and retries are
-    /// left to [`Self::settle`].
-    async fn commit_batch<'d>(
-        &self,
-        deliveries: &'d [Delivery],
-    ) -> Result<Settlement<'d>, ConsumerError> {
-        if deliveries.is_empty() {
-            return Ok(Settlement::default());
-        }
-        let started = Instant::now();
-        let mut outcome = StepOutcome {
-            received: deliveries.len(),
-            ..StepOutcome::default()
-        };
-
-        // Group deliveries by dedup key: one representative each, the rest are duplicates.
-        let mut to_ack: Vec<DeliveryTag> = Vec::with_capacity(deliveries.len());
-        let mut events: Vec<(Event, &'d Delivery)> = Vec::new();
-        let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
-        // Every delivery acked as a duplicate, recorded with the batch for `events show`.
-        let mut duplicates: Vec<(String, String)> = Vec::new();
-        let mut undecodable: Vec<(&'d Delivery, DecodeError)> = Vec::new();
-        for delivery in deliveries {
-            match decode_delivery(delivery, &self.options) {
-                Ok(event) => {
-                    if keys_in_batch.insert((event.source.clone(), event.id.clone())) {
-                        events.push((event, delivery));
-                    } else {
-                        outcome.duplicates += 1;
-                        to_ack.push(delivery.tag.clone());
-                        duplicates.push((event.source, event.id));
-                    }
-                }
-                Err(reason) => undecodable.push((delivery, reason)),
-            }
-        }
-        // Thin events' full events, before the transaction opens (no lock held while Stripe
-        // answers); an event whose fetch failed is not recorded, and fails as a handler would.
-        let mut unfetched = Vec::new();
-        let events: Vec<(Event, &'d Delivery)> = self
-            .fetch_full_events(events)
-            .await?
-            .into_iter()
-            .filter_map(|(event, delivery, fetched)| match fetched {
-                Ok(()) => Some((event, delivery)),
-                Err(error) => {
-                    unfetched.push((event, delivery, error));
-                    None
-                }
-            })
-            .collect();
-
-        let mut tx = self.store.begin().await?;
-        let candidates: Vec<&(Event, &Delivery)> = events.iter().collect();
-        let (fresh, seen) = record_new(&mut tx, candidates, &self.stripe_secrets).await?;
-        outcome.duplicates += seen.len();
-        to_ack.extend(seen.iter().map(|(_, d)| d.tag.clone()));
-        duplicates.extend(seen.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
-        // New events the transport gave up on (over the delivery limit) are dead-lettered
-        // without running their handler: a message that keeps killing its consumer must stop
-        // somewhere. They are not processed, so their dedup rows go again; handled ones were
-        // acked above as duplicates, with nothing left to do.
-        let (given_up, mut fresh): (Vec<_>, Vec<_>) =
-            fresh.into_iter().partition(|(_, d)| d.give_up.is_some());
-        for (event, _) in &given_up {
-            tx.delete_processed(&event.source, &event.id).await?;
-        }
-
-        // Optimistic pass: all handlers in the transaction with no savepoints (no extra round
-        // trips). If any fails, start over with a savepoint per event so only that one is undone.
-        // A handler can therefore run more than once for one delivery; only its writes through
-        // `tx` and the messages it returns take effect, and those commit exactly once (the same
-        // holds when a commit fails and the batch is redelivered).
-        let mut verdicts = Vec::with_capacity(fresh.len());
-        let mut all_ok = true;
-        for (event, delivery) in &fresh {
-            match self.run_handler(event, delivery, &mut tx).await {
-                Ok(handled) => verdicts.push(Verdict::Handled(handled)),
-                Err(_) => {
-                    all_ok = false;
-                    break;
-                }
-            }
-        }
-        if !all_ok {
-            tx.rollback().await?;
-            tx = self.store.begin().await?;
-            // Another worker may have committed some of these meanwhile: ask again.
-            let (still_new, taken) = record_new(&mut tx, fresh, &self.stripe_secrets).await?;
-            outcome.duplicates += taken.len();
-            to_ack.extend(taken.iter().map(|(_, d)| d.tag.clone()));
-            duplicates.extend(taken.iter().map(|(e, _)| (e.source.clone(), e.id.clone())));
-            fresh = still_new;
-            verdicts = self.handle_with_savepoints(&mut tx, &fresh).await?;
-        }
-
-        let mut outbox_rows = Vec::new();
-        let mut retries: Vec<(&'d Delivery, Duration)> = Vec::new();
-        let mut failed = Vec::new();
-        for ((event, delivery), verdict) in fresh.iter().zip(verdicts) {
-            match verdict {
-                Verdict::Handled(Handled {
-                    messages,
-                    traceparent,
-                }) => {
-                    outcome.handled += 1;
-                    to_ack.push(delivery.tag.clone());
-                    outbox_rows.extend(messages.into_iter().map(|m| NewOutboxRow {
-                        source: event.source.clone(),
-                        event_id: event.id.clone(),
-                        destination: m.destination,
-                        idempotency_key: m.idempotency_key,
-                        event_type: m.event_type,
-                        payload: m.payload.to_vec(),
-                        traceparent: traceparent.clone(),
-                    }));
-                }
-                Verdict::Failed(error) => failed.push((event, *delivery, error)),
-            }
-        }
-        let failed = failed
-            .iter()
-            .map(|(event, delivery, error)| (*event, *delivery, error));
-        for (event, delivery, error) in
-            failed.chain(unfetched.iter().map(|(e, d, error)| (e, *d, error)))
-        {
-            let exhausted = delivery.attempts >= self.options.max_attempts;
-            if matches!(error, HandlerError::Fatal(_)) || exhausted {
-                tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, "dead-lettering event");
-                // Once per event: a second delivery failing the same way (SQS handing the
-                // message to two receivers, a crash before the ack) lists nothing new.
-                tx.insert_dead_letter_once(&self.dead_letter(event, delivery, &error.to_string()))
-                    .await?;
-                outcome.dead_lettered += 1;
-                to_ack.push(delivery.tag.clone());
-            } else {
-                let delay = match error {
-                    HandlerError::RetryAfter { after, .. } => (*after).min(self.options.retry_max),
-                    _ => backoff_delay(
-                        self.options.retry_base,
-                        self.options.retry_max,
-                        delivery.attempts,
-                    ),
-                };
-                tracing::info!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
-                outcome.retried += 1;
-                retries.push((delivery, delay));
-            }
-        }
-        for (event, delivery) in &given_up {
-            let reason = delivery.give_up.as_deref().unwrap_or_default();
-            tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, %reason, "dead-lettering event");
-            // Once per event: moving the same message again (a crash before its ack) adds
-            // nothing to list or redrive.
-            tx.insert_dead_letter_once(&self.dead_letter(event, delivery, reason))
-                .await?;
-            outcome.dead_lettered += 1;
-            to_ack.push(delivery.tag.clone());
-        }
-        for (delivery, reason) in &undecodable {
-            let reason = reason.to_string();
-            tracing::warn!(%reason, "dead-lettering undecodable message");
-            tx.insert_dead_letter(&self.undecodable_dead_letter(delivery, &reason))
-                .await?;
-            outcome.dead_lettered += 1;
-            to_ack.push(delivery.tag.clone());
-        }
-        // Append-only (no key of its own): it never waits for another batch.
-        let duplicates: Vec<(&str, &str)> = duplicates
-            .iter()
-            .map(|(source, id)| (source.as_str(), id.as_str()))
-            .collect();
-        tx.record_duplicates(&duplicates).await?;
-        tx.insert_outbox(&outbox_rows).await?;
-        tx.commit().await?;
-        if !outbox_rows.is_empty() {
-            self.wakeups.outbox.notify_waiters();
-        }
-
-        metrics::histogram!("dedup_consumer_batch_seconds").record(started.elapsed().as_secs_f64());
-        Ok(Settlement {
-            outcome,
-            ack: to_ack,
-            retries,
-            failure: None,
-        })
     }
 }

@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::event::Event;
 use crate::queue::Delivery;
+use crate::signature::stripe::verify_authenticity;
 use crate::store::{ProcessedEvent, StoreError, StoreTx};
 use crate::stripe::shape::THIN_EVENT_OBJECT;
-use crate::stripe::signature::verify_authenticity;
 
 /// How far after its signature's `t` an event's `created` may be (Stripe's clock both times)
 /// and still be trusted: Stripe creates an event before it signs a delivery of it.
@@ -118,7 +118,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::stripe::signature::signature_header;
+    use crate::signature::stripe::signature_header;
 
     const SECRET: &str = "whsec_record_test";
     const T: i64 = 1_764_547_200;
@@ -166,7 +166,7 @@ mod tests {
         );
         // The compact form the ingress carries is itself a header.
         let parsed =
-            crate::stripe::signature::verify_authenticity(&signed, payload.as_bytes(), &[SECRET]);
+            crate::signature::stripe::verify_authenticity(&signed, payload.as_bytes(), &[SECRET]);
         assert_eq!(parsed.map(|v| v.compact()), Ok(signed));
     }
 

@@ -9,9 +9,10 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::sink::{build_sink, Sink, SinkError};
-use crate::config::{SigningSecret, SinkSpec};
+use crate::config::SinkSpec;
 use crate::lease::{heartbeat_period, report_failed, report_lost, with_lease_heartbeat};
 use crate::retry::backoff_delay;
+use crate::signature::secrets::SigningSecret;
 use crate::store::{bounded, OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
 
 /// The longest a give-back or a last mark at shutdown may take.

@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::config::{shown_url, webhook_signature, SigningSecret, SinkSpec};
+use crate::config::{shown_url, SinkSpec};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::queue::TransportError;
+use crate::signature::secrets::{webhook_signature, SigningSecret};
 use crate::store::OutboxRow;
 use crate::telemetry::traces;
 use tracing::Instrument;

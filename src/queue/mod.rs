@@ -38,7 +38,7 @@ pub struct OutgoingMessage {
     /// header, an SQS attribute), so the consumer continues the trace; `None` with traces off.
     pub traceparent: Option<String>,
     /// The `Stripe-Signature` the ingress verified, reduced to `t=…,v1=<the v1 that matched>`
-    /// ([`crate::stripe::signature::VerifiedSignature::compact`]): a queue row's column, an AMQP
+    /// ([`crate::signature::stripe::VerifiedSignature::compact`]): a queue row's column, an AMQP
     /// header, an SQS attribute. The consumer verifies it again before it trusts the event's
     /// `created` (`consumer/record.rs`); `None` from every other publisher.
     pub stripe_signature: Option<String>,

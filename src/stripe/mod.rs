@@ -1,12 +1,10 @@
-//! Stripe: its signature ([`signature`]: verified by the ingress on each delivery, and by the
-//! consumer on the compact signature the ingress carried with the message), the shapes in which
-//! it delivers a change ([`shape`]: snapshot events, thin events, EventBridge envelopes, and the
-//! dedup key of each) and its HTTP API ([`api`]: listing events for the backfill, fetching a
-//! thin event's full event for the consumer), with timeouts, size limits and retries.
+//! Stripe: the shapes in which it delivers a change ([`shape`]: snapshot events, thin events,
+//! EventBridge envelopes, and the dedup key of each) and its HTTP API ([`api`]: listing events
+//! for the backfill, fetching a thin event's full event for the consumer), with timeouts, size
+//! limits and retries. Its signature is `signature::stripe`'s.
 
 pub mod api;
 pub mod shape;
-pub mod signature;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
 pub use shape::{

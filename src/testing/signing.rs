@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::webhook::stripe::signature_header;
+use crate::signature::stripe::signature_header;
 
 /// A Stripe event `id` of type `event_type`, pretty-printed as Stripe sends it, whose
 /// `data.object` is a payment intent `pi_<id>` (1999 usd).

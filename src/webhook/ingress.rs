@@ -21,12 +21,14 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::standard::{verify_standard_signature, StandardHeaders, StandardProvider};
-use super::stripe::{verify_delivery, StripeProvider};
+use super::standard::StandardProvider;
+use super::stripe::StripeProvider;
 use crate::event::{check_event_field, EventField, InvalidEventField};
 use crate::http::problem::Problem;
 use crate::http::status_class;
 use crate::queue::{OutgoingMessage, Transport, TransportError};
+use crate::signature::standard::{verify_standard_signature, StandardHeaders};
+use crate::signature::stripe::verify_delivery;
 use crate::stripe::{StripeEventHead, StripeShapeError};
 use crate::telemetry::traces;
 use tracing::Instrument;

@@ -1,16 +1,10 @@
 //! `/webhooks/stripe`'s provider: its secrets and tolerance. The verifier itself is
-//! [`crate::stripe::signature`], shared with the consumer (which checks the signature the
-//! ingress carried with the message before it trusts an event's `created`), re-exported here
-//! under its earlier path.
+//! `signature::stripe`, shared with the consumer (which checks the signature the ingress
+//! carried with the message before it trusts an event's `created`).
 
 use std::sync::Arc;
 
 use crate::config::StripeSettings;
-
-pub use crate::stripe::signature::{
-    compute_signature, signature_header, verify_delivery, verify_stripe_signature, SignatureError,
-    VerifiedSignature, MAX_SIGNATURE_HEADER_BYTES, MAX_V1_SIGNATURES,
-};
 
 /// `/webhooks/stripe`'s configuration, as [`StandardProvider`](super::standard::StandardProvider)
 /// is `/webhooks/standard`'s.

@@ -10,8 +10,8 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use dedup_worker::config::whole_days;
+use dedup_worker::signature::standard::standard_signature;
 use dedup_worker::store::Store;
-use dedup_worker::webhook::standard::standard_signature;
 
 use crate::helpers::{dedup_command, now, post_signed, stripe_event, Backend, TestDb};
 

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker::signature::stripe::signature_header;
 use dedup_worker::store::{NewQueueMessage, Store};
-use dedup_worker::webhook::stripe::signature_header;
 use serde_json::json;
 
 use crate::helpers::{

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use dedup_worker::signature::stripe::signature_header;
 use dedup_worker::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
-use dedup_worker::stripe::signature::signature_header;
 use dedup_worker::testing;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::task::JoinHandle;

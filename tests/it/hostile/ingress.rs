@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use dedup_worker::queue::database::GroupCommit;
 use dedup_worker::queue::{DatabaseQueue, OutgoingMessage, Transport, TransportError};
+use dedup_worker::signature::standard::{decode_secret, standard_signature};
 use dedup_worker::store::Wakeups;
-use dedup_worker::webhook::standard::{decode_secret, standard_signature};
 use futures::stream::{self, StreamExt};
 
 use crate::helpers::{

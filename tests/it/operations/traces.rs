@@ -143,7 +143,7 @@ async fn one_trace_per_event(transport: Transport) {
     ] {
         let body = stripe_event(id, "invoice.paid");
         let header =
-            dedup_worker::webhook::stripe::signature_header(SECRET, crate::helpers::now(), &body);
+            dedup_worker::signature::stripe::signature_header(SECRET, crate::helpers::now(), &body);
         let mut request = client
             .post(&url)
             .header("Stripe-Signature", header)

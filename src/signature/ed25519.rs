@@ -23,7 +23,7 @@ pub const PUBLIC_KEY_PREFIX: &str = "whpk_";
 /// Most `standard_webhooks.public_keys`: every `v1a` candidate is checked against each of them,
 /// and each check is a full ed25519 verification (about 50 µs plus hashing the body), so the
 /// ingress bounds candidates × keys; this bound leaves room for a rotation's two signatures
-/// against every key (see `webhook::standard::MAX_ED25519_VERIFICATIONS`).
+/// against every key (see `standard::MAX_ED25519_VERIFICATIONS`).
 pub const MAX_PUBLIC_KEYS: usize = 8;
 
 /// Why a `whsk_` or `whpk_` key was refused. Never contains secret key material.

@@ -2,7 +2,7 @@
 //! timestamp, body), malformed items beside valid ones, and the bounds on the work.
 
 use super::*;
-use crate::config::StandardSigningKey;
+use crate::signature::ed25519::StandardSigningKey;
 use ed25519_dalek::Verifier as _;
 
 /// RFC 8032 section 7.1, TEST 1 to 3: secret key (seed), public key, message, signature (hex).
