@@ -20,7 +20,7 @@ use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::Mac;
 
 use super::ed25519::{signed_content, StandardPublicKey, MAX_PUBLIC_KEYS};
-use super::secrets::{standard_mac, StandardSecret};
+use super::secrets::{standard_mac, InvalidStandardSecret, StandardSecret};
 
 /// Longest `webhook-signature` header accepted: a `v1,` item is 47 bytes, a `v1a,` item 92, so
 /// this covers any real rotation with room to spare.
@@ -131,12 +131,9 @@ impl<'a> StandardKeys<'a> {
     }
 }
 
-/// A secret that is not `whsec_`-prefixed base64 (the configuration refuses it at start-up).
-pub use super::secrets::InvalidStandardSecret as InvalidSecret;
-
 /// Decodes a `whsec_<base64>` secret into the HMAC key, of any length. The configuration's
 /// [`StandardSecret::parse`] also refuses empty and short keys.
-pub fn decode_secret(secret: &str) -> Result<Vec<u8>, InvalidSecret> {
+pub fn decode_secret(secret: &str) -> Result<Vec<u8>, InvalidStandardSecret> {
     StandardSecret::decode(secret)
 }
 
