@@ -109,15 +109,15 @@ pub mod testing;
 #[doc(hidden)]
 pub mod webhook;
 
-pub use cli::Service;
+pub use startup::Service;
 
 /// What a handler crate imports: `use dedup_worker::prelude::*;` brings the handler's trait and
 /// its error, the event, the transaction, outbox messages, migrations and the service builder.
 /// (The test kit is `dedup_worker::testing`, with the `testing` feature.)
 pub mod prelude {
-    pub use crate::cli::Service;
     pub use crate::consumer::{Handler, HandlerError, OutboxMessage};
     pub use crate::event::Event;
+    pub use crate::startup::Service;
     pub use crate::store::{DbTx, Migrations};
     pub use async_trait::async_trait;
 }

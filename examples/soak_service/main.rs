@@ -17,8 +17,8 @@ mod handler;
 
 use std::process::ExitCode;
 
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::Migrations;
+use dedup_worker::Service;
 use sqlx::migrate::Migrator;
 
 /// The effect table, applied after dedup-worker's migrations on every start.
@@ -33,8 +33,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let overrides = Overrides::default()
+    Service::new()
         .handler(handler)
-        .migrations(Migrations::postgres_only(&POSTGRES));
-    dedup_worker::cli::run(overrides).await
+        .migrations(Migrations::postgres_only(&POSTGRES))
+        .run()
+        .await
 }

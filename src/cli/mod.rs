@@ -11,12 +11,12 @@
 //! }
 //! ```
 //!
-//! ([`Service`] builds the [`Overrides`] that [`run`] takes.)
+//! ([`Service::run`] is [`run`] with the service.)
 //!
 //! Every subcommand is there (`serve`, `ingest`, `consume`, `relay`, `migrate`, `sign`, `dlq`,
 //! `outbox`, `events`, `backfill`). The roles (`serve`, `ingest`, `consume`, `relay`) run with
-//! the [`Overrides`]; `migrate` applies the library's migrations and then the overrides'
-//! [`Overrides::migrations`]; the other commands read the store and ignore the handler. The
+//! the [`Service`]'s handler; `migrate` applies the library's migrations and then the service's;
+//! the other commands read the store and ignore the handler. The
 //! usage text names the program as it was started (argv\[0\]).
 //!
 //! The only place that uses `anyhow`: library errors are typed, and here they become one line
@@ -31,12 +31,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::startup::{Application, Overrides};
+use crate::startup::{Application, Service};
 
 mod commands;
 mod service;
-
-pub use service::Service;
 
 use commands::{DlqCommand, EventsCommand, OutboxCommand};
 
@@ -116,17 +114,17 @@ enum Command {
     },
 }
 
-/// Runs the command line of this process ([`std::env::args_os`]) with `overrides`; see
+/// Runs the command line of this process ([`std::env::args_os`]) with `service`; see
 /// [`run_from`].
-pub async fn run(overrides: Overrides) -> ExitCode {
-    run_from(std::env::args_os(), overrides).await
+pub async fn run(service: Service) -> ExitCode {
+    run_from(std::env::args_os(), service).await
 }
 
-/// Runs the command line `args` (the program name first, as argv) with `overrides` and returns
+/// Runs the command line `args` (the program name first, as argv) with `service` and returns
 /// the exit status: 0 on success, 1 on an error (printed to stderr as one line,
 /// `{program}: {error}: {cause}: …`, each cause said once), 2 on a usage error, and a command's
 /// own statuses (`events show`: 3 when the event was not seen).
-pub async fn run_from<I, T>(args: I, overrides: Overrides) -> ExitCode
+pub async fn run_from<I, T>(args: I, service: Service) -> ExitCode
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
@@ -147,7 +145,7 @@ where
     };
     let log = Settings::log_settings(cli.config.as_deref());
     let telemetry = crate::telemetry::init(log.format);
-    let result = run_command(cli, overrides).await;
+    let result = run_command(cli, service).await;
     telemetry.shutdown();
     result.unwrap_or_else(|error| {
         eprintln!("{name}: {}", one_line(error.chain()));
@@ -191,7 +189,7 @@ fn one_line<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static
     line
 }
 
-async fn run_command(cli: Cli, overrides: Overrides) -> anyhow::Result<ExitCode> {
+async fn run_command(cli: Cli, service: Service) -> anyhow::Result<ExitCode> {
     let config = cli.config;
     let done = match cli.command {
         Command::Sign {
@@ -200,13 +198,13 @@ async fn run_command(cli: Cli, overrides: Overrides) -> anyhow::Result<ExitCode>
             thin_event,
             file,
         } => commands::sign(&secret, timestamp, thin_event.as_deref(), &file),
-        Command::Serve => serve(config, None, overrides).await,
-        Command::Ingest => serve(config, Some((true, false, false)), overrides).await,
-        Command::Consume => serve(config, Some((false, true, false)), overrides).await,
-        Command::Relay => serve(config, Some((false, false, true)), overrides).await,
+        Command::Serve => serve(config, None, service).await,
+        Command::Ingest => serve(config, Some((true, false, false)), service).await,
+        Command::Consume => serve(config, Some((false, true, false)), service).await,
+        Command::Relay => serve(config, Some((false, false, true)), service).await,
         Command::Migrate => {
             let store = commands::connect(config).await?;
-            store.migrate_with(&overrides.migrations).await?;
+            store.migrate_with(&service.migrations).await?;
             println!("migrations applied ({})", store.backend_name());
             Ok(())
         }
@@ -227,7 +225,7 @@ async fn run_command(cli: Cli, overrides: Overrides) -> anyhow::Result<ExitCode>
 async fn serve(
     config: Option<PathBuf>,
     roles: Option<(bool, bool, bool)>,
-    overrides: Overrides,
+    service: Service,
 ) -> anyhow::Result<()> {
     let mut figment = Settings::figment(config.as_deref());
     if let Some((ingress, consumer, relay)) = roles {
@@ -237,7 +235,7 @@ async fn serve(
             .merge(("roles.relay", relay));
     }
     let settings = Settings::from_figment(figment)?;
-    let app = Application::build(settings, overrides).await?;
+    let app = Application::build(settings, service).await?;
     let addr = app.local_addr()?;
     // Installed before the listening line: a stop signal sent right after it (a rollout that
     // changes its mind, a supervisor that read the line) drains the process instead of

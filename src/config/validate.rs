@@ -12,6 +12,16 @@ impl Settings {
     /// Rejects values that parse but cannot work, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_upper_bounds()?;
+        self.check_database_url()?;
+        self.check_signature_keys()?;
+        self.check_transport()?;
+        self.check_counts()?;
+        self.check_leases_and_dedup_window()?;
+        self.check_stripe_api()?;
+        self.check_pointers()
+    }
+
+    fn check_database_url(&self) -> Result<(), ConfigError> {
         if !(self.database_url.starts_with("postgres://")
             || self.database_url.starts_with("postgresql://")
             || self.database_url.starts_with("sqlite:"))
@@ -21,6 +31,11 @@ impl Settings {
                 "must start with postgres://, postgresql:// or sqlite: (env DATABASE_URL)",
             ));
         }
+        Ok(())
+    }
+
+    /// The ingress's keys and the sources events are filed under.
+    fn check_signature_keys(&self) -> Result<(), ConfigError> {
         if self.roles.ingress && self.stripe.secrets.is_empty() {
             return Err(invalid(
                 "stripe.secrets",
@@ -45,22 +60,27 @@ impl Settings {
             check_event_field(EventField::Source, source)
                 .map_err(|e| invalid(key, e.to_string()))?;
         }
-        if self.transport.kind == TransportKind::Sqs
-            && !(self.transport.queue.starts_with("https://")
-                || self.transport.queue.starts_with("http://"))
+        Ok(())
+    }
+
+    /// The transport's address for its kind, and the database queue's group commit.
+    fn check_transport(&self) -> Result<(), ConfigError> {
+        let transport = &self.transport;
+        if transport.kind == TransportKind::Sqs
+            && !(transport.queue.starts_with("https://") || transport.queue.starts_with("http://"))
         {
             return Err(invalid(
                 "transport.queue",
                 "with transport.kind = sqs this is the queue URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/events (env DEDUP_QUEUE)",
             ));
         }
-        if self.transport.kind == TransportKind::Rabbitmq {
+        if transport.kind == TransportKind::Rabbitmq {
             positive(
                 "transport.delivery_limit",
-                self.transport.delivery_limit as usize,
+                transport.delivery_limit as usize,
             )?;
-            if !(self.transport.amqp_url.starts_with("amqp://")
-                || self.transport.amqp_url.starts_with("amqps://"))
+            if !(transport.amqp_url.starts_with("amqp://")
+                || transport.amqp_url.starts_with("amqps://"))
             {
                 return Err(invalid(
                     "transport.amqp_url",
@@ -68,74 +88,74 @@ impl Settings {
                 ));
             }
         }
-        if !(1..=20).contains(&self.transport.sqs_wait_time_secs) {
+        if !(1..=20).contains(&transport.sqs_wait_time_secs) {
             return Err(invalid(
                 "transport.sqs_wait_time_secs",
                 "must be 1 to 20 (SQS's long-poll range; 0 would be short polling)",
             ));
         }
-        if self.transport.queue.is_empty() {
+        if transport.queue.is_empty() {
             return Err(invalid("transport.queue", "must not be empty"));
         }
-        positive("http.body_limit_bytes", self.http.body_limit_bytes)?;
-        for (key, value) in [
-            (
-                "http.header_read_timeout_ms",
-                self.http.header_read_timeout_ms,
-            ),
-            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
-            ("http.request_timeout_ms", self.http.request_timeout_ms),
-        ] {
-            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
-        }
-        positive(
-            "http.max_concurrent_requests",
-            self.http.max_concurrent_requests,
-        )?;
-        positive("http.max_connections", self.http.max_connections)?;
-        positive("http.max_header_bytes", self.http.max_header_bytes)?;
-        positive(
-            "consumer.max_message_bytes",
-            self.consumer.max_message_bytes,
-        )?;
-        positive(
-            "database.max_connections",
-            self.database.max_connections as usize,
-        )?;
-        positive(
-            "transport.publish_batch_max",
-            self.transport.publish_batch_max,
-        )?;
-        positive("transport.publish_writers", self.transport.publish_writers)?;
+        positive("transport.publish_batch_max", transport.publish_batch_max)?;
+        positive("transport.publish_writers", transport.publish_writers)?;
         positive(
             "transport.publish_timeout_ms",
-            self.transport.publish_timeout_ms as usize,
+            transport.publish_timeout_ms as usize,
         )?;
         positive(
             "transport.publish_channel_capacity",
-            self.transport.publish_channel_capacity,
-        )?;
+            transport.publish_channel_capacity,
+        )
+    }
+
+    /// Sizes, timeouts and counts for which zero would stop the work or bound nothing.
+    fn check_counts(&self) -> Result<(), ConfigError> {
+        let (http, consumer, outbox) = (&self.http, &self.consumer, &self.outbox);
+        let millis = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
         for (key, value) in [
+            ("http.body_limit_bytes", http.body_limit_bytes),
+            (
+                "http.header_read_timeout_ms",
+                millis(http.header_read_timeout_ms),
+            ),
+            (
+                "http.body_read_timeout_ms",
+                millis(http.body_read_timeout_ms),
+            ),
+            ("http.request_timeout_ms", millis(http.request_timeout_ms)),
+            ("http.max_concurrent_requests", http.max_concurrent_requests),
+            ("http.max_connections", http.max_connections),
+            ("http.max_header_bytes", http.max_header_bytes),
+            ("consumer.max_message_bytes", consumer.max_message_bytes),
+            (
+                "database.max_connections",
+                self.database.max_connections as usize,
+            ),
             (
                 "database.statement_timeout_ms",
-                self.database.statement_timeout_ms,
+                millis(self.database.statement_timeout_ms),
             ),
-            ("consumer.step_timeout_ms", self.consumer.step_timeout_ms),
+            ("consumer.step_timeout_ms", millis(consumer.step_timeout_ms)),
+            ("consumer.batch_size", consumer.batch_size),
+            ("consumer.workers", consumer.workers),
+            ("consumer.max_attempts", consumer.max_attempts as usize),
+            // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
+            // unbounded delete) and an error on PostgreSQL.
+            (
+                "consumer.retention_batch",
+                usize::try_from(consumer.retention_batch).unwrap_or(0),
+            ),
+            ("outbox.batch_size", outbox.batch_size),
+            ("outbox.concurrency", outbox.concurrency),
+            ("outbox.max_attempts", outbox.max_attempts as usize),
         ] {
-            positive(key, usize::try_from(value).unwrap_or(usize::MAX))?;
+            positive(key, value)?;
         }
-        positive("consumer.batch_size", self.consumer.batch_size)?;
-        positive("consumer.workers", self.consumer.workers)?;
-        positive("consumer.max_attempts", self.consumer.max_attempts as usize)?;
-        // 0 would never delete anything; a negative LIMIT is no limit at all on SQLite (one
-        // unbounded delete) and an error on PostgreSQL.
-        positive(
-            "consumer.retention_batch",
-            usize::try_from(self.consumer.retention_batch).unwrap_or(0),
-        )?;
-        positive("outbox.batch_size", self.outbox.batch_size)?;
-        positive("outbox.concurrency", self.outbox.concurrency)?;
-        positive("outbox.max_attempts", self.outbox.max_attempts as usize)?;
+        Ok(())
+    }
+
+    fn check_leases_and_dedup_window(&self) -> Result<(), ConfigError> {
         // Leases are extended every third of a lease while their work runs, so they need not
         // cover the slowest batch; but a one-second lease would be lost to any pause of a third
         // of a second (a slow heartbeat round trip, a stalled runtime), and its work done twice.
@@ -173,23 +193,27 @@ impl Settings {
                 ),
             ));
         }
-        if !(self.stripe.api_base.starts_with("https://")
-            || self.stripe.api_base.starts_with("http://"))
-        {
+        Ok(())
+    }
+
+    /// Stripe's API, which the consumer (thin events) and `backfill` call.
+    fn check_stripe_api(&self) -> Result<(), ConfigError> {
+        let stripe = &self.stripe;
+        if !(stripe.api_base.starts_with("https://") || stripe.api_base.starts_with("http://")) {
             return Err(invalid(
                 "stripe.api_base",
                 "must be an http(s) URL such as https://api.stripe.com (env STRIPE_API_BASE)",
             ));
         }
-        if self.roles.consumer && self.stripe.fetch_thin_events {
-            if self.stripe.api_key.expose().is_empty() {
+        if self.roles.consumer && stripe.fetch_thin_events {
+            if stripe.api_key.expose().is_empty() {
                 return Err(invalid(
                     "stripe.api_key",
                     "stripe.fetch_thin_events is on: the consumer fetches each thin event's full \
                      event with Stripe's API; set STRIPE_API_KEY (a key that may read events)",
                 ));
             }
-            let timeout = self.stripe.api_timeout_ms;
+            let timeout = stripe.api_timeout_ms;
             if timeout == 0 || timeout > self.consumer.step_timeout_ms / 3 {
                 return Err(invalid(
                     "stripe.api_timeout_ms",
@@ -202,46 +226,48 @@ impl Settings {
                 ));
             }
         }
-        if self.stripe.api_version.is_empty()
-            || !self
-                .stripe
-                .api_version
-                .bytes()
-                .all(|b| b.is_ascii_graphic())
+        if stripe.api_version.is_empty()
+            || !stripe.api_version.bytes().all(|b| b.is_ascii_graphic())
         {
             return Err(invalid(
                 "stripe.api_version",
                 "must be a Stripe API version such as 2026-10-28.endive",
             ));
         }
-        if !self.transport.sqs_message_group_pointer.starts_with('/') {
-            return Err(invalid(
+        Ok(())
+    }
+
+    /// Every JSON pointer into an event.
+    fn check_pointers(&self) -> Result<(), ConfigError> {
+        let guard = &self.consumer.stale_guard;
+        for (key, pointer, example) in [
+            (
                 "transport.sqs_message_group_pointer",
-                "must be a JSON pointer such as /data/object/id",
-            ));
-        }
-        for (key, pointer) in [
+                &self.transport.sqs_message_group_pointer,
+                "/data/object/id",
+            ),
             (
                 "consumer.stale_guard.object_pointer",
-                &self.consumer.stale_guard.object_pointer,
+                &guard.object_pointer,
+                "/data/object/id",
             ),
             (
                 "consumer.stale_guard.version_pointer",
-                &self.consumer.stale_guard.version_pointer,
+                &guard.version_pointer,
+                "/data/object/id",
+            ),
+            (
+                "consumer.dedup_key_pointer",
+                &self.consumer.dedup_key_pointer,
+                "/id",
             ),
         ] {
             if !pointer.starts_with('/') {
                 return Err(invalid(
                     key,
-                    "must be a JSON pointer such as /data/object/id",
+                    format!("must be a JSON pointer such as {example}"),
                 ));
             }
-        }
-        if !self.consumer.dedup_key_pointer.starts_with('/') {
-            return Err(invalid(
-                "consumer.dedup_key_pointer",
-                "must be a JSON pointer such as /id",
-            ));
         }
         Ok(())
     }

@@ -66,6 +66,23 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// A shared handler is a handler: a service (or a test) keeps an `Arc` of its own to read the
+/// handler's state while the consumer runs it.
+#[async_trait]
+impl<H: Handler + ?Sized> Handler for std::sync::Arc<H> {
+    async fn handle(
+        &self,
+        event: &Event,
+        tx: &mut DbTx<'_>,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+        (**self).handle(event, tx).await
+    }
+
+    fn backends(&self) -> &'static [Backend] {
+        (**self).backends()
+    }
+}
+
 /// The built-in handler: forward every new event to the sink.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ForwardHandler;

@@ -1,12 +1,12 @@
 //! [`TestApp`]: the application in the test's own process, on port 0, with the test's
-//! settings ([`test_settings`]) and overrides.
+//! settings ([`test_settings`]) and [`Service`] (its handler, its migrations).
 
 use std::net::SocketAddr;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Settings, DEFAULT_TOML};
-use crate::startup::{Application, Overrides};
+use crate::startup::{Application, Service};
 use crate::store::Store;
 
 /// The Stripe webhook secret [`test_settings`] configures: sign a test's events with it.
@@ -34,16 +34,16 @@ pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> Sett
 }
 
 /// An application running in this process on port 0: the roles `settings` enables (by
-/// default the ingress, the consumer and the relay) with the test's [`Overrides`] (its
+/// default the ingress, the consumer and the relay) with the test's [`Service`] (its
 /// handler, its migrations), until [`TestApp::stop`].
 ///
 /// ```no_run
 /// # async fn example() {
-/// use dedup_worker::startup::Overrides;
+/// use dedup_worker::Service;
 /// use dedup_worker::testing::{test_settings, Backend, TestApp, TestDb};
 ///
 /// let db = TestDb::new(Backend::Sqlite).await;
-/// let app = TestApp::spawn(test_settings(&db.url, &[]), Overrides::default()).await;
+/// let app = TestApp::spawn(test_settings(&db.url, &[]), Service::new()).await;
 /// let webhook = app.url("/webhooks/stripe");
 /// # let _ = webhook;
 /// app.stop().await;
@@ -69,8 +69,8 @@ impl TestApp {
     ///
     /// When it does not build (the database cannot be reached, the handler does not run on
     /// the configured store); the task panics if the application fails while running.
-    pub async fn spawn(settings: Settings, overrides: Overrides) -> Self {
-        let app = Application::build(settings, overrides)
+    pub async fn spawn(settings: Settings, service: Service) -> Self {
+        let app = Application::build(settings, service)
             .await
             .expect("build app");
         let addr = app.local_addr().expect("addr");

@@ -447,8 +447,8 @@ fn the_binary_is_the_librarys_command_line() {
          where a service's own main runs it too"
     );
     assert!(
-        main.contains("dedup_worker::cli::run("),
-        "src/main.rs does not run dedup_worker::cli::run"
+        main.contains("Service::new().run()"),
+        "src/main.rs does not run the stock Service's command line (Service::new().run())"
     );
     // Nothing else in src/ is the binary's: a file at the top of src/ beside main.rs and lib.rs
     // is a module of the library, declared in lib.rs.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
 use dedup_worker::event::Event;
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::DbTx;
+use dedup_worker::Service;
 use serde_json::json;
 
 // The test kit a handler crate's own tests use, as they would use it; the suite's own helpers
@@ -104,14 +104,7 @@ async fn handler_failures(backend: Backend) {
             ("outbox.poll_interval_ms", json!(50)),
         ],
     );
-    let app = TestApp::spawn(
-        settings.clone(),
-        Overrides {
-            handler: Some(handler.clone()),
-            ..Overrides::default()
-        },
-    )
-    .await;
+    let app = TestApp::spawn(settings.clone(), Service::new().handler(handler.clone())).await;
     let client = reqwest::Client::new();
     // One batch's worth, with the troublemakers in the middle.
     let mut ids: Vec<String> = (0..20).map(|i| format!("evt_ok_{i}")).collect();
@@ -232,7 +225,7 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
                 ("roles.relay", json!(false)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let client = reqwest::Client::new();
@@ -249,7 +242,7 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     wait_for(

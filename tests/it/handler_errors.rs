@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dedup_worker::consumer::{Handler, HandlerError, HandlerResultExt, OutboxMessage};
 use dedup_worker::event::Event;
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::DbTx;
+use dedup_worker::Service;
 use serde_json::json;
 
 use crate::helpers::{
@@ -118,14 +118,7 @@ async fn classified(backend: Backend) {
         ],
     );
     let handler = Arc::new(Failing::default());
-    let app = TestApp::spawn(
-        settings,
-        Overrides {
-            handler: Some(handler.clone()),
-            ..Overrides::default()
-        },
-    )
-    .await;
+    let app = TestApp::spawn(settings, Service::new().handler(handler.clone())).await;
     let mut fatal = vec![
         "evt_unique",
         "evt_no_table",

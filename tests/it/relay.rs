@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use dedup_worker::startup::Overrides;
+use dedup_worker::Service;
 use serde_json::json;
 
 use crate::helpers::app::cli_json_lines;
@@ -70,7 +70,7 @@ async fn http_sink_retries(backend: Backend) {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let client = reqwest::Client::new();
@@ -180,7 +180,7 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
             ("consumer.poll_interval_ms", json!(50)),
         ],
     );
-    let app = TestApp::spawn(settings, Overrides::default()).await;
+    let app = TestApp::spawn(settings, Service::new()).await;
     let client = reqwest::Client::new();
     let body = stripe_event("evt_redirected", "charge.succeeded");
     let r = post_signed(&client, &app.url("/webhooks/stripe"), SECRET, body)
@@ -481,7 +481,7 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let body = stripe_event("evt_stalled_1", "payout.paid");
@@ -608,7 +608,7 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let pool = app.store.postgres_pool().expect("a PostgreSQL test");
@@ -694,7 +694,7 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let pool = app.store.postgres_pool().expect("a PostgreSQL test");

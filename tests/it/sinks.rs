@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dedup_worker::queue::{SqsQueue, Transport as _};
-use dedup_worker::startup::Overrides;
+use dedup_worker::Service;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -90,7 +90,7 @@ async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let bodies = post_events(&app, &["evt_amqp_1", "evt_amqp_2", "evt_amqp_1"]).await;
@@ -159,7 +159,7 @@ async fn sqs_sink_sends_each_event_once_to_the_queue() {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let bodies = post_events(&app, &["evt_sqs_1", "evt_sqs_2", "evt_sqs_2"]).await;

@@ -11,7 +11,7 @@ use crate::helpers::{
     TestDb,
 };
 use dedup_worker::signature::standard::{decode_secret, standard_signature};
-use dedup_worker::startup::Overrides;
+use dedup_worker::Service;
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -43,7 +43,7 @@ async fn post(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_vector_and_failures() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let clock: dedup_worker::webhook::Clock = Arc::new(|| T + 10);
+    let clock = || T + 10;
     let app = TestApp::spawn(
         test_settings(
             &db.url,
@@ -53,10 +53,7 @@ async fn official_vector_and_failures() {
                 ("roles.relay", json!(false)),
             ],
         ),
-        Overrides {
-            clock: Some(clock),
-            ..Overrides::default()
-        },
+        Service::new().clock(clock),
     )
     .await;
     let (status, body) = post(&app, Some(ID), T, EXPECTED, PAYLOAD).await;
@@ -122,7 +119,7 @@ async fn webhook_id_dedups_under_its_own_source() {
                 ("consumer.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let key = decode_secret(SECRET).unwrap();
@@ -185,7 +182,7 @@ async fn webhook_id_dedups_under_its_own_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_is_absent_without_a_secret() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = TestApp::spawn(test_settings(&db.url, &[]), Overrides::default()).await;
+    let app = TestApp::spawn(test_settings(&db.url, &[]), Service::new()).await;
     let (status, _) = post(&app, Some(ID), T, EXPECTED, PAYLOAD).await;
     assert_eq!(status, 404);
     app.stop().await;

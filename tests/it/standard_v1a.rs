@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use dedup_worker::startup::Overrides;
+use dedup_worker::Service;
 use serde_json::{json, Value};
 
 use crate::helpers::{
@@ -72,7 +72,7 @@ async fn v1a_signed_by_python_cryptography_is_enqueued_once_and_tampering_is_ref
     let db = TestDb::new(Backend::Sqlite).await;
     let work = tempfile::tempdir().unwrap();
     let sink = work.path().join("out.jsonl");
-    let clock: dedup_worker::webhook::Clock = Arc::new(|| T + 10);
+    let clock = || T + 10;
     // Public keys only: no `standard_webhooks.secrets`, and the route is served.
     let app = TestApp::spawn(
         test_settings(
@@ -87,10 +87,7 @@ async fn v1a_signed_by_python_cryptography_is_enqueued_once_and_tampering_is_ref
                 ("outbox.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides {
-            clock: Some(clock),
-            ..Overrides::default()
-        },
+        Service::new().clock(clock),
     )
     .await;
 

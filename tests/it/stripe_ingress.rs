@@ -2,19 +2,17 @@
 //! are accepted; every failed check is a 400 problem+json naming the check; nothing rejected
 //! is enqueued; the published vector verifies at its own timestamp (injected clock).
 
-use std::sync::Arc;
-
 use crate::helpers::{
     now, stripe_event, stripe_python_sign, test_settings, Backend, TestApp, TestDb,
 };
-use dedup_worker::startup::Overrides;
+use dedup_worker::Service;
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_test_secret";
 const QUEUE: &str = "dedup.events";
 
 /// Ingress only, so accepted events stay on the queue where the test can count them.
-async fn ingress_only(db: &TestDb, extra: &[(&str, Value)], overrides: Overrides) -> TestApp {
+async fn ingress_only(db: &TestDb, extra: &[(&str, Value)], service: Service) -> TestApp {
     let mut values = vec![
         ("roles.consumer", json!(false)),
         ("roles.relay", json!(false)),
@@ -24,7 +22,7 @@ async fn ingress_only(db: &TestDb, extra: &[(&str, Value)], overrides: Overrides
         ),
     ];
     values.extend(extra.iter().cloned());
-    TestApp::spawn(test_settings(&db.url, &values), overrides).await
+    TestApp::spawn(test_settings(&db.url, &values), service).await
 }
 
 async fn post(app: &TestApp, header: Option<&str>, body: &[u8]) -> (u16, String, Value) {
@@ -48,7 +46,7 @@ async fn post(app: &TestApp, header: Option<&str>, body: &[u8]) -> (u16, String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_signed_by_the_official_library_are_accepted() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(&db, &[], Overrides::default()).await;
+    let app = ingress_only(&db, &[], Service::new()).await;
     let t = now();
     let payloads: Vec<(Vec<u8>, i64)> = (0..5)
         .map(|i| {
@@ -77,7 +75,7 @@ async fn events_signed_by_the_official_library_are_accepted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_failed_check_is_a_400_problem_naming_it() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(&db, &[], Overrides::default()).await;
+    let app = ingress_only(&db, &[], Service::new()).await;
     let t = now();
     let body = stripe_event("evt_bad", "charge.succeeded");
     let tampered = {
@@ -178,14 +176,11 @@ async fn published_vector_verifies_at_its_own_timestamp() {
     let vector = include_bytes!("../vectors/stripe_invoiceitem_created.json");
     let header = "t=1533204620,v1=d7373bc68f4bd320b253cd7461f87af6e1cdf1b4d7db1614d8d1d746972d2d0a";
     let db = TestDb::new(Backend::Sqlite).await;
-    let clock: dedup_worker::webhook::Clock = Arc::new(|| 1_533_204_620 + 42);
+    let clock = || 1_533_204_620 + 42;
     let app = ingress_only(
         &db,
         &[("stripe.secrets", json!("secret"))],
-        Overrides {
-            clock: Some(clock),
-            ..Overrides::default()
-        },
+        Service::new().clock(clock),
     )
     .await;
     let (status, _, body) = post(&app, Some(header), vector).await;
@@ -195,12 +190,7 @@ async fn published_vector_verifies_at_its_own_timestamp() {
 
     // With the real clock the same delivery is years stale.
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(
-        &db,
-        &[("stripe.secrets", json!("secret"))],
-        Overrides::default(),
-    )
-    .await;
+    let app = ingress_only(&db, &[("stripe.secrets", json!("secret"))], Service::new()).await;
     let (status, _, body) = post(&app, Some(header), vector).await;
     assert_eq!(status, 400);
     assert_eq!(body["check"], "timestamp_tolerance");
@@ -213,7 +203,7 @@ async fn tolerance_is_configurable() {
     let app = ingress_only(
         &db,
         &[("stripe.tolerance_secs", json!(3600))],
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let body = stripe_event("evt_late", "charge.succeeded");
@@ -229,7 +219,7 @@ async fn oversized_unparsable_and_idless_payloads_are_refused() {
     let app = ingress_only(
         &db,
         &[("http.body_limit_bytes", json!(4096))],
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     let sign = |body: &[u8]| dedup_worker::signature::stripe::signature_header(SECRET, now(), body);

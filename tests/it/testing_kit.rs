@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
 use dedup_worker::event::Event;
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::{DbTx, Migrations, Store};
 use dedup_worker::testing::{
     self, post_signed_until_not_503, stripe_event_with, test_settings, Backend, TestApp, TestDb,
     TEST_SECRET,
 };
+use dedup_worker::Service;
 use serde_json::json;
 use sqlx::migrate::Migrator;
 
@@ -120,7 +120,7 @@ async fn the_application_runs_the_handler_once_per_event_with_its_migrations() {
     let settings = test_settings(&db.url, &[("consumer.poll_interval_ms", json!(20))]);
     let app = TestApp::spawn(
         settings,
-        Overrides::default().handler(Credit).migrations(MIGRATIONS),
+        Service::new().handler(Credit).migrations(MIGRATIONS),
     )
     .await;
     let client = reqwest::Client::new();

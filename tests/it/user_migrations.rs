@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
 use dedup_worker::event::Event;
-use dedup_worker::startup::{Application, Overrides};
+use dedup_worker::startup::{Application, Service};
 use dedup_worker::store::{Backend as StoreBackend, DbTx, Migrations, Store, StoreError};
 use sqlx::migrate::Migrator;
 
@@ -122,8 +122,8 @@ impl AppPool {
     }
 }
 
-async fn build(db: &TestDb, overrides: Overrides) -> Result<Application, String> {
-    Application::build(test_settings(&db.url, &[]), overrides)
+async fn build(db: &TestDb, service: Service) -> Result<Application, String> {
+    Application::build(test_settings(&db.url, &[]), service)
         .await
         .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
 }
@@ -140,7 +140,7 @@ async fn application_migrations_apply_on_every_start(backend: Backend) {
         Backend::Sqlite => versions(&APP_SQLITE),
     };
     for start in 1..=3 {
-        let app = build(&db, Overrides::default().migrations(app_migrations()))
+        let app = build(&db, Service::new().migrations(app_migrations()))
             .await
             .unwrap_or_else(|e| panic!("start {start}: {e}"));
         app.store().close().await;
@@ -260,7 +260,7 @@ impl Handler for PostgresOnly {
 #[tokio::test]
 async fn a_handler_for_postgres_alone_is_refused_on_sqlite_before_migrating() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let error = build(&db, Overrides::default().handler(PostgresOnly))
+    let error = build(&db, Service::new().handler(PostgresOnly))
         .await
         .err()
         .expect("refused");
@@ -271,7 +271,7 @@ async fn a_handler_for_postgres_alone_is_refused_on_sqlite_before_migrating() {
     assert!(nothing_migrated(&db).await);
     // The same handler starts on PostgreSQL.
     let pg = TestDb::new(Backend::Postgres).await;
-    let app = build(&pg, Overrides::default().handler(PostgresOnly))
+    let app = build(&pg, Service::new().handler(PostgresOnly))
         .await
         .expect("starts on postgres");
     app.store().close().await;
@@ -285,7 +285,7 @@ async fn migrations_for_postgres_alone_are_refused_on_sqlite_before_migrating() 
     let db = TestDb::new(Backend::Sqlite).await;
     let error = build(
         &db,
-        Overrides::default().migrations(Migrations::postgres_only(&APP_POSTGRES)),
+        Service::new().migrations(Migrations::postgres_only(&APP_POSTGRES)),
     )
     .await
     .err()

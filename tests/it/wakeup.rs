@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::helpers::{file_sink_ids, test_settings, wait_for, Backend, TestApp, TestDb};
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::{NewOutboxRow, NewQueueMessage};
+use dedup_worker::Service;
 use serde_json::json;
 
 const POLL_MS: u64 = 600_000;
@@ -27,7 +27,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
                 ("outbox.poll_interval_ms", json!(POLL_MS)),
             ],
         ),
-        Overrides::default(),
+        Service::new(),
     )
     .await;
     // A separate pool stands for another process: the in-process signal cannot reach the app.

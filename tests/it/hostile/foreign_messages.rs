@@ -10,8 +10,8 @@ use bytes::Bytes;
 use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
 use dedup_worker::event::Event;
 use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
-use dedup_worker::startup::Overrides;
 use dedup_worker::store::{DbTx, DeadLetter, Store};
+use dedup_worker::Service;
 use serde_json::json;
 
 use crate::helpers::{
@@ -252,7 +252,7 @@ async fn a_batch_refused_for_one_events_data_dead_letters_that_event_alone() {
             ("roles.relay", json!(false)),
         ],
     );
-    let ingress = TestApp::spawn(settings, Overrides::default()).await;
+    let ingress = TestApp::spawn(settings, Service::new()).await;
     let client = reqwest::Client::new();
     let ids: Vec<String> = (0..30)
         .map(|i| match i {
@@ -283,10 +283,7 @@ async fn a_batch_refused_for_one_events_data_dead_letters_that_event_alone() {
                 ("outbox.poll_interval_ms", json!(50)),
             ],
         ),
-        Overrides {
-            handler: Some(Arc::new(UnstorableOutbox)),
-            ..Overrides::default()
-        },
+        Service::new().handler(UnstorableOutbox),
     )
     .await;
     let store = Arc::new(worker.store.clone());

@@ -1,0 +1,203 @@
+//! Each role as the settings configure it, spawned onto the application's task set: the HTTP
+//! server (ops endpoints, and the webhook ingress when enabled), the gauges, the consumers and
+//! retention, the relay. Options are read from [`Settings`] here, in one place, so the pipeline's
+//! modules take plain option structs and never the configuration's shape.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::StartupError;
+use crate::config::Settings;
+use crate::consumer::{Consumer, ConsumerOptions, FullEventFetch, Handler, StaleGuard};
+use crate::gauges::{run_gauges, GaugeSources};
+use crate::http::{ops, serve, ServerLimits};
+use crate::outbox::relay::{Relay, RelayOptions};
+use crate::queue::Transport;
+use crate::retention::{run_retention, RetentionOptions};
+use crate::store::{Store, Wakeups};
+use crate::stripe::StripeApi;
+use crate::webhook::{Clock, IngressState, StandardProvider, StripeProvider};
+
+/// The running roles' tasks; each returns an error only when the whole application must stop.
+pub(super) type Tasks = JoinSet<Result<(), StartupError>>;
+
+/// What every role is built from, borrowed for the spawning.
+pub(super) struct Roles<'a> {
+    pub settings: &'a Settings,
+    pub store: &'a Store,
+    pub transport: &'a Arc<dyn Transport>,
+    pub wakeups: &'a Arc<Wakeups>,
+    /// Cancelled to stop: each role stops taking work and finishes what it holds.
+    pub shutdown: &'a CancellationToken,
+    /// Cancelled when the grace period is nearly over: consumers and relays drop the work they
+    /// could not finish and give it back, rather than be aborted holding its leases.
+    pub abandon: &'a CancellationToken,
+}
+
+impl Roles<'_> {
+    /// The HTTP server on `listener` (ops endpoints always, the webhooks with the ingress role)
+    /// and the gauges behind `/metrics`, which every role has: see `crate::gauges` for why.
+    pub fn spawn_http_and_gauges(&self, tasks: &mut Tasks, listener: TcpListener, clock: Clock) {
+        let settings = self.settings;
+        let check_timeout = Duration::from_millis(settings.transport.publish_timeout_ms);
+        let metrics = crate::telemetry::metrics_handle();
+        let mut app = ops::router(ops::OpsState {
+            store: self.store.clone(),
+            transport: self.transport.clone(),
+            check_timeout,
+            metrics: metrics.clone(),
+        });
+        let sources = GaugeSources {
+            store: self.store.clone(),
+            transport: self.transport.clone(),
+            transport_kind: settings.transport.kind.name(),
+            timeout: check_timeout,
+            metrics,
+        };
+        let token = self.shutdown.clone();
+        tasks.spawn(async move {
+            run_gauges(sources, token).await;
+            Ok(())
+        });
+        if settings.roles.ingress {
+            let state = IngressState {
+                transport: self.transport.clone(),
+                stripe: StripeProvider::from_settings(&settings.stripe),
+                standard: StandardProvider::from_settings(&settings.standard_webhooks),
+                publish_timeout: check_timeout,
+                clock,
+            };
+            app = app.merge(crate::webhook::router(
+                state,
+                settings.http.body_limit_bytes,
+            ));
+        }
+        let shutdown = self.shutdown.clone();
+        let limits = ServerLimits::from(&settings.http);
+        tasks.spawn(async move {
+            serve(listener, app, limits, shutdown)
+                .await
+                .map_err(StartupError::Serve)
+        });
+    }
+
+    /// `consumer.workers` consumers (one on SQLite, which has one writer) and retention.
+    pub fn spawn_consumers(
+        &self,
+        tasks: &mut Tasks,
+        handler: &Arc<dyn Handler>,
+    ) -> Result<(), StartupError> {
+        let settings = self.settings;
+        let c = &settings.consumer;
+        let options = consumer_options(settings);
+        let workers = if self.store.single_writer() {
+            1
+        } else {
+            c.workers
+        };
+        let fetch = full_event_fetch(settings)?;
+        let stripe_secrets = StripeProvider::from_settings(&settings.stripe).secrets;
+        for _ in 0..workers {
+            let consumer = Consumer::new(
+                self.store.clone(),
+                self.transport.clone(),
+                handler.clone(),
+                self.wakeups.clone(),
+                options.clone(),
+            )
+            .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
+            .with_full_event_fetch(fetch.clone())
+            .with_stripe_secrets(stripe_secrets.clone());
+            let (token, abandon) = (self.shutdown.clone(), self.abandon.clone());
+            tasks.spawn(async move {
+                consumer.run(token, abandon).await;
+                Ok(())
+            });
+        }
+        let retention = RetentionOptions {
+            dedup_window: c.dedup_window(),
+            outbox_window: settings.outbox.retention(),
+            interval: Duration::from_secs(c.retention_interval_secs.max(1)),
+            batch: c.retention_batch,
+            statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+        };
+        let (store, token) = (self.store.clone(), self.shutdown.clone());
+        tasks.spawn(async move {
+            run_retention(store, retention, token).await;
+            Ok(())
+        });
+        Ok(())
+    }
+
+    /// The outbox relay.
+    pub fn spawn_relay(&self, tasks: &mut Tasks) {
+        let relay = Relay::new(
+            self.store.clone(),
+            self.wakeups.clone(),
+            relay_options(self.settings),
+        );
+        let (token, abandon) = (self.shutdown.clone(), self.abandon.clone());
+        tasks.spawn(async move {
+            relay.run(token, abandon).await;
+            Ok(())
+        });
+    }
+}
+
+fn consumer_options(settings: &Settings) -> ConsumerOptions {
+    let c = &settings.consumer;
+    ConsumerOptions {
+        source: c.source.clone(),
+        dedup_key_pointer: c.dedup_key_pointer.clone(),
+        batch_size: c.batch_size,
+        poll_interval: Duration::from_millis(c.poll_interval_ms),
+        max_attempts: c.max_attempts,
+        retry_base: Duration::from_millis(c.retry_base_ms),
+        retry_max: Duration::from_millis(c.retry_max_ms),
+        max_message_bytes: c.max_message_bytes,
+        lease: Duration::from_secs(c.lease_secs),
+        step_timeout: Duration::from_millis(c.step_timeout_ms),
+        envelope: c.envelope,
+    }
+}
+
+fn relay_options(settings: &Settings) -> RelayOptions {
+    let o = &settings.outbox;
+    RelayOptions {
+        default_sink: o.sink.clone(),
+        batch_size: o.batch_size,
+        concurrency: o.concurrency,
+        poll_interval: Duration::from_millis(o.poll_interval_ms),
+        lease: Duration::from_secs(o.lease_secs),
+        max_attempts: o.max_attempts,
+        retry_base: Duration::from_millis(o.retry_base_ms),
+        retry_max: Duration::from_millis(o.retry_max_ms),
+        http_timeout: Duration::from_millis(o.http_timeout_ms),
+        signing_secrets: o.signing_secret.clone().into(),
+        statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+    }
+}
+
+/// The consumer's thin-event fetch, when `stripe.fetch_thin_events` is on (validated: a key, a
+/// request timeout inside the step's).
+fn full_event_fetch(settings: &Settings) -> Result<Option<FullEventFetch>, StartupError> {
+    let stripe = &settings.stripe;
+    if !stripe.fetch_thin_events {
+        return Ok(None);
+    }
+    let api = StripeApi::new(
+        &stripe.api_base,
+        stripe.api_key.clone(),
+        &stripe.api_version,
+        Duration::from_millis(stripe.api_timeout_ms),
+    )
+    .map_err(StartupError::StripeApi)?;
+    Ok(Some(FullEventFetch::new(
+        api,
+        settings.consumer.max_message_bytes,
+    )))
+}
