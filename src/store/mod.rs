@@ -12,11 +12,25 @@
 //!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
+/// Calls the function of the same name in the calling file's `postgres` or `sqlite` module (each
+/// file of statements has both, the two forms of each statement side by side) with the pool.
+macro_rules! on_pool {
+    ($store:expr, $func:ident($($arg:expr),*)) => {
+        match &$store.0 {
+            Pool::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
+            Pool::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
+        }
+    };
+}
+
 mod backlog;
+mod dead_letters;
 pub mod dedup;
 mod migrate;
+mod outbox_rows;
 mod postgres;
-mod queries;
+mod purge;
+mod queue_rows;
 mod rows;
 mod sqlite;
 mod timeouts;

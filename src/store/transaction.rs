@@ -3,7 +3,7 @@
 //! handler write each statement once for both stores.
 
 use super::dedup::{self, NewProcessed, ProcessedEvent};
-use super::{postgres, sqlite, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
+use super::{dead_letters, outbox_rows, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
 /// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
@@ -63,12 +63,12 @@ macro_rules! execute {
     };
 }
 
-/// Calls the backend module's function of the same name with the open transaction.
+/// Calls the function of the same name in `dead_letters.rs` for the open transaction's store.
 macro_rules! on_tx {
     ($tx:expr, $func:ident($($arg:expr),*)) => {
         match $tx {
-            StoreTx::Postgres(tx) => postgres::$func(tx, $($arg),*).await,
-            StoreTx::Sqlite(tx, _) => sqlite::$func(tx, $($arg),*).await,
+            StoreTx::Postgres(tx) => dead_letters::postgres::$func(tx, $($arg),*).await,
+            StoreTx::Sqlite(tx, _) => dead_letters::sqlite::$func(tx, $($arg),*).await,
         }
     };
 }
@@ -211,8 +211,10 @@ impl StoreTx {
             return Ok(());
         }
         match self {
-            StoreTx::Postgres(tx) => postgres::insert_outbox(tx, rows).await,
-            StoreTx::Sqlite(tx, began) => sqlite::insert_outbox(tx, *began, rows).await,
+            StoreTx::Postgres(tx) => outbox_rows::postgres::insert_outbox(tx, rows).await,
+            StoreTx::Sqlite(tx, began) => {
+                outbox_rows::sqlite::insert_outbox(tx, *began, rows).await
+            }
         }
     }
 
