@@ -3,7 +3,7 @@
 //! whitespace all parse back to the same key.
 #![no_main]
 
-use idempotency_key::key::MAX_KEY_LEN;
+use idempotency_key::MAX_KEY_LEN;
 use idempotency_key::IdempotencyKey;
 use libfuzzer_sys::fuzz_target;
 

@@ -1,11 +1,21 @@
 //! Idempotency-Key layer for synchronous HTTP APIs (IETF
 //! draft-ietf-httpapi-idempotency-key-header and Stripe's documented behaviour).
 //!
-//! Owns: key parsing ([`key`]), request fingerprints ([`fingerprint`]), the tower/axum layer
-//! ([`layer`]), the PostgreSQL key store ([`store`], the source of truth, with concurrent
-//! writes grouped by [`group`]; both speak in the [`records`] below them), the optional Redis
-//! fast path ([`redis`]) and a retrying client helper ([`client`]). The checkout example
-//! (`examples/checkout`, crate `idempotency-key-checkout`) shows all of them in one service.
+//! What it offers, all at the crate root:
+//! - [`IdempotencyLayer`] (built with [`IdempotencyLayer::builder`]): the tower/axum layer;
+//!   a handler that writes through an [`IdempotentTx`] or splits its work into [`Phases`]
+//!   commits its writes with the stored result;
+//! - [`PgIdempotencyStore`]: the PostgreSQL key store, the source of truth (concurrent writes
+//!   grouped, [`GroupOptions`]), created by [`migrate`];
+//! - [`RedisCache`]: the optional Redis fast path in front of it;
+//! - [`IdempotentClient`]: a client that retries with one key until it gets an answer;
+//! - [`IdempotencyKey`] and [`Fingerprint`]: a key as the header carries it, and the request
+//!   it was first used for.
+//!
+//! The checkout example (`examples/checkout`, crate `idempotency-key-checkout`) shows all of
+//! them in one service. Inside, the modules are private: `key.rs`, `fingerprint/`, `layer/`
+//! (the request flow, the held claim, rejections, the transaction, phases), `records.rs`,
+//! `store/` and `group/`, `redis.rs`, `client.rs`.
 //!
 //! Guarantees:
 //! - for one `(account, key)`, the wrapped handler runs at most once while the key lives
@@ -21,14 +31,14 @@
 //!   a crash or a 5xx resumes at the first unfinished phase;
 //! - reusing a key for a different request is refused with 422 and changes nothing.
 
-pub mod client;
-pub mod fingerprint;
-pub mod group;
-pub mod key;
-pub mod layer;
-pub mod records;
-pub mod redis;
-pub mod store;
+mod client;
+mod fingerprint;
+mod group;
+mod key;
+mod layer;
+mod records;
+mod redis;
+mod store;
 
 #[cfg(test)]
 mod proptest_support;
@@ -36,11 +46,14 @@ mod proptest_support;
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
 pub use fingerprint::Fingerprint;
 pub use group::GroupOptions;
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+/// Where a test can stop a request (the integration tests' crash points); not for services.
+#[doc(hidden)]
+pub use layer::FaultPoint;
 pub use layer::{
     ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, IdempotentTx,
     NotExecuted, Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases, Rejection, TxRejection,
-    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_ACCOUNT_LEN,
 };
 pub use records::{Claim, ClaimToken, Ownership, StoreError, StoredResponse};
 pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};

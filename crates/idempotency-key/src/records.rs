@@ -49,7 +49,7 @@ pub enum StoreError {
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// The headers that matter (see `layer::keep_header`), in order.
+    /// The headers that matter (see `keep_header` in layer/stored.rs), in order.
     pub headers: Vec<(String, String)>,
     /// The full body.
     pub body: Bytes,

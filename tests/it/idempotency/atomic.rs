@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Json, Router};
 use http::StatusCode;
-use idempotency_key::layer::FaultPoint;
+use idempotency_key::FaultPoint;
 use idempotency_key::{IdempotencyLayer, IdempotentTx, PgIdempotencyStore};
 use serde_json::json;
 use sqlx::PgPool;

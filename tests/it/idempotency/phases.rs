@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use idempotency_key::layer::FaultPoint;
+use idempotency_key::FaultPoint;
 use idempotency_key::{
     IdempotencyKey, IdempotencyLayer, IdempotentClient, PgIdempotencyStore, RetryPolicy,
 };

@@ -52,7 +52,6 @@ use flow::KeyHeader;
 pub use flow::MAX_ACCOUNT_LEN;
 pub use phases::{Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases};
 pub use rejection::{ErrorStyle, Rejection};
-pub use stored::keep_header;
 pub use tx::{IdempotentTx, TxRejection};
 
 impl IdempotencyConfig {

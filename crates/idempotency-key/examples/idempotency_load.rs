@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/ \
-//!     cargo run --release --example idempotency_load -- --connections 32 --seconds 10
+//!     cargo run --release -p idempotency-key --example idempotency_load -- --connections 32 --seconds 10
 //! ```
 //!
 //! Creates a scratch database `idem_bench_<uuid>` (dropped at the end) and a Redis prefix,

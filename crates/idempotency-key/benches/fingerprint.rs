@@ -3,7 +3,7 @@
 //! ~1 MB body nested 128 deep (the deepest that is canonicalised), and 500,000 nested arrays
 //! (hostile; hashed as raw bytes once the depth limit is crossed).
 //!
-//! `cargo bench --bench fingerprint`
+//! `cargo bench -p idempotency-key --bench fingerprint`
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Method};
