@@ -12,6 +12,7 @@ use sqlx::migrate::MigrateError;
 
 use crate::helpers::{Backend, TestDb};
 
+mod layer_order;
 mod previous;
 
 use previous::{
