@@ -6,7 +6,8 @@
 # ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
 # installed, moto_server is started on a free port for the run and stopped after (through
 # scripts/moto_server.py, which closes a race of moto's that loses a sent message); Debian's
-# prometheus and docker-compose are installed when missing (tests/it/operations/).
+# prometheus and docker-compose are installed when missing (tests/it/operations/), and chromium
+# with its chromedriver (tests/it/console/).
 # It begins with the gates and the fast lane, which need no service: `cargo fmt --check`, clippy
 # on every target with warnings denied, rustdoc with warnings denied, the book under docs/ built
 # (mdbook, installed if missing) and every relative link of it and of the top-level pages checked
@@ -109,6 +110,8 @@ fi
 # tests/it/operations/: a real Prometheus scrapes the binary, promtool checks and unit-tests the
 # alert rules (package prometheus), and the compose file is checked with `docker-compose config`
 # where the `docker compose` plugin is absent (package docker-compose; no engine is needed).
+# tests/it/console/ drives the operator console in a headless chromium through its chromedriver
+# (packages chromium and chromium-driver).
 # Installed only when missing, quietly, without recommends, and without starting the packages'
 # services (policy-rc.d): the tests start their own Prometheus on a free port.
 apt_install() {
@@ -126,6 +129,7 @@ apt_install() {
 missing=()
 { command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
 { docker compose version || command -v docker-compose; } >/dev/null 2>&1 || missing+=(docker-compose)
+{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || missing+=(chromium chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt_install "${missing[@]}"

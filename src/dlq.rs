@@ -15,9 +15,14 @@
 //! configured transport is RabbitMQ, after a change of transport) is not guessed at: the
 //! redrive stops with an error naming it, and `--queue` sends dead letters to a queue chosen
 //! by the operator.
+//!
+//! What is redriven: dead letters by id, or every one a [`RowFilter`] selects (type prefix,
+//! time range), in id order, page by page, up to the newest that existed when the redrive
+//! began: one dead-lettered again while it runs waits for the next redrive rather than being
+//! published in a loop. [`crate::operator::redrive_dead_letters`] records the redrive.
 
 use crate::queue::{OutgoingMessage, Transport, TransportError};
-use crate::store::{DeadLetter, Store, StoreError};
+use crate::store::{BulkRows, DeadLetter, RowFilter, Store, StoreError};
 
 /// Dead letters read per page.
 const PAGE: i64 = 100;
@@ -49,6 +54,25 @@ pub enum RedriveError {
         queue: String,
         redriven: u64,
     },
+    /// The redrive itself finished; its record in `admin_actions` could not be written.
+    #[error("{redriven} dead letters redriven, but recording the redrive failed")]
+    Record {
+        redriven: u64,
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl RedriveError {
+    /// How many dead letters were redriven before the failure.
+    pub fn redriven(&self) -> u64 {
+        match self {
+            RedriveError::Store { redriven, .. }
+            | RedriveError::Publish { redriven, .. }
+            | RedriveError::Unaddressable { redriven, .. }
+            | RedriveError::Record { redriven, .. } => *redriven,
+        }
+    }
 }
 
 /// Publishes the dead letters `ids` (all when empty) through `transport`, each to its recorded
@@ -60,44 +84,76 @@ pub async fn redrive(
     ids: &[i64],
     to_queue: Option<&str>,
 ) -> Result<u64, RedriveError> {
+    let filter = RowFilter {
+        ids: ids.to_vec(),
+        ..RowFilter::default()
+    };
+    redrive_where(store, transport, &filter, to_queue).await
+}
+
+/// [`redrive`] of the dead letters `filter` selects (every one when it is empty), up to the
+/// newest that existed when it began.
+pub async fn redrive_where(
+    store: &Store,
+    transport: &dyn Transport,
+    filter: &RowFilter,
+    to_queue: Option<&str>,
+) -> Result<u64, RedriveError> {
     let mut redriven = 0;
+    let store_error = |redriven| move |source| RedriveError::Store { redriven, source };
+    let through = store
+        .newest_id(BulkRows::DeadLetters)
+        .await
+        .map_err(store_error(0))?;
     let mut after = 0;
     loop {
         let page = store
-            .dead_letters_selected(ids, after, PAGE)
+            .dead_letters_where(filter, after, through, PAGE)
             .await
-            .map_err(|source| RedriveError::Store { redriven, source })?;
+            .map_err(store_error(redriven))?;
         let Some(last) = page.last() else {
             return Ok(redriven);
         };
         after = last.id;
         for dead in page {
-            let queue = to_queue.unwrap_or(&dead.queue).to_owned();
-            if !transport.can_address(&queue) {
-                return Err(RedriveError::Unaddressable {
-                    id: dead.id,
-                    queue,
-                    redriven,
-                });
-            }
-            let id = dead.id;
-            transport
-                .publish_to_queue(&queue, message(dead))
-                .await
-                .map_err(|source| RedriveError::Publish {
-                    id,
-                    queue: queue.clone(),
-                    redriven,
-                    source,
-                })?;
-            // Deleted with a record of the redrive, which `events show` lists.
-            store
-                .redrive_dead_letter(id, &queue)
-                .await
-                .map_err(|source| RedriveError::Store { redriven, source })?;
+            redrive_one(store, transport, dead, to_queue, redriven).await?;
             redriven += 1;
         }
     }
+}
+
+/// Publishes one dead letter, then deletes it with a record of the redrive (which `events
+/// show` lists). `redriven` is only for the error.
+async fn redrive_one(
+    store: &Store,
+    transport: &dyn Transport,
+    dead: DeadLetter,
+    to_queue: Option<&str>,
+    redriven: u64,
+) -> Result<(), RedriveError> {
+    let queue = to_queue.unwrap_or(&dead.queue).to_owned();
+    let id = dead.id;
+    if !transport.can_address(&queue) {
+        return Err(RedriveError::Unaddressable {
+            id,
+            queue,
+            redriven,
+        });
+    }
+    transport
+        .publish_to_queue(&queue, message(dead))
+        .await
+        .map_err(|source| RedriveError::Publish {
+            id,
+            queue: queue.clone(),
+            redriven,
+            source,
+        })?;
+    store
+        .redrive_dead_letter(id, &queue)
+        .await
+        .map_err(|source| RedriveError::Store { redriven, source })?;
+    Ok(())
 }
 
 /// The message a dead letter was: an empty id or type was not known (the consumer derives

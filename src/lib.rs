@@ -28,7 +28,11 @@
 //! * `gauges`: samples the queue's backlog, dead letters and failed outbox rows in the
 //!   background, for the gauges `/metrics` shows.
 //! * `inspect`: `events show`, what happened to one event, from everything the store
-//!   recorded of it.
+//!   recorded of it, and `events list`, events by type, time and outcome.
+//! * `operator`: the bulk actions an operator takes by filter (redrive dead letters, retry
+//!   failed deliveries, re-send dispatched ones), each with a dry-run count and recorded.
+//! * `console`: the operator console, HTML pages on the admin listener (`admin.listen`),
+//!   behind a token, over `inspect` and `operator`.
 //!
 //! Beside it, in crates of their own: `idempotency-key` (crates/idempotency-key), a tower layer
 //! giving synchronous APIs Stripe-style `Idempotency-Key` semantics, which a service can use
@@ -69,6 +73,8 @@ pub mod cli;
 #[doc(hidden)]
 pub mod config;
 #[doc(hidden)]
+pub mod console;
+#[doc(hidden)]
 pub mod consumer;
 #[doc(hidden)]
 pub mod dlq;
@@ -84,6 +90,8 @@ pub mod http;
 pub mod inspect;
 #[doc(hidden)]
 pub mod lease;
+#[doc(hidden)]
+pub mod operator;
 #[doc(hidden)]
 pub mod outbox;
 #[cfg(test)]

@@ -315,13 +315,13 @@ impl Busy {
     fn process_free(&self, process: usize, at: u64) -> bool {
         self.processes
             .get(&process)
-            .map_or(true, |until| *until <= at)
+            .is_none_or(|until| *until <= at)
     }
 
     fn proxy_free(&self, dependency: Dependency, at: u64) -> bool {
         self.proxies
             .get(&dependency)
-            .map_or(true, |until| *until <= at)
+            .is_none_or(|until| *until <= at)
     }
 
     /// Takes what `kind` holds from `at` if it is all free; whether it was.

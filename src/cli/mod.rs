@@ -34,9 +34,12 @@ use crate::config::Settings;
 use crate::startup::{Application, Service};
 
 mod commands;
+mod events;
+mod repair;
 mod service;
 
-use commands::{DlqCommand, EventsCommand, OutboxCommand};
+use events::EventsCommand;
+use repair::{DlqCommand, OutboxCommand};
 
 /// The program name when argv\[0\] says none.
 const DEFAULT_NAME: &str = "dedup-worker";
@@ -82,12 +85,13 @@ enum Command {
         /// The payload file, signed byte for byte.
         file: PathBuf,
     },
-    /// Inspect and replay dead letters.
+    /// Inspect and replay dead letters (by id, or by type and time).
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
     },
-    /// Inspect outbox rows that exhausted their delivery attempts.
+    /// Inspect outbox rows that exhausted their delivery attempts; retry them, or re-send
+    /// dispatched ones.
     Outbox {
         #[command(subcommand)]
         command: OutboxCommand,
@@ -208,14 +212,14 @@ async fn run_command(cli: Cli, service: Service) -> anyhow::Result<ExitCode> {
             println!("migrations applied ({})", store.backend_name());
             Ok(())
         }
-        Command::Dlq { command } => commands::dlq(config, command).await,
+        Command::Dlq { command } => repair::dlq(config, command).await,
         Command::Backfill {
             since,
             until,
             types,
         } => commands::backfill(config, since, until, types).await,
-        Command::Events { command } => return commands::events(config, command).await,
-        Command::Outbox { command } => commands::outbox(config, command).await,
+        Command::Events { command } => return events::events(config, command).await,
+        Command::Outbox { command } => repair::outbox(config, command).await,
     };
     done.map(|()| ExitCode::SUCCESS)
 }
@@ -244,6 +248,9 @@ async fn serve(
     // Machine-readable for scripts and tests that bind port 0: the same words whatever the
     // program is called.
     println!("dedup-worker listening on http://{addr}");
+    if let Some(admin) = app.local_admin_addr() {
+        println!("dedup-worker console on http://{admin}");
+    }
     std::io::stdout().flush()?;
     tracing::info!(%addr, store = app.store().backend_name(), "started");
 

@@ -18,11 +18,13 @@ use crate::signature::ed25519::StandardPublicKey;
 use crate::signature::secrets::{SigningSecret, StandardSecret};
 use crate::telemetry::LogFormat;
 
+mod admin;
 mod bounds;
 mod secrets;
 mod sink;
 mod validate;
 
+pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
 pub use bounds::{whole_days, whole_hours};
 pub use secrets::{
     redact_url, stripe_key_material, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
@@ -120,6 +122,8 @@ pub struct Settings {
     pub outbox: OutboxSettings,
     pub shutdown: ShutdownSettings,
     pub log: LogSettings,
+    /// The operator console (off unless `admin.listen` is set).
+    pub admin: AdminSettings,
 }
 
 /// `[log]`: how the process logs (read before the rest, by [`Settings::log_settings`]).

@@ -18,7 +18,8 @@ impl Settings {
         self.check_counts()?;
         self.check_leases_and_dedup_window()?;
         self.check_stripe_api()?;
-        self.check_pointers()
+        self.check_pointers()?;
+        self.admin.check()
     }
 
     fn check_database_url(&self) -> Result<(), ConfigError> {

@@ -29,7 +29,9 @@ pub(super) struct Decisions<'d> {
     /// Deliveries to give back, each after its backoff, once the transaction commits.
     retries: Vec<(&'d Delivery, Duration)>,
     /// The key of each delivery acked as a duplicate, written with the batch.
-    duplicates: Vec<(String, String)>,
+    /// Each duplicate's source, id and type (the type lets the console list duplicates by
+    /// type without looking up their events).
+    duplicates: Vec<(String, String, String)>,
     /// What the handlers returned, written with the batch.
     outbox_rows: Vec<NewOutboxRow>,
 }
@@ -53,8 +55,11 @@ impl<'d> Decisions<'d> {
     fn duplicate(&mut self, event: &Event, delivery: &Delivery) {
         self.outcome.duplicates += 1;
         self.ack.push(delivery.tag.clone());
-        self.duplicates
-            .push((event.source.clone(), event.id.clone()));
+        self.duplicates.push((
+            event.source.clone(),
+            event.id.clone(),
+            event.event_type.clone(),
+        ));
     }
 
     /// A new event whose handler succeeded: acked, its messages written to the outbox with the
@@ -93,10 +98,10 @@ impl<'d> Decisions<'d> {
     /// The batch's own rows: the record of its duplicates, and the outbox rows.
     async fn write(&self, tx: &mut StoreTx) -> Result<(), StoreError> {
         // Append-only (no key of its own): it never waits for another batch.
-        let duplicates: Vec<(&str, &str)> = self
+        let duplicates: Vec<(&str, &str, &str)> = self
             .duplicates
             .iter()
-            .map(|(source, id)| (source.as_str(), id.as_str()))
+            .map(|(source, id, event_type)| (source.as_str(), id.as_str(), event_type.as_str()))
             .collect();
         tx.record_duplicates(&duplicates).await?;
         tx.insert_outbox(&self.outbox_rows).await

@@ -9,11 +9,17 @@
 //! removed (ids past the dedup window, dispatched outbox rows past `outbox.retention_hours`) is
 //! gone. Each read is bounded in rows and by the statement timeout.
 
+mod list;
 mod text;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+pub use list::{
+    kind_name, list_events, EventPage, EventQuery, ListError, ListOptions, ListedEvent,
+    OutcomeFilter, MAX_PAGE,
+};
 
 use crate::config::shown_destination;
 use crate::store::{

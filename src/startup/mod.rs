@@ -65,6 +65,8 @@ pub struct Application {
     wakeups: Arc<Wakeups>,
     /// Bound by `build`, so its port is known before `run`.
     listener: TcpListener,
+    /// The operator console's listener (`admin.listen`), bound by `build` too.
+    admin_listener: Option<TcpListener>,
     /// What signature timestamps are checked against.
     clock: Clock,
 }
@@ -93,6 +95,14 @@ impl Application {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
+        let admin_listener = match settings.admin.listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartupError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         Ok(Application {
             settings,
             store,
@@ -100,12 +110,18 @@ impl Application {
             handler,
             wakeups,
             listener,
+            admin_listener,
             clock,
         })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The operator console's address, when `admin.listen` is set.
+    pub fn local_admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref()?.local_addr().ok()
     }
 
     pub fn store(&self) -> &Store {
@@ -122,6 +138,7 @@ impl Application {
             handler,
             wakeups,
             listener,
+            admin_listener,
             clock,
         } = self;
         let listen_task = store.spawn_listener(wakeups.clone());
@@ -136,6 +153,9 @@ impl Application {
             abandon: &abandon,
         };
         roles.spawn_http_and_gauges(&mut tasks, listener, clock);
+        if let Some(admin_listener) = admin_listener {
+            roles.spawn_console(&mut tasks, admin_listener);
+        }
         let mut result = Ok(());
         if settings.roles.consumer {
             result = roles.spawn_consumers(&mut tasks, &handler);

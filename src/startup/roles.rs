@@ -12,9 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::StartupError;
 use crate::config::Settings;
+use crate::console::{ConsoleOptions, ConsoleState, Keys};
 use crate::consumer::{Consumer, ConsumerOptions, FullEventFetch, Handler, StaleGuard};
 use crate::gauges::{run_gauges, GaugeSources};
 use crate::http::{ops, serve, ServerLimits};
+use crate::inspect::ListOptions;
 use crate::outbox::relay::{Relay, RelayOptions};
 use crate::queue::Transport;
 use crate::retention::{run_retention, RetentionOptions};
@@ -80,6 +82,45 @@ impl Roles<'_> {
         let limits = ServerLimits::from(&settings.http);
         tasks.spawn(async move {
             serve(listener, app, limits, shutdown)
+                .await
+                .map_err(StartupError::Serve)
+        });
+    }
+
+    /// The operator console on its own listener (`admin.listen`), with the webhook listener's
+    /// limits. Without `admin.token` (allowed on loopback only) a token is made for this run
+    /// and logged, so the console is never open to whoever reaches the port.
+    pub fn spawn_console(&self, tasks: &mut Tasks, listener: TcpListener) {
+        let settings = self.settings;
+        let admin = &settings.admin;
+        let mut token = admin.token.expose().to_owned();
+        if token.is_empty() {
+            token = uuid::Uuid::new_v4().simple().to_string();
+            tracing::warn!(
+                %token,
+                "admin.token is not set: the console's token for this run (set DEDUP_ADMIN__TOKEN to choose one)"
+            );
+        }
+        let listing = ListOptions::from_settings(settings);
+        let state = ConsoleState {
+            store: self.store.clone(),
+            transport: self.transport.clone(),
+            keys: Keys::new(&token, admin.on_loopback()),
+            wakeups: self.wakeups.clone(),
+            options: Arc::new(ConsoleOptions {
+                statement_timeout: listing.statement_timeout,
+                sources: listing.sources,
+                default_source: listing.default_source,
+                database_queue: listing.database_queue,
+                queue: settings.transport.queue.clone(),
+                show_payloads: admin.payloads_shown(),
+            }),
+        };
+        let router = crate::console::router(state);
+        let shutdown = self.shutdown.clone();
+        let limits = ServerLimits::from(&settings.http);
+        tasks.spawn(async move {
+            serve(listener, router, limits, shutdown)
                 .await
                 .map_err(StartupError::Serve)
         });

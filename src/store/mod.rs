@@ -23,9 +23,13 @@ macro_rules! on_pool {
     };
 }
 
+mod activity;
+mod admin_actions;
 mod backlog;
+mod bulk;
 mod dead_letters;
 pub mod dedup;
+mod event_list;
 mod migrate;
 mod outbox_rows;
 mod postgres;
@@ -50,8 +54,12 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
+pub use activity::MinuteCount;
+pub use admin_actions::AdminAction;
 pub use backlog::AlertCounts;
+pub use bulk::{BulkRows, DeadLetterListing, DeliveryListing, Requeued, RowFilter};
 pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
+pub use event_list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};

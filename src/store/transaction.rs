@@ -176,17 +176,18 @@ impl StoreTx {
 
     /// Records one later delivery of each `(source, event id)`, recognised as a duplicate of
     /// an event processed before (in an earlier batch, or earlier in this one), for `events
-    /// show`. An event delivered three times more is listed three times.
+    /// show`. An event delivered three times more is listed three times. Each is
+    /// `(source, id, type)`: the type lets the console list duplicates by type.
     pub async fn record_duplicates(
         &mut self,
-        deliveries: &[(&str, &str)],
+        deliveries: &[(&str, &str, &str)],
     ) -> Result<(), StoreError> {
         if deliveries.is_empty() {
             return Ok(());
         }
-        let keys: Vec<[u8; 16]> = deliveries
+        let keys: Vec<([u8; 16], &str)> = deliveries
             .iter()
-            .map(|(source, id)| dedup::dedup_key(source, id))
+            .map(|(source, id, event_type)| (dedup::dedup_key(source, id), *event_type))
             .collect();
         match self {
             StoreTx::Postgres(tx) => dedup::record_duplicates_pg(tx, &keys).await,

@@ -69,7 +69,7 @@ impl<'a> StripeEventHead<'a> {
         }
         let head: StripeEventHead =
             serde_json::from_slice(body).map_err(StripeShapeError::NotJson)?;
-        if head.id.as_deref().map_or(true, str::is_empty) {
+        if head.id.as_deref().is_none_or(str::is_empty) {
             return Err(StripeShapeError::NoId);
         }
         if head.is_thin() && head.snapshot_event.as_deref() == Some("") {

@@ -53,6 +53,8 @@ pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> Sett
 pub struct TestApp {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where the operator console listens, when `admin.listen` is set.
+    pub admin_addr: Option<SocketAddr>,
     /// Its store, to read what it wrote.
     pub store: Store,
     /// Cancelled by [`TestApp::stop`]; cancel it yourself to stop without waiting.
@@ -74,6 +76,7 @@ impl TestApp {
             .await
             .expect("build app");
         let addr = app.local_addr().expect("addr");
+        let admin_addr = app.local_admin_addr();
         let store = app.store().clone();
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
@@ -82,6 +85,7 @@ impl TestApp {
         });
         TestApp {
             addr,
+            admin_addr,
             store,
             shutdown,
             task,
@@ -91,6 +95,16 @@ impl TestApp {
     /// The URL of `path` (`/webhooks/stripe`, `/readyz`, `/metrics`) on this application.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// The URL of `path` on the operator console.
+    ///
+    /// # Panics
+    ///
+    /// When the settings did not set `admin.listen`.
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("admin.listen is set");
+        format!("http://{addr}{path}")
     }
 
     /// Stops it as SIGTERM stops the binary (accepted work is finished and committed) and

@@ -16,6 +16,9 @@
 //!   down, reconnection by itself, every acknowledged event at the sink once;
 //! * [`handler_errors`]: a handler's database errors classified (constraint, undefined
 //!   table, syntax, unparsable payload: fatal; missing row, timeout, marked: retried).
+//! * [`console`]: the operator console in Debian's chromium through chromedriver: log in,
+//!   search, an event's page, redrive and bulk retry, and the refusals (no token, a wrong one,
+//!   a cross-origin POST); `SCREENSHOTS=1` writes the book's screenshots;
 //! * [`consumer`]: handler failures (poison, panic, flaky) dead-lettered or retried without
 //!   blocking the batch; a step slower than its lease keeps its batch; no deadlock between
 //!   overlapping batches of two processes;
@@ -28,6 +31,9 @@
 //! * [`dedup_ring`]: the ring's locking whatever the database's default isolation (a batch that
 //!   waited on a seal and a retry after it handle an event once), and retention's lock order
 //!   (no deadlock with the batches), through the binary and at the store;
+//! * [`event_list`]: `events list` (the console's `/events`) against a model on both stores:
+//!   random events at shared instants and random filters read in random page sizes are the
+//!   model's rows, newest first, each once;
 //! * [`events_show`]: `dedup-worker events show` reports each outcome (handled, deduplicated,
 //!   dead-lettered and redriven, stale, a failed outbox row, queued, not seen) of events driven
 //!   through the binary, as text and as JSON;
@@ -50,6 +56,9 @@
 //!   the queue, dead letters and the outbox), a real Prometheus scraping it with the alert rules
 //!   loaded, `promtool` on the rules and their unit tests, the dashboard's and rules' queries
 //!   naming only exposed metrics, the compose file and Kubernetes manifests validated;
+//! * [`operator_actions`]: the CLI's bulk actions through the binary: `dlq redrive` and
+//!   `outbox retry --failed` by filter with `--dry-run`, `outbox resend` of a dispatched range
+//!   under the original keys, each recorded;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
 //! * [`paid_invoices`]: the example service of one's own (`examples/paid_invoices`) as its own
@@ -108,11 +117,13 @@ mod aliases;
 mod architecture;
 mod backfill;
 mod broker_outage;
+mod console;
 mod consumer;
 mod crash;
 mod dedup_model;
 mod dedup_ring;
 mod dedup_window;
+mod event_list;
 mod events_show;
 mod fifo;
 mod handler_errors;
@@ -121,6 +132,7 @@ mod idempotency;
 mod invalid_index;
 mod layout_upgrade;
 mod operations;
+mod operator_actions;
 mod outage;
 mod paid_invoices;
 mod pipeline;

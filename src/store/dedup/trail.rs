@@ -138,15 +138,17 @@ pub(crate) async fn duplicates_of_sqlite(
 /// subquery routes the rows to the current generation's partition.
 pub(crate) async fn record_duplicates_pg(
     tx: &mut PgConnection,
-    keys: &[[u8; 16]],
+    keys: &[([u8; 16], &str)],
 ) -> Result<(), StoreError> {
-    let keys: Vec<Uuid> = keys.iter().map(|k| Uuid::from_bytes(*k)).collect();
+    let (keys, types): (Vec<Uuid>, Vec<&str>) =
+        keys.iter().map(|(k, t)| (Uuid::from_bytes(*k), *t)).unzip();
     sqlx::query(
-        "INSERT INTO duplicate_deliveries (slot, key)
-         SELECT (SELECT slot FROM dedup_generations WHERE sealed_at IS NULL), k
-           FROM UNNEST($1::uuid[]) AS k",
+        "INSERT INTO duplicate_deliveries (slot, key, event_type)
+         SELECT (SELECT slot FROM dedup_generations WHERE sealed_at IS NULL), k, t
+           FROM UNNEST($1::uuid[], $2::text[]) AS u(k, t)",
     )
     .bind(&keys)
+    .bind(&types)
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -157,7 +159,7 @@ pub(crate) async fn record_duplicates_pg(
 pub(crate) async fn record_duplicates_sqlite(
     tx: &mut SqliteConnection,
     now: i64,
-    keys: &[[u8; 16]],
+    keys: &[([u8; 16], &str)],
 ) -> Result<(), StoreError> {
     let current: i16 =
         sqlx::query_scalar("SELECT slot FROM dedup_generations WHERE sealed_at IS NULL")
@@ -165,11 +167,13 @@ pub(crate) async fn record_duplicates_sqlite(
             .await?;
     for chunk in keys.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "INSERT INTO {} (key, seen_at) ",
+            "INSERT INTO {} (key, seen_at, event_type) ",
             duplicates_table(current)
         ));
-        qb.push_values(chunk, |mut b, key| {
-            b.push_bind(key.to_vec()).push_bind(now);
+        qb.push_values(chunk, |mut b, (key, event_type)| {
+            b.push_bind(key.to_vec())
+                .push_bind(now)
+                .push_bind(*event_type);
         });
         qb.build().execute(&mut *tx).await?;
     }

@@ -1,0 +1,250 @@
+//! The console's POSTs: logging in and out, and the actions ([`crate::operator`], the CLI's
+//! own): redrive dead letters and retry failed deliveries by filter (a dry run, then the
+//! action once confirmed), and one dead letter or one delivery from its event's page. Each
+//! action is recorded with who took it; each ends in a redirect (303) to a page that shows
+//! the result, so a reload does not repeat it.
+//!
+//! The middleware in `auth.rs` has let only this console's own pages through (token or
+//! session, same origin, the session's form token).
+
+use axum::extract::{Form, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Extension;
+use serde::Deserialize;
+
+use super::auth::{cross_origin, forbidden, now_secs, Caller};
+use super::login;
+use super::pages::confirmation;
+use super::pages::{self, event_path, PageError};
+use super::query::FilterForm;
+use super::ConsoleState;
+use crate::operator::{self, Actor, RowFilter};
+
+#[derive(Debug, Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /login`: the token typed, a session cookie set. Same-origin only (no other page may
+/// log a browser in to a session of its choosing).
+pub async fn login(
+    State(state): State<ConsoleState>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if let Some(why) = cross_origin(&headers) {
+        return forbidden(why);
+    }
+    let next = login::safe_next(&form.next);
+    if !state.keys.is_token(form.token.trim()) {
+        tracing::warn!("console: a login with a wrong token");
+        let page = login::login_page(next, Some("That is not the token (admin.token)."));
+        return (StatusCode::UNAUTHORIZED, page).into_response();
+    }
+    let name: String = form
+        .name
+        .trim()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect();
+    let cookie = state.keys.session(&name, now_secs());
+    let mut response = Redirect::to(next).into_response();
+    if let Ok(value) = state.keys.set_cookie(&cookie).parse() {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// `POST /logout`.
+pub async fn logout(State(state): State<ConsoleState>) -> Response {
+    let mut response = Redirect::to("/login").into_response();
+    if let Ok(value) = state.keys.set_cookie("").parse() {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+fn actor(caller: &Caller) -> Actor {
+    match caller {
+        Caller::Bearer => Actor::console("bearer token"),
+        Caller::Session { name, .. } => Actor::console(name),
+    }
+}
+
+fn unavailable(error: impl std::error::Error) -> Response {
+    PageError::unavailable(&error).into_response()
+}
+
+/// `POST /dead-letters/redrive`: without `confirm=yes` the dry run (a count and a form to
+/// confirm), with it the redrive.
+pub async fn redrive_by_filter(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Form(form): Form<FilterForm>,
+) -> Response {
+    let filter = match form.rows() {
+        Ok(filter) => filter,
+        Err(e) => return PageError::from(e).into_response(),
+    };
+    let csrf = pages::csrf(&state, &caller);
+    if form.confirm != "yes" {
+        return match operator::count_dead_letters(&state.store, &filter).await {
+            Ok(count) => confirmation(
+                "Redrive dead letters?",
+                ("/dead-letters/redrive", "/dead-letters"),
+                "Redrive",
+                count,
+                &form,
+                &csrf,
+            )
+            .into_response(),
+            Err(e) => unavailable(e),
+        };
+    }
+    let who = actor(&caller);
+    let redrive =
+        operator::redrive_dead_letters(&state.store, state.transport.as_ref(), &filter, None, &who);
+    match redrive.await {
+        Ok(_) => {
+            Redirect::to(&format!("/dead-letters?{}", form.query_string(None))).into_response()
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `POST /outbox/failed/retry`: the dry run, then the retry, as above.
+pub async fn retry_by_filter(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Form(form): Form<FilterForm>,
+) -> Response {
+    let filter = match form.rows() {
+        Ok(filter) => filter,
+        Err(e) => return PageError::from(e).into_response(),
+    };
+    let csrf = pages::csrf(&state, &caller);
+    if form.confirm != "yes" {
+        return match operator::count_failed_deliveries(&state.store, &filter).await {
+            Ok(count) => confirmation(
+                "Retry failed deliveries?",
+                ("/outbox/failed/retry", "/outbox/failed"),
+                "Retry",
+                count,
+                &form,
+                &csrf,
+            )
+            .into_response(),
+            Err(e) => unavailable(e),
+        };
+    }
+    let retried = operator::retry_failed_deliveries(&state.store, &filter, &actor(&caller)).await;
+    state.wakeups.outbox.notify_waiters();
+    match retried {
+        Ok(_) => {
+            Redirect::to(&format!("/outbox/failed?{}", form.query_string(None))).into_response()
+        }
+        Err(e) => unavailable(e),
+    }
+}
+
+/// The one row an event page's form names.
+fn one_row(form: &FilterForm) -> Option<RowFilter> {
+    let id = form.row.trim().parse().ok()?;
+    Some(RowFilter {
+        ids: vec![id],
+        ..RowFilter::default()
+    })
+}
+
+fn bad_row() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        "the form names no row of this event",
+    )
+        .into_response()
+}
+
+/// Whether `row` is one of the event's dead letters (`dead_letter`) or outbox rows: an event
+/// page's form acts on that event's rows only.
+async fn belongs(
+    state: &ConsoleState,
+    (source, event_id): (&str, &str),
+    row: &RowFilter,
+    dead_letter: bool,
+) -> Result<bool, Response> {
+    let store = &state.store;
+    let ids: Vec<i64> = if dead_letter {
+        store
+            .dead_letters_of(source, event_id, 1000)
+            .await
+            .map(|r| r.into_iter().map(|d| d.id).collect())
+    } else {
+        store
+            .outbox_of(source, event_id, 1000)
+            .await
+            .map(|r| r.into_iter().map(|o| o.id).collect())
+    }
+    .map_err(unavailable)?;
+    Ok(row.ids.iter().all(|id| ids.contains(id)))
+}
+
+/// `POST /events/{source}/{id}/redrive`: one dead letter of the event, back to its queue.
+pub async fn redrive_one(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Path((source, event_id)): Path<(String, String)>,
+    Form(form): Form<FilterForm>,
+) -> Response {
+    let Some(filter) = one_row(&form) else {
+        return bad_row();
+    };
+    match belongs(&state, (&source, &event_id), &filter, true).await {
+        Ok(true) => {}
+        Ok(false) => return bad_row(),
+        Err(response) => return response,
+    }
+    let who = actor(&caller);
+    let redrive =
+        operator::redrive_dead_letters(&state.store, state.transport.as_ref(), &filter, None, &who);
+    match redrive.await {
+        Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `POST /events/{source}/{id}/resend`: one delivery of the event again: a failed one retried,
+/// a dispatched one re-sent under its original `Idempotency-Key`.
+pub async fn resend_one(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Path((source, event_id)): Path<(String, String)>,
+    Form(form): Form<FilterForm>,
+) -> Response {
+    let Some(filter) = one_row(&form) else {
+        return bad_row();
+    };
+    match belongs(&state, (&source, &event_id), &filter, false).await {
+        Ok(true) => {}
+        Ok(false) => return bad_row(),
+        Err(response) => return response,
+    }
+    let who = actor(&caller);
+    // A failed row is retried, a dispatched one re-sent; a pending one is left to the relay.
+    let done = match operator::count_failed_deliveries(&state.store, &filter).await {
+        Ok(1) => operator::retry_failed_deliveries(&state.store, &filter, &who).await,
+        Ok(_) => operator::resend_dispatched_deliveries(&state.store, &filter, &who).await,
+        Err(e) => Err(e),
+    };
+    state.wakeups.outbox.notify_waiters();
+    match done {
+        Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
+        Err(e) => unavailable(e),
+    }
+}

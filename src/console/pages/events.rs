@@ -1,0 +1,74 @@
+//! `/events`: the search form and one page of results.
+
+use axum::extract::{Query, State};
+use axum::Extension;
+use maud::{html, Markup};
+
+use super::{csrf, event_path, layout, when, PageError};
+use crate::console::auth::Caller;
+use crate::console::query::FilterForm;
+use crate::console::ConsoleState;
+use crate::inspect::{list_events, ListOptions, OutcomeFilter};
+
+pub fn list_options(state: &ConsoleState) -> ListOptions {
+    let options = &state.options;
+    ListOptions {
+        statement_timeout: options.statement_timeout,
+        sources: options.sources.clone(),
+        default_source: options.default_source.clone(),
+        database_queue: options.database_queue,
+    }
+}
+
+/// `GET /events`.
+pub async fn events(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Query(form): Query<FilterForm>,
+) -> Result<Markup, PageError> {
+    let query = form.events()?;
+    let page = list_events(&state.store, &query, &list_options(&state))
+        .await
+        .map_err(|e| PageError::unavailable(&e))?;
+    let outcome = query.outcome.name();
+    let body = html! {
+        form #search method="get" action="/events" {
+            fieldset {
+                label { "Id " input type="search" name="id" value=(form.id) placeholder="evt_…" size="28"; }
+                label { "Type " input type="text" name="type" value=(form.type_prefix) placeholder="invoice." size="20"; }
+                label { "Since " input type="text" name="since" value=(form.since) placeholder="2026-12-04T10:00" size="18"; }
+                label { "Until " input type="text" name="until" value=(form.until) placeholder="UTC, or RFC 3339" size="18"; }
+                label { "Outcome "
+                    select name="outcome" {
+                        @for name in OutcomeFilter::NAMES {
+                            option value=(name) selected[name == outcome] { (name) }
+                        }
+                    }
+                }
+                button type="submit" { "Search" }
+            }
+        }
+        @if page.events.is_empty() {
+            p.muted { "No event matches." }
+        } @else {
+            table #events {
+                thead { tr { th { "When" } th { "Outcome" } th { "Type" } th { "Event" } th { "Source" } } }
+                tbody {
+                    @for e in &page.events {
+                        tr {
+                            td { (when(e.at_ms)) }
+                            td.outcome.(e.outcome) { (e.outcome) }
+                            td { (e.event_type) }
+                            td { @if e.event_id.is_empty() { span.muted { "(id in the payload)" } } @else { a.event href=(event_path(&e.source, &e.event_id)) { (e.event_id) } } }
+                            td { (e.source) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = &page.next {
+            p { a #next href={ "/events?" (form.query_string(Some(next))) } { "Older →" } }
+        }
+    };
+    Ok(layout("Events", &csrf(&state, &caller), body))
+}

@@ -1,0 +1,165 @@
+//! The console's query strings and forms: a filter as a person types it (a type prefix, times
+//! in several forms), read into what the listings and actions take.
+
+use serde::Deserialize;
+
+use crate::inspect::{EventQuery, OutcomeFilter};
+use crate::operator::RowFilter;
+
+/// Rows per page of every list.
+pub const PAGE: i64 = 50;
+
+/// The fields every filter form has (all optional, empty meaning "any").
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FilterForm {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default, rename = "type")]
+    pub type_prefix: String,
+    #[serde(default)]
+    pub since: String,
+    #[serde(default)]
+    pub until: String,
+    #[serde(default)]
+    pub outcome: String,
+    /// The next page's cursor (events) or the last row's id (lists).
+    #[serde(default)]
+    pub after: String,
+    /// Set by a bulk action's confirmation.
+    #[serde(default)]
+    pub confirm: String,
+    /// One row's id (an event page's action).
+    #[serde(default)]
+    pub row: String,
+}
+
+/// A filter field a person got wrong, with what was typed.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct BadFilter {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl FilterForm {
+    pub fn since_ms(&self) -> Result<Option<i64>, BadFilter> {
+        parse_time_ms("since", &self.since)
+    }
+
+    pub fn until_ms(&self) -> Result<Option<i64>, BadFilter> {
+        parse_time_ms("until", &self.until)
+    }
+
+    pub fn type_prefix(&self) -> Option<String> {
+        let prefix = self.type_prefix.trim();
+        (!prefix.is_empty()).then(|| prefix.to_owned())
+    }
+
+    /// The filter of a bulk action or a list.
+    pub fn rows(&self) -> Result<RowFilter, BadFilter> {
+        Ok(RowFilter {
+            type_prefix: self.type_prefix(),
+            since_ms: self.since_ms()?,
+            until_ms: self.until_ms()?,
+            ids: Vec::new(),
+        })
+    }
+
+    /// An `/events` search.
+    pub fn events(&self) -> Result<EventQuery, BadFilter> {
+        let outcome = OutcomeFilter::parse(self.outcome.trim()).ok_or_else(|| BadFilter {
+            field: "outcome",
+            reason: format!(
+                "{:?} is not one of {}",
+                self.outcome,
+                OutcomeFilter::NAMES.join(", ")
+            ),
+        })?;
+        Ok(EventQuery {
+            id: Some(self.id.trim().to_owned()).filter(|id| !id.is_empty()),
+            type_prefix: self.type_prefix(),
+            since_ms: self.since_ms()?,
+            until_ms: self.until_ms()?,
+            outcome,
+            cursor: Some(self.after.clone()).filter(|c| !c.is_empty()),
+            limit: PAGE,
+        })
+    }
+
+    /// `after` as a row id (the lists' keyset).
+    pub fn before_id(&self) -> Option<i64> {
+        self.after.trim().parse().ok()
+    }
+
+    /// The query string of this filter (for links and hidden fields), without the page.
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("id", self.id.as_str()),
+            ("type", self.type_prefix.as_str()),
+            ("since", self.since.as_str()),
+            ("until", self.until.as_str()),
+            ("outcome", self.outcome.as_str()),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+    }
+
+    pub fn query_string(&self, after: Option<&str>) -> String {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in self.pairs() {
+            query.append_pair(k, v);
+        }
+        if let Some(after) = after {
+            query.append_pair("after", after);
+        }
+        query.finish()
+    }
+}
+
+/// A time as typed: RFC 3339, a browser's `datetime-local` (`2026-12-04T10:00`, read as UTC),
+/// a date (UTC midnight) or Unix seconds; empty is none.
+pub fn parse_time_ms(field: &'static str, text: &str) -> Result<Option<i64>, BadFilter> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(secs) = text.parse::<i64>() {
+        return Ok(Some(secs.saturating_mul(1000)));
+    }
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(Some(at.timestamp_millis()));
+    }
+    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
+        if let Ok(at) = chrono::NaiveDateTime::parse_from_str(text, format) {
+            return Ok(Some(at.and_utc().timestamp_millis()));
+        }
+    }
+    if let Ok(day) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        let midnight = day.and_hms_opt(0, 0, 0).expect("midnight exists");
+        return Ok(Some(midnight.and_utc().timestamp_millis()));
+    }
+    Err(BadFilter {
+        field,
+        reason: format!(
+            "{text:?} is not a time (2026-12-04T10:00:00Z, 2026-12-04T10:00, 2026-12-04 or Unix seconds)"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_read_in_each_form_a_person_types() {
+        let at = |t| parse_time_ms("since", t).unwrap();
+        assert_eq!(at(""), None);
+        assert_eq!(at("1796119200"), Some(1_796_119_200_000));
+        assert_eq!(at("2026-12-01T10:00:00Z"), Some(1_796_119_200_000));
+        assert_eq!(at("2026-12-01T11:00:00+01:00"), Some(1_796_119_200_000));
+        assert_eq!(at("2026-12-01T10:00"), Some(1_796_119_200_000));
+        assert_eq!(at("2026-12-01"), Some(1_796_083_200_000));
+        assert!(parse_time_ms("since", "yesterday").is_err());
+    }
+}

@@ -1,0 +1,460 @@
+//! Events by outcome, type prefix and time, newest first, in keyset pages: what the console's
+//! `/events` and `dedup-worker events list` read.
+//!
+//! Each outcome is its own table, so one outcome is one query: handled ids in the generation
+//! tables (by `processed_at`, ties by key), duplicate deliveries (by `seen_at`, with their event
+//! from the generation that holds its id), dead letters (`created_at`, ties by id), the stale
+//! guard's records (`recorded_at`) and the database queue's messages (`enqueued_at`). Every one
+//! has an index on its time (migrations `20261230…_console*`), so a page reads about as many
+//! index entries as it shows, plus what a type filter skips. The caller merges outcomes.
+//!
+//! Times here are Unix microseconds: PostgreSQL keeps microseconds, and a cursor rounded to
+//! milliseconds would skip or repeat rows of one batch (one transaction, one `now()`). SQLite
+//! keeps milliseconds; its values are those times 1,000.
+//!
+//! The legacy table of processed ids (before the ring) is not listed: it only drains, and
+//! `events show` still finds its ids.
+
+use sqlx::Row;
+
+use super::dedup::RING_SLOTS;
+use super::{Pool, Store, StoreError};
+
+/// What a listed row is, in the order rows of one time are listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ListedKind {
+    Handled,
+    Duplicate,
+    DeadLetter,
+    Stale,
+    Pending,
+}
+
+/// What orders rows of one kind and one time: the dedup key, or the row's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tie {
+    Key([u8; 16]),
+    Id(i64),
+}
+
+/// A row's place in a listing: newer first, then by kind, then by tie, each descending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListPosition {
+    pub at_us: i64,
+    pub kind: ListedKind,
+    pub tie: Tie,
+}
+
+/// One listed row.
+#[derive(Debug, Clone)]
+pub struct ListedRow {
+    pub kind: ListedKind,
+    pub source: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub position: ListPosition,
+}
+
+/// What to list.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only these events, as `(dedup key, source, event id)`: a search by id, one per source.
+    pub events: Vec<([u8; 16], String, String)>,
+    /// Types starting with this.
+    pub type_prefix: Option<String>,
+    /// At or after (µs).
+    pub since_us: Option<i64>,
+    /// Before (µs).
+    pub until_us: Option<i64>,
+    /// Rows after this one in the listing's order (the previous page's last).
+    pub after: Option<ListPosition>,
+    /// The source of a queued message that names none (`consumer.source`).
+    pub default_source: String,
+}
+
+/// A value bound to the next `$n`.
+enum Param {
+    I64(i64),
+    Text(String),
+    Key([u8; 16]),
+}
+
+/// The SQL of one kind's query, with its parameters in order.
+struct Query {
+    postgres: bool,
+    params: Vec<Param>,
+}
+
+impl Query {
+    fn bind(&mut self, param: Param) -> String {
+        self.params.push(param);
+        format!("${}", self.params.len())
+    }
+
+    /// A time parameter (µs) as the column's type.
+    fn time(&mut self, us: i64) -> String {
+        let p = self.bind(Param::I64(us));
+        if self.postgres {
+            format!("('epoch'::timestamptz + {p} * interval '1 microsecond')")
+        } else {
+            format!("({p} / 1000)")
+        }
+    }
+
+    /// A time column as microseconds.
+    fn at_us(&self, column: &str) -> String {
+        if self.postgres {
+            format!("(extract(epoch FROM {column}) * 1000000)::int8")
+        } else {
+            format!("({column} * 1000)")
+        }
+    }
+
+    /// The conditions every kind shares: time range, type prefix, the cursor.
+    fn conditions(
+        &mut self,
+        filter: &ListFilter,
+        kind: ListedKind,
+        (time, tie, type_column): (&str, &str, &str),
+    ) -> Vec<String> {
+        let mut conds = Vec::new();
+        if let Some(since) = filter.since_us {
+            conds.push(format!("{time} >= {}", self.time(since)));
+        }
+        if let Some(until) = filter.until_us {
+            conds.push(format!("{time} < {}", self.time(until)));
+        }
+        if let Some(prefix) = filter.type_prefix.as_deref().filter(|p| !p.is_empty()) {
+            // A range rather than LIKE: an index serves it (PostgreSQL's text_pattern_ops
+            // operators compare bytes whatever the collation; SQLite's LIKE ignores case and
+            // indexes), and `%` or `_` in a prefix mean themselves.
+            let (ge, lt) = if self.postgres {
+                ("~>=~", "~<~")
+            } else {
+                (">=", "<")
+            };
+            let low = self.bind(Param::Text(prefix.to_owned()));
+            conds.push(format!("{type_column} {ge} {low}"));
+            if let Some(high) = prefix_end(prefix) {
+                let high = self.bind(Param::Text(high));
+                conds.push(format!("{type_column} {lt} {high}"));
+            }
+        }
+        if let Some(after) = filter.after {
+            let at = self.time(after.at_us);
+            let cond = match kind.cmp(&after.kind) {
+                // Rows of one time are listed by kind, descending: at the cursor's time, a kind
+                // below the cursor's comes after it, one above came before.
+                std::cmp::Ordering::Less => format!("{time} <= {at}"),
+                std::cmp::Ordering::Greater => format!("{time} < {at}"),
+                std::cmp::Ordering::Equal => {
+                    let tie_value = match after.tie {
+                        Tie::Key(key) => self.bind(Param::Key(key)),
+                        Tie::Id(id) => self.bind(Param::I64(id)),
+                    };
+                    format!("({time}, {tie}) < ({at}, {tie_value})")
+                }
+            };
+            conds.push(cond);
+        }
+        conds
+    }
+
+    /// `column IN (the searched events' keys)`, or `column = the id`.
+    fn events_by_key(&mut self, filter: &ListFilter, column: &str) -> Option<String> {
+        if filter.events.is_empty() {
+            return None;
+        }
+        let keys: Vec<String> = filter
+            .events
+            .iter()
+            .map(|(key, _, _)| self.bind(Param::Key(*key)))
+            .collect();
+        Some(format!("{column} IN ({})", keys.join(", ")))
+    }
+
+    /// `source IN (the searched sources) AND column = the id` (the tables' `(source,
+    /// event_id)` index), or, for the queue (`source_column` none: it has no such index), the
+    /// id alone.
+    fn events_by_id(
+        &mut self,
+        filter: &ListFilter,
+        column: &str,
+        source_column: Option<&str>,
+    ) -> Option<String> {
+        let (_, _, id) = filter.events.first()?;
+        let id = self.bind(Param::Text(id.clone()));
+        let Some(source_column) = source_column else {
+            return Some(format!("{column} = {id}"));
+        };
+        let sources: Vec<String> = filter
+            .events
+            .iter()
+            .map(|(_, source, _)| self.bind(Param::Text(source.clone())))
+            .collect();
+        Some(format!(
+            "{source_column} IN ({}) AND {column} = {id}",
+            sources.join(", ")
+        ))
+    }
+}
+
+/// The smallest string greater than every string starting with `prefix` (its last character
+/// one higher), or none (a prefix ending in the highest character).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+fn where_clause(conds: &[String]) -> String {
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    }
+}
+
+/// The generation tables' rows as one relation (on SQLite, where a join needs one).
+fn generations(columns: &str) -> String {
+    (0..RING_SLOTS)
+        .map(|slot| format!("SELECT {columns} FROM processed_events_{slot}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+}
+
+impl Query {
+    fn handled(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let at = self.at_us("processed_at");
+        let mut branches = Vec::new();
+        for slot in 0..RING_SLOTS {
+            let mut conds = self.conditions(
+                filter,
+                ListedKind::Handled,
+                ("processed_at", "key", "event_type"),
+            );
+            conds.extend(self.events_by_key(filter, "key"));
+            // Each branch ordered and limited by its own index; the outer sort merges them.
+            branches.push(format!(
+                "SELECT * FROM (SELECT source, event_id, event_type, {at} AS at_us, key
+                   FROM processed_events_{slot} {} ORDER BY processed_at DESC, key DESC LIMIT {limit}) b{slot}",
+                where_clause(&conds)
+            ));
+        }
+        format!(
+            "SELECT * FROM ({}) u ORDER BY at_us DESC, key DESC LIMIT {limit}",
+            branches.join(" UNION ALL ")
+        )
+    }
+
+    /// A page of duplicate deliveries, chosen by their own time and type, then each one's
+    /// event looked up (a primary-key probe per generation, for the page's rows only). A
+    /// duplicate whose id has left the window keeps its place, with an empty id.
+    fn duplicates(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let mut conds = self.conditions(
+            filter,
+            ListedKind::Duplicate,
+            ("d.seen_at", "d.key", "d.event_type"),
+        );
+        conds.extend(self.events_by_key(filter, "d.key"));
+        let at = self.at_us("d.seen_at");
+        let deliveries = if self.postgres {
+            "duplicate_deliveries".to_owned()
+        } else {
+            let all = (0..RING_SLOTS)
+                .map(|slot| {
+                    format!("SELECT key, seen_at, event_type FROM duplicate_deliveries_{slot}")
+                })
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ");
+            format!("({all})")
+        };
+        let page = format!(
+            "SELECT key, seen_at, event_type FROM {deliveries} d {}
+              ORDER BY seen_at DESC, key DESC LIMIT {limit}",
+            where_clause(&conds)
+        );
+        let columns = "key, source, event_id, event_type";
+        let joined = if self.postgres {
+            let lookups = (0..RING_SLOTS)
+                .map(|slot| {
+                    format!("SELECT {columns} FROM processed_events_{slot} WHERE key = d.key")
+                })
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ");
+            format!("({page}) d LEFT JOIN LATERAL ({lookups} LIMIT 1) p ON true")
+        } else {
+            format!(
+                "({page}) d LEFT JOIN ({}) p ON p.key = d.key",
+                generations(columns)
+            )
+        };
+        format!(
+            "SELECT coalesce(p.source, '') AS source, coalesce(p.event_id, '') AS event_id,
+                    coalesce(d.event_type, p.event_type, '') AS event_type, {at} AS at_us, d.key
+               FROM {joined} ORDER BY d.seen_at DESC, d.key DESC"
+        )
+    }
+
+    /// Dead letters or stale records: a table with an id, a source, an event id and a type.
+    fn by_id(
+        &mut self,
+        filter: &ListFilter,
+        limit: i64,
+        kind: ListedKind,
+        (table, time): (&str, &str),
+    ) -> String {
+        let mut conds = self.conditions(filter, kind, (time, "id", "event_type"));
+        conds.extend(self.events_by_id(filter, "event_id", Some("source")));
+        let at = self.at_us(time);
+        format!(
+            "SELECT source, event_id, event_type, {at} AS at_us, id FROM {table}
+               {} ORDER BY {time} DESC, id DESC LIMIT {limit}",
+            where_clause(&conds)
+        )
+    }
+
+    fn pending(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let source = self.bind(Param::Text(filter.default_source.clone()));
+        let mut conds = self.conditions(
+            filter,
+            ListedKind::Pending,
+            ("enqueued_at", "id", "coalesce(message_type, '')"),
+        );
+        conds.extend(self.events_by_id(filter, "message_id", None));
+        let at = self.at_us("enqueued_at");
+        format!(
+            "SELECT coalesce(source, {source}) AS source, coalesce(message_id, '') AS event_id,
+                    coalesce(message_type, '') AS event_type, {at} AS at_us, id
+               FROM queue_messages {} ORDER BY enqueued_at DESC, id DESC LIMIT {limit}",
+            where_clause(&conds)
+        )
+    }
+}
+
+impl Store {
+    /// Up to `limit` rows of `kind` matching `filter`, in the listing's order.
+    pub async fn list_events(
+        &self,
+        kind: ListedKind,
+        filter: &ListFilter,
+        limit: i64,
+    ) -> Result<Vec<ListedRow>, StoreError> {
+        let postgres = matches!(self.0, Pool::Postgres(_));
+        let mut query = Query {
+            postgres,
+            params: Vec::new(),
+        };
+        let limit = limit.max(0);
+        let sql = match kind {
+            ListedKind::Handled => query.handled(filter, limit),
+            ListedKind::Duplicate => query.duplicates(filter, limit),
+            ListedKind::DeadLetter => {
+                query.by_id(filter, limit, kind, ("dead_letters", "created_at"))
+            }
+            ListedKind::Stale => query.by_id(filter, limit, kind, ("stale_events", "recorded_at")),
+            ListedKind::Pending => query.pending(filter, limit),
+        };
+        let keyed = matches!(kind, ListedKind::Handled | ListedKind::Duplicate);
+        let rows = match &self.0 {
+            Pool::Postgres(pool) => {
+                // Not prepared and kept: a statement reused with a generic plan would be
+                // planned without the window's or the prefix's values, and these are few.
+                let mut q = sqlx::query(&sql).persistent(false);
+                for param in query.params {
+                    q = match param {
+                        Param::I64(v) => q.bind(v),
+                        Param::Text(v) => q.bind(v),
+                        Param::Key(v) => q.bind(uuid::Uuid::from_bytes(v)),
+                    };
+                }
+                q.fetch_all(pool)
+                    .await?
+                    .into_iter()
+                    .map(|row| {
+                        let tie = if keyed {
+                            Tie::Key(*row.try_get::<uuid::Uuid, _>(4)?.as_bytes())
+                        } else {
+                            Tie::Id(row.try_get(4)?)
+                        };
+                        listed(
+                            kind,
+                            tie,
+                            row.try_get(0)?,
+                            row.try_get(1)?,
+                            row.try_get(2)?,
+                            row.try_get(3)?,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, sqlx::Error>>()?
+            }
+            Pool::Sqlite(pool) => {
+                let mut q = sqlx::query(&sql);
+                for param in query.params {
+                    q = match param {
+                        Param::I64(v) => q.bind(v),
+                        Param::Text(v) => q.bind(v),
+                        Param::Key(v) => q.bind(v.to_vec()),
+                    };
+                }
+                q.fetch_all(pool)
+                    .await?
+                    .into_iter()
+                    .map(|row| {
+                        let tie = if keyed {
+                            let key: Vec<u8> = row.try_get(4)?;
+                            Tie::Key(key.try_into().unwrap_or([0; 16]))
+                        } else {
+                            Tie::Id(row.try_get(4)?)
+                        };
+                        listed(
+                            kind,
+                            tie,
+                            row.try_get(0)?,
+                            row.try_get(1)?,
+                            row.try_get(2)?,
+                            row.try_get(3)?,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, sqlx::Error>>()?
+            }
+        };
+        Ok(rows)
+    }
+}
+
+fn listed(
+    kind: ListedKind,
+    tie: Tie,
+    source: String,
+    event_id: String,
+    event_type: String,
+    at_us: i64,
+) -> Result<ListedRow, sqlx::Error> {
+    Ok(ListedRow {
+        kind,
+        source,
+        event_id,
+        event_type,
+        position: ListPosition { at_us, kind, tie },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_before_the_next_string_not_starting_with_it() {
+        assert_eq!(prefix_end("invoice.").as_deref(), Some("invoice/"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    }
+}
