@@ -127,14 +127,16 @@ def main() -> None:
     seen = f"({at('g')} + (1 + abs(hashint8(g + 11)) % 7200) * interval '1 second')"
     slot_of = ("(CASE " + " ".join(
         f"WHEN seen_at >= {T0} - interval '{start} days' THEN {slot}" for slot, start, _ in reversed(GENERATIONS)) + " END)")
+    u = "(abs(hashint8(g)) % 100000)"  # the type of id g, as its processed row has it
     lo = 1
     while lo <= ids:
         hi = min(lo + 10 * CHUNK - 1, ids)
         p(f"\\echo duplicate_deliveries {lo}..{hi}")
         dup_key = key_sql("'stripe'", "event_id")
-        p(f"INSERT INTO duplicate_deliveries (slot, key, seen_at)\n"
-          f"  SELECT {slot_of}, {dup_key}, seen_at\n"
-          f"    FROM (SELECT 'evt_' || substr(md5(g::text || ':bench'), 1, 24) AS event_id, {seen} AS seen_at\n"
+        p(f"INSERT INTO duplicate_deliveries (slot, key, seen_at, event_type)\n"
+          f"  SELECT {slot_of}, {dup_key}, seen_at, event_type\n"
+          f"    FROM (SELECT 'evt_' || substr(md5(g::text || ':bench'), 1, 24) AS event_id, {seen} AS seen_at,\n"
+          f"                 {type_case(u)} AS event_type\n"
           f"            FROM generate_series({lo}::int8, {hi}::int8) AS g WHERE g % 33 = 5) AS d\n"
           f"   WHERE seen_at < {T0};")
         lo = hi + 1
