@@ -32,13 +32,15 @@ async fn recorded(pool: &PgPool) -> bool {
     .unwrap_or(false)
 }
 
-/// `(name, valid)` of the indexes of `outbox_failed`'s table whose name starts with it.
+/// `(name, valid)` of `outbox_failed` and the copies a `REINDEX CONCURRENTLY` makes of it
+/// (`outbox_failed_ccnew`, `…_ccold`), not the outbox's other indexes.
 async fn outbox_failed_indexes(pool: &PgPool) -> Vec<(String, bool)> {
     sqlx::query_as(
         "SELECT c.relname::text, i.indisvalid FROM pg_index i \
            JOIN pg_class c ON c.oid = i.indexrelid \
            JOIN pg_namespace n ON n.oid = c.relnamespace \
-          WHERE n.nspname = 'dedup_worker' AND c.relname LIKE 'outbox_failed%' \
+          WHERE n.nspname = 'dedup_worker' \
+            AND (c.relname = 'outbox_failed' OR c.relname LIKE 'outbox\\_failed\\_cc%') \
           ORDER BY c.relname",
     )
     .fetch_all(pool)
