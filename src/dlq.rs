@@ -116,21 +116,23 @@ pub async fn redrive_where(
         };
         after = last.id;
         for dead in page {
-            redrive_one(store, transport, dead, to_queue, redriven).await?;
-            redriven += 1;
+            // 0: another redrive deleted it meanwhile (its publish and ours are one event, which
+            // the consumer's dedup record absorbs); counted once, by the one that deleted it.
+            redriven += redrive_one(store, transport, dead, to_queue, redriven).await?;
         }
     }
 }
 
 /// Publishes one dead letter, then deletes it with a record of the redrive (which `events
-/// show` lists). `redriven` is only for the error.
+/// show` lists); returns the rows deleted (1, or 0 when it was gone). `redriven` is only for
+/// the error.
 async fn redrive_one(
     store: &Store,
     transport: &dyn Transport,
     dead: DeadLetter,
     to_queue: Option<&str>,
     redriven: u64,
-) -> Result<(), RedriveError> {
+) -> Result<u64, RedriveError> {
     let queue = to_queue.unwrap_or(&dead.queue).to_owned();
     let id = dead.id;
     if !transport.can_address(&queue) {
@@ -152,8 +154,7 @@ async fn redrive_one(
     store
         .redrive_dead_letter(id, &queue)
         .await
-        .map_err(|source| RedriveError::Store { redriven, source })?;
-    Ok(())
+        .map_err(|source| RedriveError::Store { redriven, source })
 }
 
 /// The message a dead letter was: an empty id or type was not known (the consumer derives

@@ -16,9 +16,9 @@ CREATE TABLE admin_actions (
 -- 2. Listing each outcome newest first, in keyset pages. These tables are written only for the
 --    deliveries they describe (a duplicate, a stale event, a dead letter), so an index each costs
 --    the consumer nothing on its common path. Times grow with inserts: each row lands on the
---    right edge of its index. The generation tables' indexes are built one per migration,
---    CONCURRENTLY, in the migrations that follow.
+--    right edge of its index. The generation tables' indexes, and the outbox's (which consumers
+--    and relays write all the time), are built one per migration, CONCURRENTLY, in the
+--    migrations that follow.
 CREATE INDEX duplicate_deliveries_seen_at ON duplicate_deliveries (seen_at);
 CREATE INDEX dead_letters_created_at ON dead_letters (created_at, id);
 CREATE INDEX stale_events_recorded_at ON stale_events (recorded_at, id);
-CREATE INDEX outbox_failed_created_at ON outbox (created_at, id) WHERE status = 'failed';

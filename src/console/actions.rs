@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use serde::Deserialize;
 
-use super::auth::{cross_origin, forbidden, now_secs, Caller};
+use super::auth::{cross_origin, forbidden, now_secs, over_https, Caller};
 use super::login;
 use super::pages::confirmation;
 use super::pages::{self, event_path, PageError};
@@ -56,16 +56,16 @@ pub async fn login(
         .collect();
     let cookie = state.keys.session(&name, now_secs());
     let mut response = Redirect::to(next).into_response();
-    if let Ok(value) = state.keys.set_cookie(&cookie).parse() {
+    if let Ok(value) = state.keys.set_cookie(&cookie, over_https(&headers)).parse() {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
     response
 }
 
 /// `POST /logout`.
-pub async fn logout(State(state): State<ConsoleState>) -> Response {
+pub async fn logout(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
     let mut response = Redirect::to("/login").into_response();
-    if let Ok(value) = state.keys.set_cookie("").parse() {
+    if let Ok(value) = state.keys.set_cookie("", over_https(&headers)).parse() {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
     response
@@ -109,13 +109,18 @@ pub async fn redrive_by_filter(
         };
     }
     let who = actor(&caller);
-    let redrive =
-        operator::redrive_dead_letters(&state.store, state.transport.as_ref(), &filter, None, &who);
-    match redrive.await {
+    let (store, transport) = (state.store.clone(), state.transport.clone());
+    let redrive = detached(async move {
+        operator::redrive_dead_letters(&store, transport.as_ref(), &filter, None, &who).await
+    });
+    match redrive
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
+    {
         Ok(_) => {
             Redirect::to(&format!("/dead-letters?{}", form.query_string(None))).into_response()
         }
-        Err(e) => unavailable(e),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -144,14 +149,31 @@ pub async fn retry_by_filter(
             Err(e) => unavailable(e),
         };
     }
-    let retried = operator::retry_failed_deliveries(&state.store, &filter, &actor(&caller)).await;
+    let (store, who) = (state.store.clone(), actor(&caller));
+    let retried =
+        detached(async move { operator::retry_failed_deliveries(&store, &filter, &who).await });
+    let retried = retried
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)));
     state.wakeups.outbox.notify_waiters();
     match retried {
         Ok(_) => {
             Redirect::to(&format!("/outbox/failed?{}", form.query_string(None))).into_response()
         }
-        Err(e) => unavailable(e),
+        Err(e) => e.into_response(),
     }
+}
+
+/// Runs an action on a task of its own, and waits for it. A request's future is dropped when
+/// it is cut off (`http.request_timeout_ms`, a closed connection, a second click); an action
+/// dropped between two rows would be left half done and unrecorded. Detached, it finishes and
+/// records what it did even when nobody waits for the answer any more.
+async fn detached<T: Send + 'static>(
+    action: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, PageError> {
+    tokio::spawn(action)
+        .await
+        .map_err(|e| PageError::unavailable(&e))
 }
 
 /// The one row an event page's form names.
@@ -211,11 +233,16 @@ pub async fn redrive_one(
         Err(response) => return response,
     }
     let who = actor(&caller);
-    let redrive =
-        operator::redrive_dead_letters(&state.store, state.transport.as_ref(), &filter, None, &who);
-    match redrive.await {
+    let (store, transport) = (state.store.clone(), state.transport.clone());
+    let redrive = detached(async move {
+        operator::redrive_dead_letters(&store, transport.as_ref(), &filter, None, &who).await
+    });
+    match redrive
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
+    {
         Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
-        Err(e) => unavailable(e),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -236,15 +263,24 @@ pub async fn resend_one(
         Err(response) => return response,
     }
     let who = actor(&caller);
-    // A failed row is retried, a dispatched one re-sent; a pending one is left to the relay.
-    let done = match operator::count_failed_deliveries(&state.store, &filter).await {
-        Ok(1) => operator::retry_failed_deliveries(&state.store, &filter, &who).await,
-        Ok(_) => operator::resend_dispatched_deliveries(&state.store, &filter, &who).await,
-        Err(e) => Err(e),
-    };
+    let store = state.store.clone();
+    // A failed row is retried, a dispatched one re-sent; a pending one is left to the relay
+    // (nothing done, nothing recorded).
+    let done = detached(async move {
+        if operator::count_failed_deliveries(&store, &filter).await? == 1 {
+            return operator::retry_failed_deliveries(&store, &filter, &who).await;
+        }
+        if operator::count_dispatched_deliveries(&store, &filter).await? == 1 {
+            return operator::resend_dispatched_deliveries(&store, &filter, &who).await;
+        }
+        Ok(0)
+    });
+    let done = done
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)));
     state.wakeups.outbox.notify_waiters();
     match done {
         Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
-        Err(e) => unavailable(e),
+        Err(e) => e.into_response(),
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! * **The token.** `admin.token`, sent as `Authorization: Bearer` by scripts, or typed once on
 //!   the login page, which sets a session cookie: `HttpOnly` (no script reads it),
-//!   `SameSite=Strict` (no other site's page sends it), `Secure` unless the console is on
-//!   loopback. The cookie is `EXPIRY.NAME.MAC`, the MAC an HMAC under a key derived from the
+//!   `SameSite=Strict` (no other site's page sends it), and `Secure` when the browser reached
+//!   the console over HTTPS (its `Origin`, or a proxy's `X-Forwarded-Proto`): a browser drops
+//!   a `Secure` cookie set over plain HTTP, which would make a console on a private network's
+//!   plain HTTP impossible to log in to. The cookie is `EXPIRY.NAME.MAC`, the MAC an HMAC under a key derived from the
 //!   token: nothing is stored, a forged or altered cookie is refused, and changing the token
 //!   ends every session. Comparisons are constant-time (`Mac::verify_slice`).
 //! * **Cross-site requests.** Every state change is a POST, and a POST is refused (403) when the
@@ -42,7 +44,7 @@ pub struct Keys {
     token: Vec<u8>,
     /// Signs session cookies and their CSRF tokens.
     session_key: Vec<u8>,
-    /// Whether cookies may go over plain HTTP (loopback only).
+    /// Whether the console listens on loopback only (kept for the log of a generated token).
     pub loopback: bool,
 }
 
@@ -155,11 +157,19 @@ impl Keys {
     }
 
     /// The `Set-Cookie` value of a session (or, empty, of a logout).
-    pub fn set_cookie(&self, value: &str) -> String {
-        let secure = if self.loopback { "" } else { "; Secure" };
+    pub fn set_cookie(&self, value: &str, https: bool) -> String {
+        let secure = if https { "; Secure" } else { "" };
         let age = if value.is_empty() { 0 } else { SESSION_SECS };
         format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={age}{secure}")
     }
+}
+
+/// Whether the browser reached the console over HTTPS: its `Origin` says so, or a TLS proxy in
+/// front does (`X-Forwarded-Proto`).
+pub fn over_https(headers: &HeaderMap) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    get("origin").is_some_and(|o| o.starts_with("https://"))
+        || get("x-forwarded-proto").is_some_and(|p| p.eq_ignore_ascii_case("https"))
 }
 
 pub fn now_secs() -> i64 {

@@ -47,10 +47,47 @@ pub async fn login(Query(query): Query<LoginQuery>) -> Markup {
 }
 
 /// Where to go after logging in: a path of this console only (never `//host` or a URL).
+///
+/// Browsers drop tabs and line breaks from a URL, so `/\t/evil.example` would become
+/// `//evil.example`, another host: any control character, space or backslash refuses it, and
+/// the second character may not be `/`.
 pub fn safe_next(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+    let plain = !next
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '\\');
+    if plain && next.starts_with('/') && !next.starts_with("//") {
         next
     } else {
         "/"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_next;
+
+    #[test]
+    fn next_is_a_path_of_this_console_or_the_front_page() {
+        for ok in [
+            "/",
+            "/events?type=invoice.&after=1.handled.i2",
+            "/events/stripe/evt_1",
+        ] {
+            assert_eq!(safe_next(ok), ok);
+        }
+        for bad in [
+            "//evil.example",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\\evil.example",
+            "/\r//evil.example",
+            "https://evil.example",
+            "evil",
+            "",
+            "/ /x",
+            "/\u{0}/x",
+        ] {
+            assert_eq!(safe_next(bad), "/", "{bad:?}");
+        }
     }
 }

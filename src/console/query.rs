@@ -117,6 +117,9 @@ impl FilterForm {
     }
 }
 
+/// 9999-12-31T23:59:59Z.
+const LATEST_SECS: i64 = 253_402_300_799;
+
 /// A time as typed: RFC 3339, a browser's `datetime-local` (`2026-12-04T10:00`, read as UTC),
 /// a date (UTC midnight) or Unix seconds; empty is none.
 pub fn parse_time_ms(field: &'static str, text: &str) -> Result<Option<i64>, BadFilter> {
@@ -125,7 +128,14 @@ pub fn parse_time_ms(field: &'static str, text: &str) -> Result<Option<i64>, Bad
         return Ok(None);
     }
     if let Ok(secs) = text.parse::<i64>() {
-        return Ok(Some(secs.saturating_mul(1000)));
+        // Years 1970 to 9999: beyond them PostgreSQL's timestamps overflow (a 503, not a 400).
+        if !(0..=LATEST_SECS).contains(&secs) {
+            return Err(BadFilter {
+                field,
+                reason: format!("{text} is not a time between 1970 and 9999 in Unix seconds"),
+            });
+        }
+        return Ok(Some(secs * 1000));
     }
     if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(Some(at.timestamp_millis()));
@@ -161,5 +171,7 @@ mod tests {
         assert_eq!(at("2026-12-01T10:00"), Some(1_796_119_200_000));
         assert_eq!(at("2026-12-01"), Some(1_796_083_200_000));
         assert!(parse_time_ms("since", "yesterday").is_err());
+        assert!(parse_time_ms("since", "99999999999999").is_err());
+        assert!(parse_time_ms("since", "-1").is_err());
     }
 }

@@ -263,10 +263,12 @@ fn parse_cursor(text: &str) -> Option<ListPosition> {
     let at_us = parts.next()?.parse().ok()?;
     let kind = kind_by_name(parts.next()?)?;
     let tie = parts.next()?;
-    let tie = if let Some(hex_key) = tie.strip_prefix('k') {
-        Tie::Key(hex::decode(hex_key).ok()?.try_into().ok()?)
-    } else {
-        Tie::Id(tie.strip_prefix('i')?.parse().ok()?)
+    // Handled ids and duplicates are ordered by their key, the other kinds by their row id.
+    let tie = match kind {
+        ListedKind::Handled | ListedKind::Duplicate => {
+            Tie::Key(hex::decode(tie.strip_prefix('k')?).ok()?.try_into().ok()?)
+        }
+        _ => Tie::Id(tie.strip_prefix('i')?.parse().ok()?),
     };
     Some(ListPosition { at_us, kind, tie })
 }
@@ -298,6 +300,8 @@ mod tests {
             "1.nope.i1",
             "1.handled.kzz",
             "1.stale.q1",
+            "1.handled.i5",
+            "1.stale.k00000000000000000000000000000000",
         ] {
             assert_eq!(parse_cursor(bad), None, "{bad}");
         }
