@@ -62,6 +62,15 @@ struct Args {
     /// the store's default.
     #[arg(long)]
     group_writers: Option<usize>,
+    /// Run in this existing database (its tables are created if missing) and keep it, so that
+    /// `bench/ceilings.sh` can run pgbench on the same tables; default: a scratch database,
+    /// dropped at the end.
+    #[arg(long)]
+    database: Option<String>,
+    /// Let the pool ping each connection before lending it (sqlx's default,
+    /// `test_before_acquire`): one more round trip per transaction, to measure what it costs.
+    #[arg(long)]
+    ping_on_acquire: bool,
     /// Scenarios to run (comma-separated).
     #[arg(
         long,
@@ -227,11 +236,16 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let db = format!("idem_bench_{id}");
+    let db = args
+        .database
+        .clone()
+        .unwrap_or_else(|| format!("idem_bench_{id}"));
     let mut admin = PgConnection::connect(&admin_url).await?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
+    if args.database.is_none() {
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&mut admin)
+            .await?;
+    }
     anyhow::ensure!(
         matches!(args.synchronous_commit.as_str(), "on" | "off" | "local"),
         "--synchronous-commit must be on, off or local"
@@ -247,9 +261,11 @@ async fn main() -> anyhow::Result<()> {
         None => anyhow::bail!("DATABASE_URL has no database part"),
     };
     let result = run(&args, &url, &redis_url, &id).await;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
+    if args.database.is_none() {
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await?;
+    }
     if let Ok(client) = redis::Client::open(redis_url.as_str()) {
         if let Ok(mut c) = client.get_multiplexed_async_connection().await {
             let keys: Vec<String> = redis::cmd("KEYS")
@@ -268,6 +284,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Result<()> {
     let pool = PgPoolOptions::new()
         .max_connections(args.pool)
+        .test_before_acquire(args.ping_on_acquire)
         .connect(url)
         .await?;
     idempotency_key::migrate(&pool).await?;
@@ -304,7 +321,7 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     )
     .await?;
     sqlx::query(
-        "CREATE TABLE bench_charges (id BIGSERIAL PRIMARY KEY, merchant TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        "CREATE TABLE IF NOT EXISTS bench_charges (id BIGSERIAL PRIMARY KEY, merchant TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
     )
     .execute(&pool)
     .await?;
@@ -334,6 +351,8 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     .await?;
     let d = Duration::from_secs(args.seconds);
     let n = args.connections;
+    // Keys are unique to this run: a kept `--database` sees several runs.
+    let run_tag = |scenario: &str| format!("{}-{scenario}", &id[..8]);
     println!(
         "connections {n}, {} s per scenario, server pool {}, synchronous_commit {}, grouping {:?}",
         args.seconds, args.pool, args.synchronous_commit, grouping
@@ -341,19 +360,21 @@ async fn run(args: &Args, url: &str, redis_url: &str, id: &str) -> anyhow::Resul
     for scenario in args.scenarios.split(',').map(str::trim) {
         let q0 = store.query_count();
         let o = match scenario {
-            "plain" => drive(plain, n, d, Keys::None, "plain", 1).await?,
-            "first-pg" => drive(pg_only, n, d, Keys::Fresh, "fpg", 1).await?,
-            "first-redis" => drive(with_redis, n, d, Keys::Fresh, "fr", 1).await?,
-            "insert-plain" => drive(insert_plain, n, d, Keys::None, "ip", 1).await?,
-            "insert-first" => drive(insert_first, n, d, Keys::Fresh, "if", 1).await?,
-            "insert-first-tx" => drive(insert_first_tx, n, d, Keys::Fresh, "ift", 1).await?,
+            "plain" => drive(plain, n, d, Keys::None, &run_tag("plain"), 1).await?,
+            "first-pg" => drive(pg_only, n, d, Keys::Fresh, &run_tag("fpg"), 1).await?,
+            "first-redis" => drive(with_redis, n, d, Keys::Fresh, &run_tag("fr"), 1).await?,
+            "insert-plain" => drive(insert_plain, n, d, Keys::None, &run_tag("ip"), 1).await?,
+            "insert-first" => drive(insert_first, n, d, Keys::Fresh, &run_tag("if"), 1).await?,
+            "insert-first-tx" => {
+                drive(insert_first_tx, n, d, Keys::Fresh, &run_tag("ift"), 1).await?
+            }
             "replay-pg" | "replay-redis" => {
                 let addr = if scenario == "replay-pg" {
                     pg_only
                 } else {
                     with_redis
                 };
-                let tag = format!("rp-{scenario}");
+                let tag = run_tag(&format!("rp-{scenario}"));
                 // Warm-up: execute every key once (each connection its own keys).
                 let mut warm = Vec::new();
                 for c in 0..n {

@@ -1,5 +1,5 @@
 //! Recovery points through the checkout example: the checkout killed between each pair of its
-//! phases (and between the provider's answer and its record, and before the stored response),
+//! phases (after the payment's record, after the provider's answer, before the stored response),
 //! then retried by the client helper with the same key against a healthy replica: one payment,
 //! one provider charge that ran once, and the same final response, each time.
 
@@ -54,8 +54,9 @@ async fn the_checkout_killed_between_any_two_phases_charges_once_and_answers_the
     };
     let points = [
         FaultPoint::PhaseCommitted("create_payment".into()),
+        // The charge's outcome rides the final commit (`finish_with_response`): after the
+        // provider answered, nothing is committed before the stored response.
         FaultPoint::PhaseRan("charge_provider".into()),
-        FaultPoint::PhaseCommitted("charge_provider".into()),
         FaultPoint::BeforeCompletion,
     ];
     for (n, point) in points.into_iter().enumerate() {
@@ -239,5 +240,49 @@ async fn a_released_key_keeps_its_recorded_phases_and_the_retry_resumes() {
             .await
             .unwrap();
     assert_eq!(payments, 1, "the retry resumed after the recorded payment");
+    env.cleanup().await;
+}
+
+/// A first payment reads no recorded phases (its claim created the key, so nothing is recorded
+/// under it) and commits the charge's outcome with the response: the checkout's store sends the
+/// grouped claim, the payment's record and the completion, nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_payment_reads_no_records_and_records_the_charge_with_the_response() {
+    let env = TestEnv::new().await;
+    let provider_layer = IdempotencyLayer::builder(env.store())
+        .account(example::provider_account)
+        .build();
+    let provider = serve(example::provider_router(env.pool.clone(), provider_layer)).await;
+    let store = env.store();
+    let state = CheckoutState {
+        pool: env.pool.clone(),
+        provider_url: format!("http://{provider}"),
+        client: IdempotentClient::new(reqwest::Client::new()),
+    };
+    let checkout = serve(checkout_router(
+        state,
+        checkout_layer(store.clone(), Duration::from_secs(30)),
+    ))
+    .await;
+    let pay = PaymentRequest {
+        amount: 4200,
+        currency: "eur".into(),
+        source: "tok_visa".into(),
+    };
+    let before = store.query_count();
+    let done = IdempotentClient::new(reqwest::Client::new())
+        .post_json(
+            &format!("http://{checkout}/v1/payments"),
+            Some("acct_first"),
+            &pay,
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, StatusCode::CREATED);
+    assert_eq!(
+        store.query_count() - before,
+        3,
+        "the grouped claim, the payment's record, the completion with the charge"
+    );
     env.cleanup().await;
 }

@@ -303,7 +303,7 @@ async fn claim(hold: KeyHold) -> ControlFlow<Response<Body>, HeldClaim> {
     let claim = hold
         .shared
         .store
-        .claim(
+        .claim_noting_new(
             &hold.account,
             hold.key.as_str(),
             &hold.fingerprint,
@@ -312,26 +312,34 @@ async fn claim(hold: KeyHold) -> ControlFlow<Response<Body>, HeldClaim> {
         )
         .await;
     let answer = match claim {
-        Ok(Claim::Acquired(token)) => return ControlFlow::Continue(HeldClaim::start(hold, token)),
-        Ok(Claim::Completed {
-            fingerprint: stored,
-            response,
-            ttl,
-        }) if stored == hold.fingerprint => {
+        Ok((Claim::Acquired(token), new_key)) => {
+            return ControlFlow::Continue(HeldClaim::start(hold, token, new_key))
+        }
+        Ok((
+            Claim::Completed {
+                fingerprint: stored,
+                response,
+                ttl,
+            },
+            _,
+        )) if stored == hold.fingerprint => {
             // Re-mirror (Redis was empty or flushed) so the next replay skips PostgreSQL.
             hold.mirror(&response, ttl).await;
             outcome("replay_pg");
             replay(&response)
         }
-        Ok(Claim::Completed { .. }) => {
+        Ok((Claim::Completed { .. }, _)) => {
             hold.unlock().await;
             outcome("reused");
             Rejection::Reused.into_response(style)
         }
-        Ok(Claim::InProgress {
-            fingerprint: other,
-            retry_after,
-        }) => {
+        Ok((
+            Claim::InProgress {
+                fingerprint: other,
+                retry_after,
+            },
+            _,
+        )) => {
             hold.unlock().await;
             if other != hold.fingerprint {
                 outcome("reused");

@@ -93,6 +93,9 @@ impl KeyHold {
 pub(super) struct HeldClaim {
     hold: KeyHold,
     token: ClaimToken,
+    /// The claim created the key's row, so nothing is recorded under it yet: the request's
+    /// [`Phases`](super::Phases) need not read its records.
+    new_key: bool,
     /// Extends the lease for as long as the outcome is not recorded (handler, response body,
     /// storing the result, retries included).
     heartbeat: Heartbeat,
@@ -100,7 +103,7 @@ pub(super) struct HeldClaim {
 
 impl HeldClaim {
     /// Holds the claim `token` gives, and starts its lease heartbeat.
-    pub(super) fn start(hold: KeyHold, token: ClaimToken) -> Self {
+    pub(super) fn start(hold: KeyHold, token: ClaimToken, new_key: bool) -> Self {
         let heartbeat = Heartbeat::start(
             hold.shared.clone(),
             hold.account.clone(),
@@ -110,6 +113,7 @@ impl HeldClaim {
         HeldClaim {
             hold,
             token,
+            new_key,
             heartbeat,
         }
     }
@@ -130,6 +134,7 @@ impl HeldClaim {
             account: self.hold.account.clone(),
             key: self.hold.key.as_str().to_owned(),
             token: self.token,
+            new_key: self.new_key,
         }
     }
 
@@ -144,6 +149,7 @@ impl HeldClaim {
             hold,
             token,
             heartbeat,
+            ..
         } = self;
         drop(heartbeat);
         let key = hold.key.as_str();

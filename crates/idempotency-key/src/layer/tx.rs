@@ -139,6 +139,8 @@ pub(super) struct TxSlot {
     /// through without a key.
     pub(super) claim: Option<HeldKey>,
     state: Mutex<SlotState>,
+    /// A phase of this request has been recorded: its records must be read, even for a new key.
+    pub(super) phases_recorded: std::sync::atomic::AtomicBool,
 }
 
 /// The key a request holds: what its phases' records are written under.
@@ -147,6 +149,9 @@ pub(super) struct HeldKey {
     pub(super) account: String,
     pub(super) key: String,
     pub(super) token: ClaimToken,
+    /// This request's claim created the key: no phase was recorded under it before this
+    /// request (see [`TxSlot::phases_recorded`]).
+    pub(super) new_key: bool,
 }
 
 impl std::fmt::Debug for TxSlot {
@@ -172,6 +177,7 @@ impl TxSlot {
             shared,
             claim,
             state: Mutex::new(SlotState::Unused),
+            phases_recorded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -229,8 +235,19 @@ impl TxSlot {
 
 /// A transaction on the store's pool, bounded by the statement timeout; `None` (logged) if
 /// PostgreSQL cannot open one now.
+///
+/// A connection that died idle in the pool (PostgreSQL restarted, a proxy cut it) fails its
+/// `BEGIN`, which did nothing: one more try on another connection. So a pool built with
+/// `test_before_acquire(false)`, which saves a round trip on every transaction, loses no
+/// request to a connection it would have pinged.
 pub(super) async fn begin(shared: &Shared) -> Option<Transaction<'static, Postgres>> {
-    let begun = shared.store.pool().begin();
+    let pool = shared.store.pool();
+    let begun = async {
+        match pool.begin().await {
+            Err(e) if connection_lost(&e) => pool.begin().await,
+            other => other,
+        }
+    };
     match tokio::time::timeout(shared.config.statement_timeout, begun).await {
         Ok(Ok(tx)) => Some(tx),
         Ok(Err(e)) => {
@@ -241,6 +258,19 @@ pub(super) async fn begin(shared: &Shared) -> Option<Transaction<'static, Postgr
             tracing::warn!("opening an idempotent request's transaction timed out");
             None
         }
+    }
+}
+
+/// The connection is gone, not the statement refused: the socket failed, or the server said it
+/// is ending the session (SQLSTATE class 08, connection exception, or 57P, operator
+/// intervention: `pg_terminate_backend`, a shutdown).
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => false,
     }
 }
 

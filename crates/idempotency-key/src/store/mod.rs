@@ -176,6 +176,22 @@ impl PgIdempotencyStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
+        self.claim_noting_new(account, key, fingerprint, lease, ttl)
+            .await
+            .map(|(claim, _)| claim)
+    }
+
+    /// [`claim`](Self::claim), and whether the claim created the key's row: a new key has
+    /// no recorded phases, so the layer need not read them. `false` whenever it cannot tell
+    /// (a takeover, or the single-row statement).
+    pub(crate) async fn claim_noting_new(
+        &self,
+        account: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<(Claim, bool), StoreError> {
         // The common cases, a key never seen (created) and a key with a stored result or a
         // running claim (read), are decided by the grouped statement. Anything else (a lease
         // to take over, an expired key, a key another statement was writing) is decided
@@ -192,7 +208,9 @@ impl PgIdempotencyStore {
                 })
                 .await;
             match decided {
-                Ok(Some(claim)) => return Ok(claim),
+                // The grouped statement acquires only keys it inserted.
+                Ok(Some(claim @ Claim::Acquired(_))) => return Ok((claim, true)),
+                Ok(Some(claim)) => return Ok((claim, false)),
                 // Undecided, or the writer is gone: one statement of our own decides.
                 Ok(None) | Err(StoreError::GroupClosed) => {}
                 Err(error) => return Err(error),
@@ -213,7 +231,7 @@ impl PgIdempotencyStore {
                 .fetch_optional(&self.pool)
                 .await?;
             if let Some(row) = row {
-                return decode(&row, token);
+                return decode(&row, token).map(|claim| (claim, false));
             }
             self.count();
             let row = sqlx::query(READ_SQL)
@@ -222,7 +240,7 @@ impl PgIdempotencyStore {
                 .fetch_optional(&self.pool)
                 .await?;
             if let Some(row) = row {
-                return decode(&row, token);
+                return decode(&row, token).map(|claim| (claim, false));
             }
             // The row was deleted (expired and collected) in between: claim again.
         }

@@ -1,16 +1,23 @@
 //! The checkout service: `POST /v1/payments` behind the layer, in three phases with recovery
 //! points (see [`Phases`]):
 //! 1. `create_payment` (local): the payment row, pending, committed with the phase's record;
-//! 2. `charge_provider` (foreign): the provider's charge, with the caller's key, recorded once
-//!    it answers (charged or declined: both final);
+//! 2. `charge_provider` (foreign): the provider's charge, with the caller's key (charged or
+//!    declined: both final), recorded by the final commit;
 //! 3. the final phase: the payment's outcome, written through the request's transaction, which
 //!    the layer commits with the stored response.
 //!
 //! A crash between any two phases, or a 5xx, leaves the finished phases recorded; the retry
 //! resumes after them with what they stored, so there is one payment row whatever happens.
 //! Passing the caller's key downstream is what makes the foreign phase safe to run again (a
-//! crash after the provider answered and before the record): the provider replays its charge
-//! instead of making a second one.
+//! crash after the provider answered and before the final commit): the provider replays its
+//! charge instead of making a second one.
+//!
+//! What a first payment costs, in commits of its own: three. The payment row with its record
+//! (it must be durable before the provider is called, so that a charge never exists without
+//! its pending payment), the provider's charge with its stored response (the provider's own),
+//! and the final update with the stored response (the charge's outcome rides it: a commit
+//! between them would buy nothing, as nothing leaves the database in between). Both keys' claims
+//! share grouped commits with other requests' claims.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -100,12 +107,14 @@ async fn create_payment(
             run.finish(id).await?
         }
     };
-    // Phase 2, foreign: the charge, with the same key, so that running this phase again (after a
-    // crash before its record) replays the provider's charge instead of making a second one.
+    // Phase 2, foreign: the charge, with the same key, so that running this phase again replays
+    // the provider's charge instead of making a second one. Its outcome is recorded by the final
+    // commit: nothing leaves the database between this phase and that one, so a commit of its
+    // own would save only a provider call on the rare retry after the final commit failed.
     let charge = match phases.phase("charge_provider")? {
         Phase::Done(charge) => charge,
         Phase::Run(run) => match charge_provider(&st, &account, &key, &req).await {
-            Ok(charge) => run.finish(charge).await?,
+            Ok(charge) => run.finish_with_response(charge).await?,
             // A 502 gives our key back with its progress: the retry resumes here.
             Err(answer) => return Ok(answer),
         },
