@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The transactional Idempotency-Key request against its ceiling, in alternating rounds.
+#   path:    idempotency_load --scenarios insert-first-tx (a new key per request; the handler
+#            inserts one row through its IdempotentTx, committed with the stored response), 32
+#            keep-alive connections, load generator and server in one process;
+#   ceiling: pgbench, 32 clients, bench/ceilings/idempotency_tx.sql: the same statements (claim,
+#            the handler's insert, the completion, commit) in one transaction per request, on
+#            the same tables (the harness's database, kept between rounds).
+# Usage: bench/ceilings/idempotency.sh [rounds] [seconds]      (defaults 3, 8)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${1:-3}
+SECS=${2:-8}
+CLIENTS=32
+PG=${PG:-postgres://postgres@127.0.0.1:5432}
+DB=ceil_idem_$$
+cargo build --release --quiet -p idempotency-key --example idempotency_load
+cleanup() { psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; }
+trap cleanup EXIT
+psql "$PG/postgres" -qc "CREATE DATABASE $DB"
+psql "$PG/$DB" -qc "CREATE TABLE ceil_calibration (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"
+tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p' | cut -d. -f1; }
+CAL=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f bench/ceilings/calibration.sql "$PG/$DB" 2>/dev/null | tps)
+echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8, one-row insert: $CAL tps ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
+
+RATIOS=()
+for round in $(seq 1 "$ROUNDS"); do
+  # The harness migrates the database and creates bench_charges on its first run, so the
+  # path goes first in every round.
+  path=$(DATABASE_URL=$PG/postgres target/release/examples/idempotency_load --database "$DB" \
+    --connections $CLIENTS --seconds "$SECS" --scenarios insert-first-tx |
+    awk '$1 == "insert-first-tx" { print $2 }')
+  ceiling=$(pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECS" -f bench/ceilings/idempotency_tx.sql \
+    "$PG/$DB" 2>/dev/null | tps)
+  ratio=$(python3 -c "print(f'{$path / $ceiling:.2f}')")
+  RATIOS+=("$ratio")
+  echo "round $round: transactional request $path req/s, ceiling $ceiling tps, ratio $ratio"
+done
+python3 - "${RATIOS[@]}" <<'PY'
+import statistics, sys
+r = [float(x) for x in sys.argv[1:]]
+print(f"idempotency (transactional): rate/ceiling median {statistics.median(r):.2f} (rounds: {' '.join(sys.argv[1:])})")
+PY
