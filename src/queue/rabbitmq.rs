@@ -53,6 +53,12 @@ pub use incoming::BROKER_DEAD_LETTERED;
 use incoming::{Incoming, Origin};
 use tags::ChannelTags;
 
+/// A receive's batch ends at a pause this long in the deliveries (see `receive`).
+const BATCH_GAP: Duration = Duration::from_millis(1);
+
+/// The longest a receive waits for more deliveries after its first.
+const BATCH_LINGER: Duration = Duration::from_millis(10);
+
 /// RabbitMQ options (see `[transport]` in config/default.toml).
 #[derive(Debug, Clone)]
 pub struct RabbitOptions {
@@ -373,10 +379,27 @@ impl Transport for RabbitMqQueue {
             }
         };
         let mut out = vec![incoming::convert(&side, self.options.delivery_limit, first)];
-        // Take what is already buffered (up to the prefetch), without waiting for more.
+        // Take what is already buffered (up to the prefetch), then what keeps arriving without
+        // a pause: under a backlog the broker streams the next batch in as the previous one is
+        // acked (the prefetch is full until then), so taking only what was buffered at the
+        // first delivery made batches of about half `max` (124 of 256 on average at the
+        // default settings), and twice the transactions per event. A pause of
+        // `BATCH_GAP` (the broker has nothing more to push), or `BATCH_LINGER` in all, ends
+        // the batch: a lone event waits at most one gap.
+        let lingering = tokio::time::Instant::now() + BATCH_LINGER;
         while out.len() < max {
-            match stream.next().now_or_never() {
-                Some(Some(Ok(delivery))) => out.push(incoming::convert(
+            let next = match stream.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    let until = lingering.min(tokio::time::Instant::now() + BATCH_GAP);
+                    match tokio::time::timeout_at(until, stream.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    }
+                }
+            };
+            match next {
+                Some(Ok(delivery)) => out.push(incoming::convert(
                     &side,
                     self.options.delivery_limit,
                     delivery,

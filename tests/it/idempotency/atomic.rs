@@ -191,67 +191,97 @@ async fn only_kept_results_commit_the_handlers_writes() {
     env.cleanup().await;
 }
 
-/// A pool that lends connections without pinging them first (`test_before_acquire(false)`: a
-/// round trip less on every transaction, as the checkout example runs) loses no request to a
-/// connection that died idle: its `BEGIN` fails having done nothing, and the layer begins once
-/// more on another connection.
+/// A connection that died idle costs no request in the transactional mode: its `BEGIN` fails
+/// having done nothing, and the layer begins once more on a connection from the pool. Both
+/// places a request's transaction finds an idle connection: the connections the store keeps
+/// between request transactions (a pool of 4 keeps one), and the pool itself, built without a
+/// ping before each lend (`test_before_acquire(false)`, as the checkout example runs; a pool of 1
+/// keeps none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pooled_connection_that_died_idle_costs_no_request_in_the_transactional_mode() {
+async fn a_connection_that_died_idle_costs_no_request_in_the_transactional_mode() {
     let env = TestEnv::new().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&env.url)
-        .await
-        .expect("pool without pings");
-    let layer = layer_on(PgIdempotencyStore::new(pool.clone())).build();
-    let addr = serve(one_row_router(pool.clone(), true, layer)).await;
-    let c = http();
-    assert_eq!(
-        post_order(&c, addr, "k-before").await.status,
-        StatusCode::CREATED
-    );
-    // The pool's one connection, back in the pool and idle, is cut by the server.
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .expect("pid");
-    wait_for(
-        "the connection to be idle in the pool",
-        Duration::from_secs(10),
-        || {
-            let idle = pool.num_idle();
-            async move { (idle == 1).then_some(()) }
-        },
-    )
-    .await;
-    let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&env.pool)
-        .await
-        .expect("terminate");
-    assert!(cut);
-    wait_for("the backend to be gone", Duration::from_secs(10), || {
-        let pool = env.pool.clone();
-        async move {
-            let left: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-                    .bind(pid)
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
-            (left == 0).then_some(())
+    for (pool_size, kept) in [(4, "kept by the store"), (1, "idle in the pool")] {
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .test_before_acquire(false)
+            .connect(&env.url)
+            .await
+            .expect("pool without pings");
+        // The handler says which connection its transaction ran on.
+        let last_pid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        async fn in_tx(
+            State(last_pid): State<Arc<std::sync::atomic::AtomicI32>>,
+            mut tx: IdempotentTx,
+            body: Bytes,
+        ) -> Response {
+            match sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await
+            {
+                Ok(pid) => last_pid.store(pid, Ordering::SeqCst),
+                Err(e) => return created(Err(e)),
+            }
+            created(insert_order(&mut tx, &body).await)
         }
-    })
-    .await;
-    assert_eq!(
-        pool.num_idle(),
-        1,
-        "the dead connection is still in the pool"
-    );
-    let after = post_order(&c, addr, "k-after").await;
-    assert_eq!(after.status, StatusCode::CREATED, "{}", after.body);
-    assert_eq!(order_rows(&env.pool).await, 2);
+        let router = Router::new()
+            .route("/orders", routing::post(in_tx))
+            .layer(layer_on(PgIdempotencyStore::new(pool.clone())).build())
+            .with_state(last_pid.clone());
+        let addr = serve(router).await;
+        let c = http();
+        let before = post_order(&c, addr, &format!("k-before-{pool_size}")).await;
+        assert_eq!(before.status, StatusCode::CREATED, "{}", before.body);
+        // That connection, idle now (committed, and kept or back in the pool), is cut.
+        let pid = last_pid.load(Ordering::SeqCst);
+        let state_of = |pid: i32| {
+            let pool = env.pool.clone();
+            async move {
+                sqlx::query_scalar::<_, Option<String>>(
+                    "SELECT state FROM pg_stat_activity WHERE pid = $1",
+                )
+                .bind(pid)
+                .fetch_optional(&pool)
+                .await
+                .expect("pg_stat_activity")
+            }
+        };
+        wait_for(
+            &format!("connection {pid} to be idle"),
+            Duration::from_secs(10),
+            || {
+                let state = state_of(pid);
+                async move { (state.await == Some(Some("idle".to_owned()))).then_some(()) }
+            },
+        )
+        .await;
+        let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&env.pool)
+            .await
+            .expect("terminate");
+        assert!(cut);
+        wait_for(
+            &format!("backend {pid} to be gone"),
+            Duration::from_secs(10),
+            || {
+                let state = state_of(pid);
+                async move { state.await.is_none().then_some(()) }
+            },
+        )
+        .await;
+        let after = post_order(&c, addr, &format!("k-after-{pool_size}")).await;
+        assert_eq!(after.status, StatusCode::CREATED, "{kept}: {}", after.body);
+        assert_ne!(
+            last_pid.load(Ordering::SeqCst),
+            pid,
+            "{kept}: another connection"
+        );
+        // Closing the pool takes back what the store keeps (it waits for every connection).
+        tokio::time::timeout(Duration::from_secs(10), pool.close())
+            .await
+            .unwrap_or_else(|_| panic!("{kept}: the pool closes with connections kept"));
+    }
+    assert_eq!(order_rows(&env.pool).await, 4);
     env.cleanup().await;
 }
 

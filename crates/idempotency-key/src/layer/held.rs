@@ -15,14 +15,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{Postgres, Transaction};
-
 use super::tx::{HeldKey, Lent};
 use super::{cache_error, outcome, IdempotencyConfig, Shared};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::records::{ClaimToken, Ownership, StoredResponse};
 use crate::redis::CachedResponse;
+use crate::store::RequestTx;
 
 /// One request's key, and the short lock once taken: before the claim, all it may hold.
 pub(super) struct KeyHold {
@@ -256,11 +255,7 @@ impl HeldClaim {
     /// Transactional mode ([`super::tx`]): stores the result inside `tx`, the transaction the
     /// handler wrote in, as its last statement, and commits both at once. The heartbeat keeps
     /// the lease until the outcome is known; Redis is mirrored only once it is committed.
-    pub(super) async fn commit(
-        self,
-        mut tx: Transaction<'static, Postgres>,
-        stored: &StoredResponse,
-    ) -> Committed {
+    pub(super) async fn commit(self, mut tx: RequestTx, stored: &StoredResponse) -> Committed {
         let (hold, key) = (&self.hold, self.key());
         let bound = hold.shared.config.statement_timeout;
         let completion =
@@ -336,7 +331,7 @@ impl HeldClaim {
 
 /// Rolls back, bounded; if that fails the connection is dropped and PostgreSQL rolls back when
 /// it closes.
-async fn rollback(tx: Transaction<'static, Postgres>, bound: Duration) {
+async fn rollback(tx: RequestTx, bound: Duration) {
     match tokio::time::timeout(bound, tx.rollback()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "rolling back the idempotent transaction failed"),

@@ -29,11 +29,12 @@ use http::request::Parts;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::PgConnection;
 
 use super::tx::{begin, IdempotentTx, TxRejection, TxSlot};
 use super::{ErrorStyle, FaultPoint, Rejection};
 use crate::records::Ownership;
+use crate::store::RequestTx;
 
 /// The phases of a request behind the layer, and what earlier attempts recorded of them.
 /// Extract it in the handler; see the module's documentation.
@@ -179,7 +180,7 @@ pub struct PhaseRun<T> {
     slot: Arc<TxSlot>,
     name: String,
     /// The phase's own transaction, opened on first use; committed with its record.
-    tx: Option<Transaction<'static, Postgres>>,
+    tx: Option<RequestTx>,
     output: PhantomData<fn() -> T>,
 }
 
@@ -200,7 +201,7 @@ impl<T: Serialize> PhaseRun<T> {
     }
 
     /// The phase's transaction, taken out of it: the one already open, or a new one.
-    async fn take_tx(&mut self) -> Result<Transaction<'static, Postgres>, PhaseError> {
+    async fn take_tx(&mut self) -> Result<RequestTx, PhaseError> {
         match self.tx.take() {
             Some(tx) => Ok(tx),
             None => begin(&self.slot.shared)

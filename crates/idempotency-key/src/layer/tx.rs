@@ -15,7 +15,8 @@
 //! 2. it puts a `TxSlot` in the request's extensions. Nothing is opened until the handler
 //!    asks: a handler that does not take an `IdempotentTx` runs as in the plain mode, so one
 //!    layer serves both kinds of handler;
-//! 3. the extractor opens a transaction on the store's pool and lends it to the handler; when
+//! 3. the extractor opens a transaction on a connection of the store's pool (kept between
+//!    request transactions, see `store::request_tx`) and lends it to the handler; when
 //!    the handler's future ends (returned, failed or panicked) the transaction goes back to
 //!    the slot;
 //! 4. for a result that is kept, the layer's last statement in the transaction stores the
@@ -52,12 +53,13 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::Request;
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::PgConnection;
 use tower::Service;
 
 use super::stored::releases_key;
 use super::{ErrorStyle, NotExecuted, Rejection, Shared};
 use crate::records::ClaimToken;
+use crate::store::RequestTx;
 
 /// The transaction a handler writes in, committed by the layer with the key's stored response.
 /// Use it as a connection: `sqlx::query(…).execute(&mut *tx)`.
@@ -82,7 +84,7 @@ pub struct IdempotentTx {
     /// Where the transaction goes back when the handler is done with it.
     slot: Arc<TxSlot>,
     /// Always `Some` until dropped.
-    tx: Option<Transaction<'static, Postgres>>,
+    tx: Option<RequestTx>,
 }
 
 impl std::fmt::Debug for IdempotentTx {
@@ -124,7 +126,7 @@ enum SlotState {
     /// The handler holds it.
     Lent,
     /// The handler is done with it: the layer commits or rolls it back.
-    Returned(Transaction<'static, Postgres>),
+    Returned(RequestTx),
     /// The layer has taken it back (or the request is over): no more lending.
     Closed,
 }
@@ -165,7 +167,7 @@ pub(super) enum Lent {
     /// The handler asked for no transaction: the plain mode.
     None,
     /// Its writes, to commit with the result or roll back.
-    Tx(Transaction<'static, Postgres>),
+    Tx(RequestTx),
     /// The handler kept it beyond its own future (moved it into a task, say): it can be neither
     /// committed with the response nor trusted.
     Kept,
@@ -212,7 +214,7 @@ impl TxSlot {
         }
     }
 
-    fn give_back(&self, tx: Transaction<'static, Postgres>) {
+    fn give_back(&self, tx: RequestTx) {
         let mut state = self.state();
         match *state {
             SlotState::Lent => *state = SlotState::Returned(tx),
@@ -233,21 +235,11 @@ impl TxSlot {
     }
 }
 
-/// A transaction on the store's pool, bounded by the statement timeout; `None` (logged) if
-/// PostgreSQL cannot open one now.
-///
-/// A connection that died idle in the pool (PostgreSQL restarted, a proxy cut it) fails its
-/// `BEGIN`, which did nothing: one more try on another connection. So a pool built with
-/// `test_before_acquire(false)`, which saves a round trip on every transaction, loses no
-/// request to a connection it would have pinged.
-pub(super) async fn begin(shared: &Shared) -> Option<Transaction<'static, Postgres>> {
-    let pool = shared.store.pool();
-    let begun = async {
-        match pool.begin().await {
-            Err(e) if connection_lost(&e) => pool.begin().await,
-            other => other,
-        }
-    };
+/// A transaction for the request (see [`RequestTx`]: on a kept connection, one found dead
+/// retried on another), bounded by the statement timeout; `None` (logged) if PostgreSQL cannot
+/// open one now.
+pub(super) async fn begin(shared: &Shared) -> Option<RequestTx> {
+    let begun = shared.store.begin_request_tx();
     match tokio::time::timeout(shared.config.statement_timeout, begun).await {
         Ok(Ok(tx)) => Some(tx),
         Ok(Err(e)) => {
@@ -258,19 +250,6 @@ pub(super) async fn begin(shared: &Shared) -> Option<Transaction<'static, Postgr
             tracing::warn!("opening an idempotent request's transaction timed out");
             None
         }
-    }
-}
-
-/// The connection is gone, not the statement refused: the socket failed, or the server said it
-/// is ending the session (SQLSTATE class 08, connection exception, or 57P, operator
-/// intervention: `pg_terminate_backend`, a shutdown).
-fn connection_lost(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
-        _ => false,
     }
 }
 

@@ -19,6 +19,10 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 mod phases;
+mod request_tx;
+
+use request_tx::KeptConnections;
+pub(crate) use request_tx::RequestTx;
 
 use super::fingerprint::Fingerprint;
 use super::group::{Completed, GroupOptions, Groups, NewClaim, NewCompletion};
@@ -36,6 +40,8 @@ pub struct PgIdempotencyStore {
     grouping: Option<GroupOptions>,
     /// The group writers, started on first use (inside the runtime that uses the store).
     groups: Arc<OnceLock<Groups>>,
+    /// Connections kept between the layer's request transactions (no ping between them).
+    kept: Arc<KeptConnections>,
 }
 
 const CLAIM_SQL: &str = r#"
@@ -105,6 +111,7 @@ impl PgIdempotencyStore {
     /// [`GroupOptions`]. The table must exist (see [`migrate`](Self::migrate)).
     pub fn new(pool: PgPool) -> Self {
         Self {
+            kept: Arc::new(KeptConnections::for_pool(&pool)),
             pool,
             queries: Arc::new(AtomicU64::new(0)),
             grouping: Some(GroupOptions::default()),
@@ -155,6 +162,12 @@ impl PgIdempotencyStore {
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A transaction for a request's handler or phase, on a connection the store keeps between
+    /// such transactions (see `request_tx`).
+    pub(crate) async fn begin_request_tx(&self) -> Result<RequestTx, sqlx::Error> {
+        RequestTx::begin(&self.pool, &self.kept).await
     }
 
     /// How many statements this store has sent to PostgreSQL (lets tests and metrics show that

@@ -1,0 +1,220 @@
+//! The transactions the layer opens for handlers ([`IdempotentTx`](crate::IdempotentTx), phases),
+//! on connections of the store's pool that the store keeps between transactions.
+//!
+//! Why not `pool.begin()`: sqlx pings every connection given back to its pool (one more round
+//! trip, and a task), and by default every connection it lends. A transactional request is
+//! otherwise four round trips (`BEGIN`, the handler's statement, the completion, `COMMIT`), so the
+//! pings were a fifth of its PostgreSQL work on a CPU-bound machine. Here a finished transaction's
+//! connection stays checked out of the pool, idle in [`KeptConnections`], and the next
+//! transaction takes it from there: no ping either way.
+//!
+//! What keeps this safe:
+//! - a connection goes back to the kept set only after a `COMMIT` or `ROLLBACK` that PostgreSQL
+//!   answered; a transaction dropped while open (a panic, a cancelled future, a failed or
+//!   timed-out commit) closes its connection, so no later transaction can start inside it;
+//! - a kept connection may have died while idle (PostgreSQL restarted, a proxy cut it): its
+//!   `BEGIN` fails having done nothing, and the transaction begins once more on a connection from
+//!   the pool;
+//! - the set holds at most a quarter of the pool's connections, so the store's own single-row
+//!   statements and the application's use of the pool are never starved by idle kept ones.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, Once};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, PgConnection, PgPool, Postgres};
+
+/// Connections checked out of the pool and kept between request transactions.
+pub(crate) struct KeptConnections {
+    /// Idle connections, each outside any transaction.
+    idle: Mutex<Vec<PoolConnection<Postgres>>>,
+    /// At most this many are kept idle (a quarter of the pool); more go back to the pool.
+    cap: usize,
+    /// The pool they are checked out of. `Pool::close` waits for every checked-out connection,
+    /// kept ones included, so they are given back once it is closing.
+    pool: PgPool,
+    /// The task that gives them back when the pool closes, started with the first kept
+    /// connection (inside the runtime).
+    watching: Once,
+}
+
+impl std::fmt::Debug for KeptConnections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptConnections")
+            .field("idle", &self.idle().len())
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl KeptConnections {
+    pub(crate) fn for_pool(pool: &PgPool) -> Self {
+        KeptConnections {
+            idle: Mutex::new(Vec::new()),
+            cap: pool.options().get_max_connections() as usize / 4,
+            pool: pool.clone(),
+            watching: Once::new(),
+        }
+    }
+
+    /// Gives every kept connection back to the pool once it is closing (the task holds only a
+    /// weak reference: a store dropped first ends it).
+    fn watch_close(self: &Arc<Self>) {
+        self.watching.call_once(|| {
+            let closing = self.pool.close_event();
+            let kept = Arc::downgrade(self);
+            tokio::spawn(async move {
+                closing.await;
+                if let Some(kept) = kept.upgrade() {
+                    kept.idle().clear();
+                }
+            });
+        });
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<PoolConnection<Postgres>>> {
+        // A poisoned lock only means a panic elsewhere while it was held; the list is still a
+        // list of idle connections.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self) -> Option<PoolConnection<Postgres>> {
+        self.idle().pop()
+    }
+
+    /// Keeps `conn` (outside any transaction) for the next transaction, or gives it back to the
+    /// pool when the set is full.
+    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+        if self.cap == 0 {
+            return;
+        }
+        self.watch_close();
+        let mut idle = self.idle();
+        if idle.len() < self.cap {
+            idle.push(conn);
+        }
+        // Closing began after the watcher cleared the set, or before it runs: either way
+        // nothing stays kept (`close` marks the pool closed before it wakes the watcher).
+        if self.pool.is_closed() {
+            idle.clear();
+        }
+        // Otherwise `conn` is dropped: back to the pool, with sqlx's ping.
+    }
+}
+
+/// A transaction on a kept or pooled connection. Use it as a connection; end it with
+/// [`commit`](Self::commit) or [`rollback`](Self::rollback). Dropped while open, it closes its
+/// connection and PostgreSQL rolls back.
+#[derive(Debug)]
+pub(crate) struct RequestTx {
+    /// `Some` until the transaction ends.
+    conn: Option<PoolConnection<Postgres>>,
+    /// Where the connection goes when the transaction has ended cleanly.
+    kept: Arc<KeptConnections>,
+}
+
+impl RequestTx {
+    /// Begins on a kept connection, or on one from `pool`; a connection found dead costs one more
+    /// `BEGIN` on a connection from the pool, not the request.
+    pub(crate) async fn begin(
+        pool: &PgPool,
+        kept: &Arc<KeptConnections>,
+    ) -> Result<Self, sqlx::Error> {
+        if pool.is_closed() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        let first = match kept.take() {
+            Some(conn) => conn,
+            None => pool.acquire().await?,
+        };
+        match Self::begin_on(first, kept).await {
+            Err(e) if connection_lost(&e) => Self::begin_on(pool.acquire().await?, kept).await,
+            begun => begun,
+        }
+    }
+
+    async fn begin_on(
+        mut conn: PoolConnection<Postgres>,
+        kept: &Arc<KeptConnections>,
+    ) -> Result<Self, sqlx::Error> {
+        match conn.execute("BEGIN").await {
+            Ok(_) => Ok(RequestTx {
+                conn: Some(conn),
+                kept: kept.clone(),
+            }),
+            Err(e) => {
+                // Nothing began; a connection that is gone is not given back to anyone.
+                if connection_lost(&e) {
+                    conn.close_on_drop();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits; the connection is kept for the next transaction. On an error the outcome is
+    /// PostgreSQL's to tell (the connection is closed, as by dropping an open transaction).
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end("COMMIT").await
+    }
+
+    /// Rolls back; the connection is kept for the next transaction.
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
+        let conn = self
+            .conn
+            .as_mut()
+            .expect("an open RequestTx holds its connection");
+        conn.execute(statement).await?;
+        // Answered: the connection is outside any transaction again. (A cancelled or failed
+        // end leaves `conn` here, and `drop` closes it.)
+        if let Some(conn) = self.conn.take() {
+            self.kept.put(conn);
+        }
+        Ok(())
+    }
+}
+
+impl Deref for RequestTx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.conn
+            .as_deref()
+            .expect("an open RequestTx holds its connection")
+    }
+}
+
+impl DerefMut for RequestTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn
+            .as_deref_mut()
+            .expect("an open RequestTx holds its connection")
+    }
+}
+
+impl Drop for RequestTx {
+    fn drop(&mut self) {
+        // Still open: closing the connection is the rollback, and keeps it from serving anyone
+        // inside this transaction.
+        if let Some(mut conn) = self.conn.take() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// The connection is gone, not the statement refused: the socket failed, or the server said it
+/// is ending the session (SQLSTATE class 08, connection exception, or 57P, operator
+/// intervention: `pg_terminate_backend`, a shutdown).
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+        _ => false,
+    }
+}
