@@ -21,7 +21,15 @@ pub async fn build_transport(
             settings.transport.amqp_url.expose().to_owned(),
             settings.transport.queue.clone(),
             RabbitOptions {
-                prefetch: u16::try_from(settings.consumer.batch_size * 2).unwrap_or(u16::MAX),
+                // A full batch for every worker: with less, workers share the window and
+                // each commits smaller batches (more transactions per event).
+                prefetch: u16::try_from(
+                    settings
+                        .consumer
+                        .batch_size
+                        .saturating_mul(settings.consumer.workers.max(2)),
+                )
+                .unwrap_or(u16::MAX),
                 delivery_limit: settings.transport.delivery_limit,
                 retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
             },
