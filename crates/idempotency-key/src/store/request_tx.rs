@@ -16,18 +16,29 @@
 //!   `BEGIN` fails having done nothing, and the transaction begins once more on a connection from
 //!   the pool;
 //! - the set holds at most a quarter of the pool's connections, so the store's own single-row
-//!   statements and the application's use of the pool are never starved by idle kept ones.
+//!   statements and the application's use of the pool are never starved by idle kept ones;
+//! - a connection is kept for at most [`KEEP_AT_MOST`] after it left the pool, then given back:
+//!   the pool's own checks (its ping, `max_lifetime`) see every connection at least that often,
+//!   so one that still answers but should not be used (a primary turned read-only replica
+//!   behind a proxy) is not reused for ever.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, PgConnection, PgPool, Postgres};
 
+/// The longest a connection stays out of the pool between request transactions.
+pub(crate) const KEEP_AT_MOST: Duration = Duration::from_secs(60);
+
+/// A connection out of the pool, and when it left it.
+type Kept = (PoolConnection<Postgres>, Instant);
+
 /// Connections checked out of the pool and kept between request transactions.
 pub(crate) struct KeptConnections {
     /// Idle connections, each outside any transaction.
-    idle: Mutex<Vec<PoolConnection<Postgres>>>,
+    idle: Mutex<Vec<Kept>>,
     /// At most this many are kept idle (a quarter of the pool); more go back to the pool.
     cap: usize,
     /// The pool they are checked out of. `Pool::close` waits for every checked-out connection,
@@ -72,20 +83,20 @@ impl KeptConnections {
         });
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<PoolConnection<Postgres>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
         // A poisoned lock only means a panic elsewhere while it was held; the list is still a
         // list of idle connections.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn take(&self) -> Option<PoolConnection<Postgres>> {
+    fn take(&self) -> Option<Kept> {
         self.idle().pop()
     }
 
     /// Keeps `conn` (outside any transaction) for the next transaction, or gives it back to the
     /// pool when the set is full.
-    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
-        if self.cap == 0 {
+    fn put(self: &Arc<Self>, conn: Kept) {
+        if self.cap == 0 || conn.1.elapsed() >= KEEP_AT_MOST {
             return;
         }
         self.watch_close();
@@ -109,6 +120,8 @@ impl KeptConnections {
 pub(crate) struct RequestTx {
     /// `Some` until the transaction ends.
     conn: Option<PoolConnection<Postgres>>,
+    /// When the connection left the pool (see [`KEEP_AT_MOST`]).
+    out_since: Instant,
     /// Where the connection goes when the transaction has ended cleanly.
     kept: Arc<KeptConnections>,
 }
@@ -124,22 +137,25 @@ impl RequestTx {
             return Err(sqlx::Error::PoolClosed);
         }
         let first = match kept.take() {
-            Some(conn) => conn,
-            None => pool.acquire().await?,
+            Some(kept) => kept,
+            None => (pool.acquire().await?, Instant::now()),
         };
         match Self::begin_on(first, kept).await {
-            Err(e) if connection_lost(&e) => Self::begin_on(pool.acquire().await?, kept).await,
+            Err(e) if connection_lost(&e) => {
+                Self::begin_on((pool.acquire().await?, Instant::now()), kept).await
+            }
             begun => begun,
         }
     }
 
     async fn begin_on(
-        mut conn: PoolConnection<Postgres>,
+        (mut conn, out_since): Kept,
         kept: &Arc<KeptConnections>,
     ) -> Result<Self, sqlx::Error> {
         match conn.execute("BEGIN").await {
             Ok(_) => Ok(RequestTx {
                 conn: Some(conn),
+                out_since,
                 kept: kept.clone(),
             }),
             Err(e) => {
@@ -172,7 +188,7 @@ impl RequestTx {
         // Answered: the connection is outside any transaction again. (A cancelled or failed
         // end leaves `conn` here, and `drop` closes it.)
         if let Some(conn) = self.conn.take() {
-            self.kept.put(conn);
+            self.kept.put((conn, self.out_since));
         }
         Ok(())
     }
