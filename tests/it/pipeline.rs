@@ -170,7 +170,7 @@ async fn idle_sqs_consumer_long_polls_yet_handles_an_arrival_at_once_and_stops_o
         &std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)"),
     )
     .await;
-    // Default consumer settings (two workers, a 500 ms poll interval), SQS through the proxy.
+    // Default consumer settings (four workers, a 500 ms poll interval), SQS through the proxy.
     let mut bin = RunningBinary::start(
         &[
             ("DATABASE_URL", db.url.clone()),

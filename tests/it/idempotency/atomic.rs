@@ -17,10 +17,9 @@ use http::StatusCode;
 use idempotency_key::FaultPoint;
 use idempotency_key::{IdempotencyLayer, IdempotentTx, PgIdempotencyStore};
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use super::{app, http, layer, layer_on, post, Reply};
+use super::{app, http, layer, post, Reply};
 use crate::helpers::idempotency::{order_rows, Counting, DoomedServer, TestEnv};
 use crate::helpers::{serve, wait_for};
 
@@ -49,7 +48,10 @@ fn one_row_router(pool: PgPool, transactional: bool, layer: IdempotencyLayer) ->
         .with_state(pool)
 }
 
-async fn insert_order(conn: &mut sqlx::PgConnection, body: &[u8]) -> Result<i64, sqlx::Error> {
+pub(super) async fn insert_order(
+    conn: &mut sqlx::PgConnection,
+    body: &[u8],
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO layer_test_orders (account, body) VALUES ('default', $1) RETURNING id",
     )
@@ -58,14 +60,18 @@ async fn insert_order(conn: &mut sqlx::PgConnection, body: &[u8]) -> Result<i64,
     .await
 }
 
-fn created(inserted: Result<i64, sqlx::Error>) -> Response {
+pub(super) fn created(inserted: Result<i64, sqlx::Error>) -> Response {
     match inserted {
         Ok(id) => (StatusCode::CREATED, Json(json!({"order": id}))).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 
-async fn post_order(c: &reqwest::Client, addr: std::net::SocketAddr, key: &str) -> Reply {
+pub(super) async fn post_order(
+    c: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    key: &str,
+) -> Reply {
     post(c, addr, Some(key), None, r#"{"amount":4200}"#).await
 }
 
@@ -188,100 +194,6 @@ async fn only_kept_results_commit_the_handlers_writes() {
     assert!(replayed.replayed());
     assert_eq!(order_rows(&env.pool).await, 2);
     assert_eq!(h.runs(), 4);
-    env.cleanup().await;
-}
-
-/// A connection that died idle costs no request in the transactional mode: its `BEGIN` fails
-/// having done nothing, and the layer begins once more on a connection from the pool. Both
-/// places a request's transaction finds an idle connection: the connections the store keeps
-/// between request transactions (a pool of 4 keeps one), and the pool itself, built without a
-/// ping before each lend (`test_before_acquire(false)`, as the checkout example runs; a pool of 1
-/// keeps none).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_that_died_idle_costs_no_request_in_the_transactional_mode() {
-    let env = TestEnv::new().await;
-    for (pool_size, kept) in [(4, "kept by the store"), (1, "idle in the pool")] {
-        let pool = PgPoolOptions::new()
-            .max_connections(pool_size)
-            .test_before_acquire(false)
-            .connect(&env.url)
-            .await
-            .expect("pool without pings");
-        // The handler says which connection its transaction ran on.
-        let last_pid = Arc::new(std::sync::atomic::AtomicI32::new(0));
-        async fn in_tx(
-            State(last_pid): State<Arc<std::sync::atomic::AtomicI32>>,
-            mut tx: IdempotentTx,
-            body: Bytes,
-        ) -> Response {
-            match sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-                .fetch_one(&mut *tx)
-                .await
-            {
-                Ok(pid) => last_pid.store(pid, Ordering::SeqCst),
-                Err(e) => return created(Err(e)),
-            }
-            created(insert_order(&mut tx, &body).await)
-        }
-        let router = Router::new()
-            .route("/orders", routing::post(in_tx))
-            .layer(layer_on(PgIdempotencyStore::new(pool.clone())).build())
-            .with_state(last_pid.clone());
-        let addr = serve(router).await;
-        let c = http();
-        let before = post_order(&c, addr, &format!("k-before-{pool_size}")).await;
-        assert_eq!(before.status, StatusCode::CREATED, "{}", before.body);
-        // That connection, idle now (committed, and kept or back in the pool), is cut.
-        let pid = last_pid.load(Ordering::SeqCst);
-        let state_of = |pid: i32| {
-            let pool = env.pool.clone();
-            async move {
-                sqlx::query_scalar::<_, Option<String>>(
-                    "SELECT state FROM pg_stat_activity WHERE pid = $1",
-                )
-                .bind(pid)
-                .fetch_optional(&pool)
-                .await
-                .expect("pg_stat_activity")
-            }
-        };
-        wait_for(
-            &format!("connection {pid} to be idle"),
-            Duration::from_secs(10),
-            || {
-                let state = state_of(pid);
-                async move { (state.await == Some(Some("idle".to_owned()))).then_some(()) }
-            },
-        )
-        .await;
-        let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&env.pool)
-            .await
-            .expect("terminate");
-        assert!(cut);
-        wait_for(
-            &format!("backend {pid} to be gone"),
-            Duration::from_secs(10),
-            || {
-                let state = state_of(pid);
-                async move { state.await.is_none().then_some(()) }
-            },
-        )
-        .await;
-        let after = post_order(&c, addr, &format!("k-after-{pool_size}")).await;
-        assert_eq!(after.status, StatusCode::CREATED, "{kept}: {}", after.body);
-        assert_ne!(
-            last_pid.load(Ordering::SeqCst),
-            pid,
-            "{kept}: another connection"
-        );
-        // Closing the pool takes back what the store keeps (it waits for every connection).
-        tokio::time::timeout(Duration::from_secs(10), pool.close())
-            .await
-            .unwrap_or_else(|_| panic!("{kept}: the pool closes with connections kept"));
-    }
-    assert_eq!(order_rows(&env.pool).await, 4);
     env.cleanup().await;
 }
 

@@ -17,6 +17,9 @@
 //!   `IdempotentTx`;
 //! * [`atomic`]: what only the transactional mode promises: a crash before the result is
 //!   stored leaves no row; failures, panics, a failed commit and a lost lease commit nothing;
+//! * [`connections`]: the connection under a request's transaction: one that died idle (kept by
+//!   the store, or in a pool without pings) costs no request; a handler's own transaction on it
+//!   is a savepoint;
 //! * [`phases`]: recovery points: the checkout killed between any two phases, retried by the
 //!   client helper, charges once and answers the same;
 //! * [`client`]: the retrying client keeps one key; the double-charge timeline of the checkout
@@ -25,6 +28,7 @@
 mod atomic;
 mod client;
 mod concurrency;
+mod connections;
 mod leases;
 mod phases;
 mod postgres;

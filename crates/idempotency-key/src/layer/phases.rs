@@ -6,9 +6,10 @@
 //! A request of the checkout example:
 //! 1. `create_payment`, local: inserts the payment row; the row and the phase's record (its
 //!    output, the payment id) commit together, so after a crash either both exist or neither;
-//! 2. `charge_provider`, foreign: calls the provider with the request's own `Idempotency-Key`,
-//!    then records the charge. A crash between the call and the record runs the call again on
-//!    the retry, and the provider, keyed by the same key, replays its charge instead of making a
+//! 2. `charge_provider`, foreign: calls the provider with the request's own `Idempotency-Key`;
+//!    its outcome is recorded by the final commit ([`PhaseRun::finish_with_response`]: nothing
+//!    leaves the database in between). A crash before that commit runs the call again on the
+//!    retry, and the provider, keyed by the same key, replays its charge instead of making a
 //!    second one: a foreign phase must pass the key on, or be otherwise idempotent;
 //! 3. the final phase writes through [`Phases::transaction`], the request's [`IdempotentTx`],
 //!    which the layer commits with the stored response.
@@ -256,9 +257,11 @@ impl<T: Serialize> PhaseRun<T> {
         );
         let kind = match tokio::time::timeout(bound, record).await {
             Ok(Ok(Ownership::Owned { .. })) => {
+                // From here the record may be committed (a failed or timed-out commit can still
+                // have happened): a later `Phases` of this request must read the records.
+                self.slot.phases_recorded.store(true, Ordering::Release);
                 match tokio::time::timeout(bound, tx.commit()).await {
                     Ok(Ok(())) => {
-                        self.slot.phases_recorded.store(true, Ordering::Release);
                         config
                             .fault(|| FaultPoint::PhaseCommitted(self.name.clone()))
                             .await;

@@ -9,25 +9,31 @@
 //! transaction takes it from there: no ping either way.
 //!
 //! What keeps this safe:
+//! - `BEGIN`, `COMMIT` and `ROLLBACK` go through sqlx's own transaction manager, so the
+//!   connection knows its depth: a handler that begins a transaction of its own on it gets a
+//!   savepoint, as on a sqlx `Transaction`, and its commit cannot end the request's;
 //! - a connection goes back to the kept set only after a `COMMIT` or `ROLLBACK` that PostgreSQL
-//!   answered; a transaction dropped while open (a panic, a cancelled future, a failed or
-//!   timed-out commit) closes its connection, so no later transaction can start inside it;
+//!   answered, at depth 0; a transaction dropped while open or while beginning (a panic, a
+//!   cancelled future, a failed or timed-out commit) closes its connection, so no later
+//!   transaction or statement can run inside it;
 //! - a kept connection may have died while idle (PostgreSQL restarted, a proxy cut it): its
 //!   `BEGIN` fails having done nothing, and the transaction begins once more on a connection from
 //!   the pool;
-//! - the set holds at most a quarter of the pool's connections, so the store's own single-row
-//!   statements and the application's use of the pool are never starved by idle kept ones;
+//! - a store keeps at most a quarter of its pool's connections, and none while the pool has no
+//!   idle connection and no room for another: whoever waits on the pool (the store's own
+//!   single-row statements, the application) gets the next connection a transaction ends with;
 //! - a connection is kept for at most [`KEEP_AT_MOST`] after it left the pool, then given back:
 //!   the pool's own checks (its ping, `max_lifetime`) see every connection at least that often,
 //!   so one that still answers but should not be used (a primary turned read-only replica
-//!   behind a proxy) is not reused for ever.
+//!   behind a proxy) is not reused for ever; idle ones are given back on that clock too.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Executor, PgConnection, PgPool, Postgres};
+use sqlx::postgres::PgTransactionManager;
+use sqlx::{PgConnection, PgPool, Postgres, TransactionManager};
 
 /// The longest a connection stays out of the pool between request transactions.
 pub(crate) const KEEP_AT_MOST: Duration = Duration::from_secs(60);
@@ -68,16 +74,30 @@ impl KeptConnections {
         }
     }
 
-    /// Gives every kept connection back to the pool once it is closing (the task holds only a
-    /// weak reference: a store dropped first ends it).
-    fn watch_close(self: &Arc<Self>) {
+    /// Gives kept connections back to the pool: those out of it for [`KEEP_AT_MOST`], every
+    /// [`KEEP_AT_MOST`], and all of them once the pool is closing. One task per store, started
+    /// in the runtime of the first transaction; it holds only a weak reference, so a store
+    /// dropped first ends it at its next tick.
+    fn watch(self: &Arc<Self>) {
         self.watching.call_once(|| {
             let closing = self.pool.close_event();
             let kept = Arc::downgrade(self);
             tokio::spawn(async move {
-                closing.await;
-                if let Some(kept) = kept.upgrade() {
-                    kept.idle().clear();
+                tokio::pin!(closing);
+                let mut tick = tokio::time::interval(KEEP_AT_MOST);
+                loop {
+                    tokio::select! {
+                        _ = &mut closing => {
+                            if let Some(kept) = kept.upgrade() {
+                                kept.idle().clear();
+                            }
+                            return;
+                        }
+                        _ = tick.tick() => match kept.upgrade() {
+                            Some(kept) => kept.idle().retain(|(_, out)| out.elapsed() < KEEP_AT_MOST),
+                            None => return,
+                        },
+                    }
                 }
             });
         });
@@ -89,17 +109,30 @@ impl KeptConnections {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The most recently kept connection still within [`KEEP_AT_MOST`]; older ones go back.
     fn take(&self) -> Option<Kept> {
-        self.idle().pop()
+        let mut idle = self.idle();
+        while let Some(kept) = idle.pop() {
+            if kept.1.elapsed() < KEEP_AT_MOST {
+                return Some(kept);
+            }
+        }
+        None
+    }
+
+    /// The pool could lend no connection now: none idle, and no room to open one.
+    fn pool_exhausted(&self) -> bool {
+        self.pool.num_idle() == 0 && self.pool.size() >= self.pool.options().get_max_connections()
     }
 
     /// Keeps `conn` (outside any transaction) for the next transaction, or gives it back to the
-    /// pool when the set is full.
+    /// pool: when the set is full, the connection has been out for [`KEEP_AT_MOST`], or the pool
+    /// has nothing to lend to whoever may be waiting on it.
     fn put(self: &Arc<Self>, conn: Kept) {
-        if self.cap == 0 || conn.1.elapsed() >= KEEP_AT_MOST {
+        if self.cap == 0 || conn.1.elapsed() >= KEEP_AT_MOST || self.pool_exhausted() {
             return;
         }
-        self.watch_close();
+        self.watch();
         let mut idle = self.idle();
         if idle.len() < self.cap {
             idle.push(conn);
@@ -149,48 +182,44 @@ impl RequestTx {
     }
 
     async fn begin_on(
-        (mut conn, out_since): Kept,
+        (conn, out_since): Kept,
         kept: &Arc<KeptConnections>,
     ) -> Result<Self, sqlx::Error> {
-        match conn.execute("BEGIN").await {
-            Ok(_) => Ok(RequestTx {
-                conn: Some(conn),
-                out_since,
-                kept: kept.clone(),
-            }),
-            Err(e) => {
-                // Nothing began; a connection that is gone is not given back to anyone.
-                if connection_lost(&e) {
-                    conn.close_on_drop();
-                }
-                Err(e)
-            }
-        }
+        // Held by the transaction before `BEGIN` is sent: if this future is dropped mid-way, or
+        // `BEGIN` fails, dropping it closes the connection, whatever state it was left in.
+        let mut tx = RequestTx {
+            conn: Some(conn),
+            out_since,
+            kept: kept.clone(),
+        };
+        PgTransactionManager::begin(&mut tx, None).await?;
+        Ok(tx)
     }
 
     /// Commits; the connection is kept for the next transaction. On an error the outcome is
     /// PostgreSQL's to tell (the connection is closed, as by dropping an open transaction).
-    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.end("COMMIT").await
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        PgTransactionManager::commit(&mut self).await?;
+        self.release();
+        Ok(())
     }
 
     /// Rolls back; the connection is kept for the next transaction.
-    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.end("ROLLBACK").await
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        PgTransactionManager::rollback(&mut self).await?;
+        self.release();
+        Ok(())
     }
 
-    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
-        let conn = self
-            .conn
-            .as_mut()
-            .expect("an open RequestTx holds its connection");
-        conn.execute(statement).await?;
-        // Answered: the connection is outside any transaction again. (A cancelled or failed
-        // end leaves `conn` here, and `drop` closes it.)
-        if let Some(conn) = self.conn.take() {
-            self.kept.put((conn, self.out_since));
+    /// After an answered `COMMIT` or `ROLLBACK`: kept if it is outside any transaction (a
+    /// savepoint a handler left open would make it not), else closed by `drop`. A cancelled or
+    /// failed end never gets here, and `drop` closes the connection too.
+    fn release(&mut self) {
+        if PgTransactionManager::get_transaction_depth(self) == 0 {
+            if let Some(conn) = self.conn.take() {
+                self.kept.put((conn, self.out_since));
+            }
         }
-        Ok(())
     }
 }
 

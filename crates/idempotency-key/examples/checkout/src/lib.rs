@@ -181,9 +181,11 @@ impl CheckoutApp {
         let pool = PgPoolOptions::new()
             .max_connections(32)
             .acquire_timeout(Duration::from_secs(5))
-            // No ping before each lend: one round trip less per transaction (a payment has
-            // five). A connection that died idle fails its BEGIN, which the layer retries once
-            // on another connection; the pool still tests a connection when it is given back.
+            // No ping before each lend: one round trip less per transaction. The price, after
+            // PostgreSQL restarts: a request transaction's BEGIN on a dead connection is retried
+            // once by the layer, but the store's other statements (a claim it decides alone,
+            // a release, a lease extension) and this service's own reads fail once per dead
+            // idle connection, each a 503 the client retries.
             .test_before_acquire(false)
             .connect(&config.database_url)
             .await?;
