@@ -6,12 +6,14 @@
 #   ceiling: pgbench, 32 clients, bench/ceilings/idempotency_tx.sql: the same statements (claim,
 #            the handler's insert, the completion, commit) in one transaction per request, on
 #            the same tables (the harness's database, kept between rounds).
-# Usage: bench/ceilings/idempotency.sh [rounds] [seconds]      (defaults 3, 8)
+# Usage: bench/ceilings/idempotency.sh [rounds] [seconds]      (defaults 3, 8; env POOL: the
+#        server's pool, default the harness's 32)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 SECS=${2:-8}
 CLIENTS=32
+POOL=${POOL:-32}
 PG=${PG:-postgres://postgres@127.0.0.1:5432}
 DB=ceil_idem_$$
 cargo build --release --quiet -p idempotency-key --example idempotency_load
@@ -28,7 +30,7 @@ for round in $(seq 1 "$ROUNDS"); do
   # The harness migrates the database and creates bench_charges on its first run, so the
   # path goes first in every round.
   path=$(DATABASE_URL=$PG/postgres target/release/examples/idempotency_load --database "$DB" \
-    --connections $CLIENTS --seconds "$SECS" --scenarios insert-first-tx |
+    --connections $CLIENTS --pool "$POOL" --seconds "$SECS" --scenarios insert-first-tx |
     awk '$1 == "insert-first-tx" { print $2 }')
   ceiling=$(pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECS" -f bench/ceilings/idempotency_tx.sql \
     "$PG/$DB" 2>/dev/null | tps)
