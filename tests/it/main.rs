@@ -50,6 +50,8 @@
 //!   `_sqlx_migrations` shared with the application's) moves to schema `dedup_worker` (SQLite:
 //!   `_dedup_worker_migrations`) keeping every row; the old migrations cannot start again;
 //!   two processes upgrading at once; the SQLite runner's refusals;
+//! * [`lock_order`]: batches touching the same objects (stale-event guard) or dead-lettering the
+//!   same events in opposite orders both commit: locks are taken in one order, never deadlock;
 //! * [`operations`]: JSON log lines carry the event they are about; no colours off a terminal;
 //!   start-up errors name the database, its address and the cause, never the password;
 //!   `/metrics` of the binary after traffic (histogram buckets, gauges that follow
@@ -131,6 +133,7 @@ mod hostile;
 mod idempotency;
 mod invalid_index;
 mod layout_upgrade;
+mod lock_order;
 mod operations;
 mod operator_actions;
 mod outage;
