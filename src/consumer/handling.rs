@@ -62,6 +62,7 @@ impl Consumer {
         tx: &mut StoreTx,
     ) -> Result<Handled, HandlerError> {
         use futures::FutureExt;
+        self.handed().insert(delivery.tag.clone());
         let handled = async {
             if let Some(guard) = &self.stale_guard {
                 if guard.is_stale(event, tx).await? {

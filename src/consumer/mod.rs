@@ -40,7 +40,8 @@ mod run;
 mod settle;
 mod stale;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
@@ -55,7 +56,7 @@ use settle::Settlement;
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
-use crate::queue::{Delivery, Transport, TransportError};
+use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::store::{Store, StoreError, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
@@ -156,6 +157,9 @@ pub struct Consumer {
     /// `stripe.secrets`: they verify the signature the ingress carried with a message, before
     /// an event's `created` may spare dedup lookups (`record.rs`). Empty: every lookup is made.
     stripe_secrets: Arc<Vec<String>>,
+    /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
+    /// fails, only these may count towards the transport's delivery limit (`run.rs`).
+    handed: std::sync::Mutex<HashSet<DeliveryTag>>,
 }
 
 impl Consumer {
@@ -175,6 +179,7 @@ impl Consumer {
             stale_guard: None,
             full_events: None,
             stripe_secrets: Arc::default(),
+            handed: std::sync::Mutex::default(),
         }
     }
 
@@ -183,6 +188,11 @@ impl Consumer {
     pub fn with_stripe_secrets(mut self, secrets: Arc<Vec<String>>) -> Self {
         self.stripe_secrets = secrets;
         self
+    }
+
+    /// The current step's deliveries handed to the handler, whatever a panicking holder left.
+    fn handed(&self) -> MutexGuard<'_, HashSet<DeliveryTag>> {
+        self.handed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
@@ -213,6 +223,7 @@ impl Consumer {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }
+        self.handed().clear();
         let limit = self.options.step_timeout;
         let step = async {
             let settlement = self.commit_holding_leases(deliveries).await?;

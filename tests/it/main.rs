@@ -69,6 +69,8 @@
 //!   a malformed event a dead letter after one attempt;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and
 //!   transport; an idle SQS consumer long-polls;
+//! * [`rabbit_give_backs`]: a database that keeps failing makes the RabbitMQ consumer give its
+//!   batches back again and again; events no handler saw never go over the delivery limit;
 //! * [`redrive`]: dead letters on RabbitMQ and SQS redriven through the transport and handled
 //!   once; the configured delivery limit on an older queue;
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
@@ -139,6 +141,7 @@ mod operator_actions;
 mod outage;
 mod paid_invoices;
 mod pipeline;
+mod rabbit_give_backs;
 mod redrive;
 mod relay;
 mod settings_refused;
