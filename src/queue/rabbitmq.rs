@@ -46,6 +46,7 @@ mod publisher;
 mod tags;
 mod topology;
 
+use give_back::close_side;
 pub use publisher::{ConfirmPublisher, Declare};
 use publisher::{Side, BROKER_ANSWER_TIMEOUT};
 
@@ -232,22 +233,9 @@ impl RabbitMqQueue {
     /// Closes the consuming side: what it delivered and nobody acked, received or still
     /// buffered, goes back to the queue; the next receive opens a new one.
     async fn close_consumer(&self) {
-        let Some(side) = self.consumer.lock().await.take() else {
-            return;
-        };
-        // The channel first: its CloseOk comes after the broker handled every frame sent before
-        // it on the channel, so acks just issued take effect (a connection close may overtake
-        // frames still buffered, and those deliveries would come back).
-        let _ = tokio::time::timeout(
-            BROKER_ANSWER_TIMEOUT,
-            side.channel.close(200, "closing".into()),
-        )
-        .await;
-        let _ = tokio::time::timeout(
-            BROKER_ANSWER_TIMEOUT,
-            side.connection.close(200, "closing".into()),
-        )
-        .await;
+        if let Some(side) = self.consumer.lock().await.take() {
+            close_side(&side).await;
+        }
     }
 
     /// Messages ready or unacked in the queue (a passive declare), for tests and operators.
@@ -422,8 +410,7 @@ impl Transport for RabbitMqQueue {
     /// is closed. Another worker's batch in progress on it loses its acks: its events come back
     /// (counted once) and are recognised as duplicates.
     async fn pause_receiving(&self) {
-        self.give_back_buffered().await;
-        self.close_consumer().await;
+        self.pause().await;
     }
 
     async fn give_back_unhandled(&self, deliveries: &[&Delivery]) -> Result<(), TransportError> {

@@ -72,12 +72,27 @@ impl RabbitMqQueue {
         acked.and(requeued)
     }
 
-    /// Before the consuming side closes: cancels both consumers, so the broker pushes nothing
-    /// more, and gives back what they had buffered as unhandled (nobody received it).
-    pub(super) async fn give_back_buffered(&self) {
+    /// Pauses receiving: cancels the consuming side's consumers and gives back what they had
+    /// buffered, then closes that side (the next receive opens another). Closed is the side
+    /// cancelled, even if another worker's receive dropped it from the slot meanwhile (its
+    /// stream ends with the cancel).
+    pub(super) async fn pause(&self) {
         let Some(side) = self.consumer.lock().await.clone() else {
             return;
         };
+        self.give_back_buffered(&side).await;
+        {
+            let mut slot = self.consumer.lock().await;
+            if slot.as_ref().map(|s| s.generation) == Some(side.generation) {
+                *slot = None;
+            }
+        }
+        close_side(&side).await;
+    }
+
+    /// Cancels both consumers of `side`, so the broker pushes nothing more, and gives back
+    /// what they had buffered as unhandled (nobody received it).
+    async fn give_back_buffered(&self, side: &ConsumerSide) {
         for tag in &side.consumer_tags {
             let cancel = side
                 .channel
@@ -95,7 +110,7 @@ impl RabbitMqQueue {
         {
             let mut stream = side.stream.lock().await;
             while let Some(Some(Ok(item))) = stream.next().now_or_never() {
-                buffered.push(incoming::convert(&side, self.options.delivery_limit, item));
+                buffered.push(incoming::convert(side, self.options.delivery_limit, item));
             }
         }
         let buffered: Vec<&Delivery> = buffered.iter().collect();
@@ -114,4 +129,22 @@ fn unsettled_returned(side: &ConsumerSide, tag: &DeliveryTag) -> Option<u32> {
         }
         _ => None,
     }
+}
+
+/// Closes `side`'s channel, then its connection: what it delivered and nobody acked goes back
+/// to the queue.
+pub(super) async fn close_side(side: &ConsumerSide) {
+    // The channel first: its CloseOk comes after the broker handled every frame sent before it
+    // on the channel, so acks just issued take effect (a connection close may overtake frames
+    // still buffered, and those deliveries would come back).
+    let _ = tokio::time::timeout(
+        BROKER_ANSWER_TIMEOUT,
+        side.channel.close(200, "closing".into()),
+    )
+    .await;
+    let _ = tokio::time::timeout(
+        BROKER_ANSWER_TIMEOUT,
+        side.connection.close(200, "closing".into()),
+    )
+    .await;
 }

@@ -134,4 +134,15 @@ mod tests {
         assert_eq!(channel.unsettled_of([3, 4, 9]), vec![3, 4]);
         assert!(channel.one_frame_settles_exactly(&[3, 4]));
     }
+
+    #[test]
+    fn a_returned_count_is_kept_while_unsettled() {
+        let mut channel = ChannelTags::default();
+        channel.received_returned(1, 3);
+        channel.received(2);
+        assert_eq!(channel.unsettled_returned(1), Some(3));
+        assert_eq!(channel.unsettled_returned(2), Some(0));
+        channel.settled(&[1]);
+        assert_eq!(channel.unsettled_returned(1), None);
+    }
 }
