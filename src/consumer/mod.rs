@@ -40,7 +40,8 @@ mod run;
 mod settle;
 mod stale;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
@@ -52,7 +53,7 @@ use settle::Settlement;
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
-use crate::queue::{Delivery, Transport, TransportError};
+use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::store::{Store, StoreError, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
@@ -150,6 +151,9 @@ pub struct Consumer {
     /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
     /// `None`.
     full_events: Option<FullEventFetch>,
+    /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
+    /// fails, only these may count towards the transport's delivery limit (`run.rs`).
+    handed: std::sync::Mutex<HashSet<DeliveryTag>>,
 }
 
 impl Consumer {
@@ -168,7 +172,13 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
+            handed: std::sync::Mutex::default(),
         }
+    }
+
+    /// The current step's deliveries handed to the handler, whatever a panicking holder left.
+    fn handed(&self) -> MutexGuard<'_, HashSet<DeliveryTag>> {
+        self.handed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
@@ -199,6 +209,7 @@ impl Consumer {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }
+        self.handed().clear();
         let limit = self.options.step_timeout;
         let step = async {
             let settlement = self.commit_holding_leases(deliveries).await?;
