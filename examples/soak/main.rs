@@ -85,14 +85,19 @@
 mod checker;
 mod cluster;
 mod drain;
+mod faults;
 mod history;
 mod infra;
 mod nemesis;
 mod plan;
+mod postgres;
+mod producer;
 mod run;
 mod sender;
 mod settings;
 mod sink;
+mod sqs_dup;
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -12,13 +12,15 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::checker::{self, EffectRow, Findings};
+use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
 use crate::cluster::{Cluster, LAYOUT};
 use crate::drain::{self, DrainWatch, Drained, FinalState};
 use crate::history::{self, History};
 use crate::infra::Infra;
 use crate::nemesis::{self, Nemesis};
-use crate::plan::Plan;
+use crate::plan::{Isolation, Plan};
+use crate::postgres::PgServer;
+use crate::producer::Producer;
 use crate::sender::{Sender, SenderTotals};
 use crate::settings::{common_env, lane_env, SECRET};
 use crate::sink::{self, SinkSeen};
@@ -42,9 +44,18 @@ struct Summary<'a> {
     seed: u64,
     seconds: u64,
     events_accepted: usize,
+    /// Injected by kind, and what the SQS duplicator saw (`sqs_made_visible`,
+    /// `sqs_received_twice`) and the nemesis did after a crash (`pg_restart`).
     faults: &'a BTreeMap<&'static str, u64>,
+    /// What the plan sent, by kind (within the run).
+    workload: BTreeMap<&'static str, u64>,
     lost: usize,
     doubled: usize,
+    /// Of `doubled`, changes sent on two channels at once (issue 36, item 1).
+    doubled_two_channels: usize,
+    two_channel_changes: usize,
+    isolation: Isolation,
+    workers: u32,
     sink_redeliveries_same_key: usize,
     sink_redeliveries_other_key: usize,
     sink_wrong_key: usize,
@@ -54,12 +65,17 @@ struct Summary<'a> {
     rejected: usize,
     recovered: usize,
     dead_letters: usize,
+    /// Foreign messages with no id, dead-lettered as promised (distinct).
+    dead_lettered_as_promised: usize,
+    dead_letter_missing: usize,
+    dead_letter_unexpected: usize,
     outbox_failed: usize,
     crashes: usize,
     events_attempted: usize,
     posts: usize,
     posts_not_started: usize,
     posts_abandoned: usize,
+    direct_abandoned: usize,
     sink_deliveries: usize,
     effect_rows: usize,
     drained: bool,
@@ -69,6 +85,9 @@ struct Summary<'a> {
     sqs_rate: u32,
     window_secs: u64,
     verdict: &'static str,
+    /// Why the verdict is `violated`: each violation with its count, too few events accepted,
+    /// an unfinished drain (empty when it held).
+    why: Vec<String>,
     run_dir: String,
 }
 
@@ -110,12 +129,37 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         serde_json::to_vec_pretty(&schedule)?,
     )?;
 
+    let isolation = plan.isolation;
+    let pg = tokio::task::spawn_blocking(move || PgServer::start(isolation))
+        .await?
+        .context("starting the run's PostgreSQL server")?;
+    let pg = Arc::new(pg);
+    eprintln!(
+        "soak: PostgreSQL of the run's own on port {} (default_transaction_isolation {}); {} consumer worker(s)",
+        pg.port,
+        plan.isolation.setting(),
+        plan.workers
+    );
+    let outcome = soak_on(&o, &plan, &run_id, &run_dir, &pg).await;
+    // Whatever happened: the server stopped and its directory removed.
+    tokio::task::spawn_blocking(move || pg.remove()).await?;
+    outcome
+}
+
+async fn soak_on(
+    o: &Options,
+    plan: &Arc<Plan>,
+    run_id: &str,
+    run_dir: &Path,
+    pg: &Arc<PgServer>,
+) -> anyhow::Result<bool> {
     let (history, writer) =
         History::create(&run_dir.join("history.jsonl"), std::time::Instant::now())?;
     let seen = Arc::new(SinkSeen::default());
     let sink = sink::start(history.clone(), seen.clone()).await?;
-    let infra = Arc::new(Infra::create(&run_id, sink).await?);
+    let infra = Arc::new(Infra::create(run_id, sink, pg.admin_url()).await?);
     let cluster = Arc::new(Cluster::new(
+        plan.workers,
         o.service.clone(),
         common_env(&infra, o.window_secs),
         lane_env(&infra),
@@ -123,7 +167,7 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
     ));
     // A SIGINT or SIGTERM at any point ends the run where it is; the cleanup below still runs.
     let ran = tokio::select! {
-        ran = exercise(&plan, &infra, &cluster, &history, &seen, &run_dir) => ran,
+        ran = exercise(plan, &infra, pg, &cluster, &history, &seen, run_dir) => ran,
         signal = stop_signal() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     // Whatever happened: every process stopped, then the history closed.
@@ -133,21 +177,13 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
     drop(history);
     let written = writer.finish().await;
     let outcome = match (ran, written) {
-        (Ok(ran), Ok(())) => report(&o, &plan, &run_dir, ran),
+        (Ok(ran), Ok(())) => report(o, plan, run_dir, ran),
         (Err(error), _) => Err(error),
         (_, Err(error)) => Err(anyhow::Error::new(error).context("writing the history")),
     };
-    // Kept only when the promise was violated; a run that could not finish (an error, a
-    // signal) leaves nothing behind.
-    let keep = matches!(outcome, Ok(false));
-    if keep {
-        eprintln!(
-            "soak: the run's database {} is kept for a post-mortem (postgres, same server); \
-             drop it with DROP DATABASE {} WITH (FORCE)",
-            infra.database, infra.database
-        );
-    }
-    infra.remove(keep).await;
+    // The database goes with its server (removed by the caller); the run's directory keeps
+    // what a post-mortem reads (effects, dead letters, the outbox's failed rows, the logs).
+    infra.remove(true).await;
     outcome
 }
 
@@ -158,6 +194,7 @@ struct Ran {
     peak_memory_kb: Vec<(&'static str, u64)>,
     crashes: Vec<String>,
     totals: SenderTotals,
+    direct_abandoned: usize,
     drained: Drained,
     last: FinalState,
 }
@@ -165,6 +202,7 @@ struct Ran {
 async fn exercise(
     plan: &Arc<Plan>,
     infra: &Arc<Infra>,
+    pg: &Arc<PgServer>,
     cluster: &Arc<Cluster>,
     history: &History,
     seen: &Arc<SinkSeen>,
@@ -196,16 +234,31 @@ async fn exercise(
         CancellationToken::new(),
         CancellationToken::new(),
     );
+    let run_start_unix = chrono::Utc::now().timestamp();
     let sender = Sender {
         plan: plan.clone(),
         history: history.clone(),
         ingress: cluster.ingress.clone(),
         secret: SECRET.to_owned(),
-        run_start_unix: chrono::Utc::now().timestamp(),
+        run_start_unix,
         accepted: accepted.clone(),
     };
     let sending = tokio::spawn(sender.run(stop_new.clone(), give_up.clone()));
+    let producer = Arc::new(Producer {
+        plan: plan.clone(),
+        history: history.clone(),
+        store: store.clone(),
+        amqp_url: infra.amqp_url.clone(),
+        rabbit_queue: infra.rabbit_queue.clone(),
+        sqs: infra.sqs.clone(),
+        sqs_queue_url: infra.sqs_queue_url.clone(),
+        run_start_unix,
+        accepted: accepted.clone(),
+        rabbit: tokio::sync::Mutex::default(),
+    });
+    let producing = tokio::spawn(producer.run(stop_new.clone(), give_up.clone()));
     let nemesis = Arc::new(Nemesis {
+        pg: pg.clone(),
         plan: plan.clone(),
         cluster: cluster.clone(),
         infra: infra.clone(),
@@ -224,19 +277,20 @@ async fn exercise(
     let _ = faults.await;
 
     history.phase("drain");
-    nemesis::heal_all(cluster, infra, history).await;
+    nemesis::heal_all(cluster, infra, pg, history).await;
     let drained = DrainWatch {
         infra,
         store: &store,
         accepted: &accepted,
         seen,
-        sender_done: &|| sending.is_finished(),
+        sender_done: &|| sending.is_finished() && producing.is_finished(),
         deadline: Duration::from_secs(180.max(plan.seconds / 2)),
     }
     .wait()
     .await;
     give_up.cancel();
     let totals = sending.await.context("the sender panicked")?;
+    let direct_abandoned = producing.await.context("the direct producer panicked")?;
     stop_watch.cancel();
     let _ = watch.await;
 
@@ -246,7 +300,14 @@ async fn exercise(
     futures::future::join_all(stops).await;
     let last = drain::read_final(&store, infra, run_dir).await?;
     store.close().await;
-    let faults = nemesis.counts.lock().expect("counts").clone();
+    let mut faults = nemesis.counts.lock().expect("counts").clone();
+    // Every kind, injected or not, so a summary always names them all.
+    for name in crate::faults::FAULT_NAMES.into_iter().chain(["pg_restart"]) {
+        faults.entry(name).or_insert(0);
+    }
+    let duplicated = infra.duplicator().counts();
+    faults.insert("sqs_made_visible", duplicated.made_visible);
+    faults.insert("sqs_received_twice", duplicated.received_twice);
     let faults_without_effect = nemesis.no_effect.lock().expect("counts").clone();
     let crashes = nemesis.crashes.lock().expect("crashes").clone();
     Ok(Ran {
@@ -255,6 +316,7 @@ async fn exercise(
         peak_memory_kb,
         crashes,
         totals,
+        direct_abandoned,
         drained,
         last,
     })
@@ -263,18 +325,33 @@ async fn exercise(
 /// Judges the run, prints the report and the summary line; whether the promise held.
 fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<bool> {
     let records = history::read(&run_dir.join("history.jsonl"))?;
-    let found = checker::check(&records, &ran.last.effects, plan.window_secs);
-    let holds = found.holds()
-        && ran.last.dead_letters == 0
-        && ran.last.outbox_failed == 0
-        && ran.crashes.is_empty();
+    let found = checker::check(
+        &records,
+        &ran.last.effects,
+        &ran.last.dead_letters,
+        plan.window_secs,
+    );
+    let why = checker::verdict(
+        &found,
+        EndState {
+            drained: ran.drained.complete,
+            outbox_failed: ran.last.outbox_failed,
+            crashes: ran.crashes.len(),
+        },
+    );
+    let holds = why.is_empty();
     let summary = Summary {
         seed: o.seed,
         seconds: o.seconds,
         events_accepted: found.events_accepted,
         faults: &ran.faults,
+        workload: crate::workload::counts(plan),
         lost: found.lost.len(),
         doubled: found.doubled.len(),
+        doubled_two_channels: found.doubled_two_channels.len(),
+        two_channel_changes: found.two_channel_changes,
+        isolation: plan.isolation,
+        workers: plan.workers,
         sink_redeliveries_same_key: found.sink_redeliveries_same_key,
         sink_redeliveries_other_key: found.sink_redeliveries_other_key,
         sink_wrong_key: found.sink_wrong_key,
@@ -283,13 +360,17 @@ fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<
         unexpected: found.unexpected.len(),
         rejected: found.rejected.len(),
         recovered: found.recovered,
-        dead_letters: ran.last.dead_letters,
+        dead_letters: ran.last.dead_letters.len(),
+        dead_lettered_as_promised: found.dead_lettered_as_promised,
+        dead_letter_missing: found.dead_letter_missing.len(),
+        dead_letter_unexpected: found.dead_letter_unexpected.len(),
         outbox_failed: ran.last.outbox_failed,
         crashes: ran.crashes.len(),
         events_attempted: found.events_attempted,
         posts: found.posts,
         posts_not_started: ran.totals.posts_not_started,
         posts_abandoned: ran.totals.posts_abandoned,
+        direct_abandoned: ran.direct_abandoned,
         sink_deliveries: found.sink_deliveries,
         effect_rows: found.effect_rows,
         drained: ran.drained.complete,
@@ -299,6 +380,7 @@ fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<
         sqs_rate: o.sqs_rate,
         window_secs: o.window_secs,
         verdict: if holds { "held" } else { "violated" },
+        why,
         run_dir: run_dir.display().to_string(),
     };
     let full = serde_json::json!({
@@ -314,7 +396,7 @@ fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<
         eprintln!("soak: the drain did not complete: {:?}", ran.drained);
     }
     if !holds {
-        explain_failure(o, plan, run_dir, &found, &ran, &records);
+        explain_failure(o, plan, run_dir, &found, &ran, &records, &summary.why);
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(holds)
@@ -327,9 +409,11 @@ fn explain_failure(
     found: &Findings,
     ran: &Ran,
     records: &[history::Record],
+    summary_why: &[String],
 ) {
     eprintln!(
-        "soak: VIOLATED. seed {}; replay: {}",
+        "soak: VIOLATED ({}). seed {}; replay: {}",
+        summary_why.join("; "),
         o.seed,
         replay_command(o)
     );
@@ -340,10 +424,24 @@ fn explain_failure(
     for crash in &ran.crashes {
         eprintln!("soak: crash: {crash}");
     }
-    if ran.last.dead_letters > 0 || ran.last.outbox_failed > 0 {
+    if !found.dead_letter_unexpected.is_empty() || ran.last.outbox_failed > 0 {
         eprintln!(
-            "soak: {} dead letter(s), {} failed outbox row(s): see dead_letters.txt, outbox_failed.txt in {}",
-            ran.last.dead_letters, ran.last.outbox_failed, run_dir.display()
+            "soak: {} unexpected dead letter(s), {} failed outbox row(s): see dead_letters.txt, outbox_failed.txt in {}",
+            found.dead_letter_unexpected.len(), ran.last.outbox_failed, run_dir.display()
+        );
+    }
+    if !found.doubled_two_channels.is_empty() {
+        eprintln!(
+            "soak: {} of the doubled change(s) were sent on two channels at once (a webhook and \
+             an EventBridge or thin copy: issue 36, item 1): {}",
+            found.doubled_two_channels.len(),
+            found
+                .doubled_two_channels
+                .iter()
+                .take(KEYS_SHOWN)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let keys = found.violating_keys();
@@ -402,7 +500,13 @@ pub fn check_again(dir: &Path) -> anyhow::Result<bool> {
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
-    let found = checker::check(&records, &effects, window);
+    // Runs before the dead letters were dumped as JSON lines have none to judge.
+    let dead_letters: Vec<DeadLetterRow> = std::fs::read_to_string(dir.join("dead_letters.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let found = checker::check(&records, &effects, &dead_letters, window);
     for (what, key) in found.violating_keys().iter().take(KEYS_SHOWN) {
         eprintln!("soak: {what} {key}:");
         for line in checker::key_history(key, &records, &effects) {
