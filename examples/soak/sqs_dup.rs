@@ -168,7 +168,7 @@ impl DupState {
             }
             let one_in = u64::from(self.one_in.load(Ordering::SeqCst));
             let nth = self.handed_out.fetch_add(1, Ordering::SeqCst);
-            if one_in == 0 || nth % one_in != 0 {
+            if one_in == 0 || !nth.is_multiple_of(one_in) {
                 continue;
             }
             let visible = self
