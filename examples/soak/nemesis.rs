@@ -215,7 +215,7 @@ impl Nemesis {
 
 /// The database server running, every proxy passing with no latency, every paused process
 /// continued, every process that is down started (each until it listens or the deadline).
-pub async fn heal_all(cluster: &Cluster, infra: &Infra, pg: &PgServer, history: &History) {
+pub async fn heal_all(cluster: &Cluster, infra: &Infra, pg: &Arc<PgServer>, history: &History) {
     if !pg.running() {
         if let Err(error) = pg.restart(Instant::now() + RESTART_DEADLINE).await {
             history.fault("note", "pg_restart", format!("{error:#}"));

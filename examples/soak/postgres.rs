@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
@@ -136,12 +137,14 @@ impl PgServer {
         )
     }
 
-    /// The postmaster's pid, if one runs.
+    /// The postmaster's pid, if one runs: the pid file's, when that process is a `postgres`
+    /// whose data directory is ours (a stale file's pid may have been reused by anything).
     fn postmaster(&self) -> Option<i32> {
         let text = std::fs::read_to_string(self.data.join("postmaster.pid")).ok()?;
         let pid: i32 = text.lines().next()?.trim().parse().ok()?;
-        // SAFETY: signal 0 only checks that the process exists.
-        (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let ours = String::from_utf8_lossy(&cmdline).contains(&*self.data.to_string_lossy());
+        ours.then_some(pid)
     }
 
     /// SIGKILL to the postmaster and every backend it forked; whether it was running.
@@ -163,10 +166,16 @@ impl PgServer {
     /// Starts the server again (crash recovery), polled until it runs or `deadline`: an
     /// orphaned backend still attached to the old shared memory makes a start fail until it
     /// exits.
-    pub async fn restart(&self, deadline: Instant) -> anyhow::Result<u32> {
+    pub async fn restart(self: &Arc<Self>, deadline: Instant) -> anyhow::Result<u32> {
         let mut failures = 0;
         loop {
-            let started = tokio::task::block_in_place(|| self.pg_ctl_start());
+            // On the blocking pool, never `block_in_place`: that retires the runtime worker it
+            // runs on, and the service processes that worker spawned die with it (their
+            // PR_SET_PDEATHSIG follows the spawning thread; cluster.rs).
+            let this = self.clone();
+            let started = tokio::task::spawn_blocking(move || this.pg_ctl_start())
+                .await
+                .unwrap_or_else(|e| Err(anyhow!("pg_ctl start panicked: {e}")));
             match started {
                 Ok(()) => return Ok(failures),
                 Err(error) if Instant::now() >= deadline => {
