@@ -225,11 +225,12 @@ fn event_stream(
                         event: Some(index),
                         copy: 0,
                     }),
-                    // On the queue the webhook goes to: the two may share a batch.
+                    // Half on the queue the webhook goes to (the two may share a batch), half
+                    // on another (two consumers' batches at once, each in its transaction).
                     Twin::ThinOwnId => direct.push(Direct {
                         at_ms: base,
                         key: key.clone(),
-                        lane: LAYOUT[snapshot.ingress].lane,
+                        lane: other_lane(rng, LAYOUT[snapshot.ingress].lane),
                         kind: DirectKind::ThinOwnId,
                         event: Some(index),
                         copy: 0,
@@ -256,6 +257,17 @@ fn event_stream(
     posts.retain(|p| p.at_ms < end_ms);
     posts.sort_by_key(|p| p.at_ms);
     (events, posts, direct)
+}
+
+/// `lane` half the time; else the database queue or RabbitMQ, whichever it is not (SQS is
+/// kept to its share: the emulator's capacity).
+fn other_lane(rng: &mut StdRng, lane: Lane) -> Lane {
+    match (rng.gen_bool(0.5), lane) {
+        (true, _) => lane,
+        (false, Lane::Database) => Lane::Rabbitmq,
+        (false, Lane::Rabbitmq) => Lane::Database,
+        (false, Lane::Sqs) => *[Lane::Database, Lane::Rabbitmq].choose(rng).expect("two"),
+    }
 }
 
 #[cfg(test)]
