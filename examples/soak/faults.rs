@@ -1,7 +1,8 @@
 //! The fault schedule, drawn from the seed with the rest of the plan: what the nemesis does and
 //! when. One fault every 2–6 s, none on a process, a proxy or the database server that another
 //! fault holds at that time; every run of 20 s or more gets at least one crash of PostgreSQL and
-//! one duplicating SQS receive, so a short soak (CI's minute) reaches both.
+//! one duplicating SQS receive (placed first, in the middle third), so a short soak (CI's
+//! minute) reaches both.
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -124,12 +125,22 @@ pub struct Fault {
     pub kind: FaultKind,
 }
 
-/// One fault every 2–6 s, none on a target another fault holds; then the [`REQUIRED`] faults
-/// the draw left out, each at the first free time from a third of the run on.
+/// The [`REQUIRED`] faults first, each at a drawn time in the run's middle third; then one
+/// fault every 2–6 s, none on a target another fault holds at any time of its own (the held
+/// times are intervals, so the draws keep clear of the required faults too).
 pub fn fault_schedule(rng: &mut StdRng, seconds: u64) -> Vec<Fault> {
     let end_ms = seconds * 1_000;
     let mut busy = Busy::default();
     let mut faults = Vec::new();
+    if seconds >= REQUIRED_FROM_SECONDS {
+        for required in REQUIRED {
+            let kind = required(rng);
+            let at_ms = rng.gen_range(end_ms / 3..end_ms * 2 / 3);
+            if busy.claim(at_ms, &kind) {
+                faults.push(Fault { at_ms, kind });
+            }
+        }
+    }
     let mut at_ms = FIRST_FAULT_MS;
     while at_ms < end_ms {
         for _ in 0..4 {
@@ -141,23 +152,7 @@ pub fn fault_schedule(rng: &mut StdRng, seconds: u64) -> Vec<Fault> {
         }
         at_ms += rng.gen_range(2_000..6_000);
     }
-    if seconds >= REQUIRED_FROM_SECONDS {
-        for required in REQUIRED {
-            let kind = required(rng);
-            if faults.iter().any(|f| f.kind.name() == kind.name()) {
-                continue;
-            }
-            let mut at_ms = end_ms / 3;
-            while at_ms + 2_000 < end_ms {
-                if busy.claim(at_ms, &kind) {
-                    faults.push(Fault { at_ms, kind });
-                    break;
-                }
-                at_ms += 500;
-            }
-        }
-        faults.sort_by_key(|f| f.at_ms);
-    }
+    faults.sort_by_key(|f| f.at_ms);
     faults
 }
 
