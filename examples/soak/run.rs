@@ -121,7 +121,8 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
     let schedule = serde_json::json!({
         "seed": plan.seed, "seconds": plan.seconds, "rate": plan.rate,
         "window_secs": plan.window_secs, "sqs_rate": plan.sqs_rate,
-        "events": plan.events.len(), "posts": plan.posts.len(),
+        "isolation": plan.isolation, "workers": plan.workers,
+        "events": plan.events.len(), "posts": plan.posts.len(), "direct": plan.direct.len(),
         "faults": plan.faults,
     });
     std::fs::write(
