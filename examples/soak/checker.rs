@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::history::{Outcome, Record};
+use crate::plan::Shape;
 use crate::workload::DirectKind;
 
 /// One row of `soak_effects`, as the driver dumps it (`effects.jsonl`).
@@ -66,6 +67,9 @@ pub struct Findings {
     pub doubled: Vec<String>,
     /// Of `doubled`, the changes sent on two channels at once.
     pub doubled_two_channels: Vec<String>,
+    /// Those by their second channel (`two_channels_eventbridge`, `…_thin_own_id` (with the
+    /// queue), `…_thin_webhook`).
+    pub doubled_two_channels_by_kind: BTreeMap<String, usize>,
     /// Changes sent on two channels at once (attempted).
     pub two_channel_changes: usize,
     /// Foreign messages with no id that were dead-lettered (distinct), as promised.
@@ -125,17 +129,28 @@ pub fn check(
     let mut rejected = HashSet::new();
     // Another id the consumer may key a change's message by → the change's key.
     let mut aliases: HashMap<&str, &str> = HashMap::new();
-    let mut two_channels = HashSet::new();
+    // Each change sent on two channels at once → its second channel.
+    let mut two_channels: HashMap<&str, String> = HashMap::new();
     // Foreign messages with no id, sent (each attempt may have landed) and confirmed.
     let (mut no_id_sent, mut no_id_confirmed) = (HashSet::new(), HashSet::new());
     for record in records {
         match record {
-            Record::Invoke { key, at_once, .. } if *at_once => {
-                two_channels.insert(key.as_str());
+            Record::Invoke {
+                key,
+                at_once,
+                shape,
+                ..
+            } if *at_once => {
+                if *shape == Shape::Thin {
+                    two_channels.insert(key, "two_channels_thin_webhook".to_owned());
+                } else {
+                    two_channels.entry(key).or_default();
+                }
             }
             Record::Publish {
                 key,
                 kind,
+                lane,
                 outcome,
                 keyed_as,
                 ..
@@ -151,7 +166,9 @@ pub fn check(
                     continue;
                 }
                 if kind.starts_with("two_channels") {
-                    two_channels.insert(key.as_str());
+                    let lane = serde_json::to_value(lane).unwrap_or_default();
+                    let channel = format!("{kind}/{}", lane.as_str().unwrap_or_default());
+                    two_channels.insert(key, channel);
                 }
             }
             _ => {}
@@ -239,8 +256,12 @@ pub fn check(
         let gaps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).collect();
         if gaps.iter().any(|gap| *gap < window_us) {
             found.doubled.push(key.clone());
-            if two_channels.contains(key.as_str()) {
+            if let Some(channel) = two_channels.get(key.as_str()) {
                 found.doubled_two_channels.push(key.clone());
+                *found
+                    .doubled_two_channels_by_kind
+                    .entry(channel.clone())
+                    .or_default() += 1;
             }
         } else if !gaps.is_empty() {
             found.reaccepted_after_window.push(key.clone());

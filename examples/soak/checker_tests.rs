@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::cluster::Lane;
-use crate::plan::Shape;
 
 fn invoke(key: &str) -> Record {
     Record::Invoke {
@@ -250,6 +249,12 @@ fn a_change_handled_on_each_of_two_channels_is_doubled_under_its_own_key() {
     let found = check(&records, &effects, &[], 60);
     assert_eq!(found.doubled, ["pair"]);
     assert_eq!(found.doubled_two_channels, ["pair"]);
+    let by_kind: Vec<(&str, usize)> = found
+        .doubled_two_channels_by_kind
+        .iter()
+        .map(|(k, n)| (k.as_str(), *n))
+        .collect();
+    assert_eq!(by_kind, [("two_channels_thin_own_id/database", 1)]);
     assert_eq!(found.two_channel_changes, 2);
     assert_eq!(
         found.sink_wrong_key, 0,

@@ -51,8 +51,10 @@ struct Summary<'a> {
     workload: BTreeMap<&'static str, u64>,
     lost: usize,
     doubled: usize,
-    /// Of `doubled`, changes sent on two channels at once (issue 36, item 1).
+    /// Of `doubled`, changes sent on two channels at once (issue 36, item 1), and by their
+    /// second channel.
     doubled_two_channels: usize,
+    doubled_two_channels_by_kind: &'a BTreeMap<String, usize>,
     two_channel_changes: usize,
     isolation: Isolation,
     workers: u32,
@@ -350,6 +352,7 @@ fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<
         lost: found.lost.len(),
         doubled: found.doubled.len(),
         doubled_two_channels: found.doubled_two_channels.len(),
+        doubled_two_channels_by_kind: &found.doubled_two_channels_by_kind,
         two_channel_changes: found.two_channel_changes,
         isolation: plan.isolation,
         workers: plan.workers,
@@ -434,8 +437,9 @@ fn explain_failure(
     if !found.doubled_two_channels.is_empty() {
         eprintln!(
             "soak: {} of the doubled change(s) were sent on two channels at once (a webhook and \
-             an EventBridge or thin copy: issue 36, item 1): {}",
+             an EventBridge or thin copy: issue 36, item 1), by second channel {:?}: {}",
             found.doubled_two_channels.len(),
+            found.doubled_two_channels_by_kind,
             found
                 .doubled_two_channels
                 .iter()
