@@ -113,6 +113,7 @@ mod nemesis;
 mod plan;
 mod postgres;
 mod producer;
+mod report;
 mod run;
 mod sender;
 mod settings;
@@ -160,7 +161,7 @@ struct Args {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let outcome = match (&args.check, args.seconds) {
-        (Some(dir), _) => run::check_again(dir),
+        (Some(dir), _) => report::check_again(dir),
         (None, Some(seconds)) => {
             let seed = args.seed.unwrap_or_else(rand::random);
             let service = match &args.service {
