@@ -148,8 +148,7 @@ impl Consumer {
             .collect();
 
         let mut tx = self.store.begin().await?;
-        let (fresh, seen) =
-            record_new(&mut tx, events.iter().collect(), &self.stripe_secrets).await?;
+        let (fresh, seen) = record_new(&mut tx, events.iter().collect()).await?;
         for (event, delivery) in seen {
             batch.duplicate(event, delivery);
         }
@@ -255,7 +254,7 @@ impl Consumer {
         tx.rollback().await?;
         let mut tx = self.store.begin().await?;
         // Another worker may have committed some of these meanwhile: ask again.
-        let (still_new, taken) = record_new(&mut tx, fresh, &self.stripe_secrets).await?;
+        let (still_new, taken) = record_new(&mut tx, fresh).await?;
         for (event, delivery) in taken {
             batch.duplicate(event, delivery);
         }

@@ -48,9 +48,6 @@ pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
-/// For the test kit (`testing::trusted_creation_time`), which checks the rule on its own.
-#[cfg(feature = "testing")]
-pub(crate) use record::trusted_creation_time;
 use settle::Settlement;
 pub use stale::StaleGuard;
 
@@ -153,9 +150,6 @@ pub struct Consumer {
     /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
     /// `None`.
     full_events: Option<FullEventFetch>,
-    /// `stripe.secrets`: they verify the signature the ingress carried with a message, before
-    /// an event's `created` may spare dedup lookups (`record.rs`). Empty: every lookup is made.
-    stripe_secrets: Arc<Vec<String>>,
 }
 
 impl Consumer {
@@ -174,15 +168,7 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
-            stripe_secrets: Arc::default(),
         }
-    }
-
-    /// The Stripe signing secrets (`stripe.secrets`) that verify the signature the ingress
-    /// carried with each message; with none, no creation time is trusted (correct, slower).
-    pub fn with_stripe_secrets(mut self, secrets: Arc<Vec<String>>) -> Self {
-        self.stripe_secrets = secrets;
-        self
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).

@@ -2,7 +2,7 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::dedup::{self, NewProcessed, ProcessedEvent};
+use super::dedup::{self, ProcessedEvent};
 use super::{dead_letters, outbox_rows, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
@@ -136,27 +136,18 @@ impl StoreTx {
         source: &str,
         events: &[(String, String)],
     ) -> Result<Vec<String>, StoreError> {
-        let events: Vec<NewProcessed> = events
+        let events: Vec<ProcessedEvent> = events
             .iter()
-            .map(|(id, event_type)| (id.clone(), event_type.clone(), None))
+            .map(|(id, event_type)| ProcessedEvent {
+                id: id.clone(),
+                event_type: event_type.clone(),
+                ..ProcessedEvent::default()
+            })
             .collect();
-        self.insert_processed_created(source, &events).await
-    }
-
-    /// As [`StoreTx::insert_processed`], with each event's creation time (Unix seconds) where
-    /// the caller verified that the provider signed it: generations sealed well before an event
-    /// was created are not looked up (see [`super::dedup`]), whatever this clock says. Pass
-    /// `None` for any other time: a wrong one skips the generation that holds the id.
-    pub async fn insert_processed_created(
-        &mut self,
-        source: &str,
-        events: &[NewProcessed],
-    ) -> Result<Vec<String>, StoreError> {
-        let events: Vec<ProcessedEvent> = events.iter().map(ProcessedEvent::from).collect();
         self.insert_processed_events(source, &events).await
     }
 
-    /// As [`StoreTx::insert_processed_created`], with how each event was received (when the
+    /// As [`StoreTx::insert_processed`], with how each event was received (when the
     /// transport took it in, which delivery this is), which `events show` reports.
     pub async fn insert_processed_events(
         &mut self,

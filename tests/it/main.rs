@@ -100,6 +100,9 @@
 //!   `created` after a seal, or a day ahead, is looked up everywhere;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
+//! * [`two_channels`]: one change on two channels at once (a webhook and its thin event or
+//!   EventBridge copy, side by side in a batch or in two batches at once) is one event,
+//!   handled once under the change's key;
 //! * [`user_migrations`]: an application's own migrations applied by every start and by
 //!   `migrate`, in order, once each, with its history apart from the library's; a changed one
 //!   reported once; a handler or migrations for the other store refused before anything runs;
@@ -151,5 +154,6 @@ mod stripe_ingress;
 mod testing_kit;
 mod transport_contract;
 mod trusted_created;
+mod two_channels;
 mod user_migrations;
 mod wakeup;
