@@ -301,7 +301,9 @@ impl IntoResponse for TxRejection {
 /// A request the layer lets through without a key: the handler may still write in an
 /// [`IdempotentTx`], which is committed if the result is one the layer would keep (and rolled
 /// back otherwise, or if the handler failed or panicked: the panic goes on up, as it would
-/// without the layer). A commit that fails is a 503.
+/// without the layer). A commit that fails is a 503; one the handler made impossible (a
+/// statement in the transaction failed and it went on, or it left a transaction of its own
+/// open) is a 500, with nothing committed.
 pub(super) async fn without_key<S>(
     shared: Arc<Shared>,
     mut inner: S,
@@ -328,7 +330,7 @@ where
             );
             Ok(Rejection::Internal.into_response(cfg.error_style))
         }
-        Lent::Tx(tx) => {
+        Lent::Tx(mut tx) => {
             let kept = !releases_key(response.status(), cfg.keep_5xx)
                 && response.extensions().get::<NotExecuted>().is_none();
             if !kept {
@@ -336,8 +338,16 @@ where
                 drop(tx);
                 return Ok(response);
             }
-            match tokio::time::timeout(cfg.statement_timeout, tx.commit()).await {
+            let commit = async move {
+                tx.check_not_aborted().await?;
+                tx.commit().await
+            };
+            match tokio::time::timeout(cfg.statement_timeout, commit).await {
                 Ok(Ok(())) => Ok(response),
+                Ok(Err(e)) if e.handlers_fault() => {
+                    tracing::error!(error = %e, "a keyless request's transaction was not committed");
+                    Ok(Rejection::Internal.into_response(cfg.error_style))
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "committing a keyless request's transaction failed");
                     Ok(Rejection::Unavailable.into_response(cfg.error_style))

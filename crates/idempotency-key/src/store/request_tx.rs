@@ -196,12 +196,40 @@ impl RequestTx {
         Ok(tx)
     }
 
-    /// Commits; the connection is kept for the next transaction. On an error the outcome is
+    /// Commits; the connection is kept for the next transaction. Only at depth 1: at depth 2 or
+    /// more a handler left a transaction of its own open (a sqlx `Transaction` forgotten, not
+    /// dropped), and `COMMIT` would only release its savepoint, leaving the request's
+    /// transaction to be rolled back when the connection closes. Then every level is rolled back
+    /// and the answer is [`CommitError::Depth`]. On a database error the outcome is
     /// PostgreSQL's to tell (the connection is closed, as by dropping an open transaction).
-    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+    pub(crate) async fn commit(mut self) -> Result<(), CommitError> {
+        let depth = PgTransactionManager::get_transaction_depth(&self);
+        if depth != 1 {
+            while PgTransactionManager::get_transaction_depth(&self) > 0 {
+                PgTransactionManager::rollback(&mut self).await?;
+            }
+            self.release();
+            return Err(CommitError::Depth(depth));
+        }
         PgTransactionManager::commit(&mut self).await?;
         self.release();
         Ok(())
+    }
+
+    /// Fails if the transaction is aborted (a statement in it failed, and the handler went on):
+    /// PostgreSQL would answer its `COMMIT` with `ROLLBACK`, which sqlx reports as success. One
+    /// statement, for transactions that have no statement of the layer's own before the commit
+    /// (a keyless request's: a keyed one's completion fails in an aborted transaction).
+    pub(crate) async fn check_not_aborted(&mut self) -> Result<(), CommitError> {
+        match sqlx::query("SELECT 1").execute(&mut **self).await {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some(IN_FAILED_TRANSACTION) =>
+            {
+                Err(CommitError::Aborted(sqlx::Error::Database(db)))
+            }
+            Err(e) => Err(CommitError::Database(e)),
+        }
     }
 
     /// Rolls back; the connection is kept for the next transaction.
@@ -248,6 +276,31 @@ impl Drop for RequestTx {
         if let Some(mut conn) = self.conn.take() {
             conn.close_on_drop();
         }
+    }
+}
+
+/// SQLSTATE 25P02: a statement in the transaction failed; every later one is refused.
+const IN_FAILED_TRANSACTION: &str = "25P02";
+
+/// Why a request's transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitError {
+    /// PostgreSQL refused or did not answer (the outcome is its to tell).
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// A handler left a transaction of its own open on the request's: nothing was committed.
+    #[error("the request's transaction was at depth {0} at its commit, not 1 (a handler left its own transaction open); rolled back")]
+    Depth(usize),
+    /// A statement in the transaction failed and the handler went on: nothing was committed.
+    #[error("the request's transaction had failed (a handler went on after an error in it); rolled back")]
+    Aborted(#[source] sqlx::Error),
+}
+
+impl CommitError {
+    /// The handler misused its transaction: a retry runs into the same, so the answer is 500
+    /// rather than 503.
+    pub(crate) fn handlers_fault(&self) -> bool {
+        matches!(self, CommitError::Depth(_) | CommitError::Aborted(_))
     }
 }
 
