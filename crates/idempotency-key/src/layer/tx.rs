@@ -33,7 +33,12 @@
 //!   key is released if it is still ours, and the answer is 503 with `Retry-After`; the retry
 //!   then replays the result if the commit did happen, or runs once if it did not;
 //! - the process dies anywhere before the commit: PostgreSQL aborts the transaction; the claim
-//!   lapses with its lease and one retry runs.
+//!   lapses with its lease and one retry runs;
+//! - the handler left the transaction unfit to commit: a transaction of its own left open on it
+//!   (depth 2 at the layer's commit, where `COMMIT` would only release a savepoint), or a
+//!   statement in it failed and the handler went on (PostgreSQL answers such a `COMMIT` with
+//!   `ROLLBACK`): everything is rolled back, the key released, and the answer is 500 (503 when a
+//!   keyed request's completion is what finds the transaction failed).
 //!
 //! A request the layer lets through without a key (a method it does not cover, or no key where
 //! keys are optional) still gets its transaction if the handler asks: committed when the result

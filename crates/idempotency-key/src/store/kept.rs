@@ -138,11 +138,11 @@ impl KeptConnections {
     /// The most recently kept connection still within [`KEEP_AT_MOST`], with the statement that
     /// resets its session and begins its next transaction; older ones go back.
     pub(super) fn take(&self) -> Option<(Kept, Cow<'static, str>)> {
-        let begin = self.reset.get()?.begin.clone();
+        let reset = self.reset.get()?;
         let mut idle = self.idle();
         while let Some(kept) = idle.pop() {
             if kept.1.elapsed() < KEEP_AT_MOST {
-                return Some((kept, Cow::Owned(begin)));
+                return Some((kept, Cow::Owned(reset.begin.clone())));
             }
         }
         None

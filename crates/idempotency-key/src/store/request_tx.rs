@@ -62,7 +62,8 @@ impl RequestTx {
         if let Some((conn, reset_and_begin)) = kept.take() {
             match Self::begin_on(conn, kept, Some(reset_and_begin)).await {
                 Ok(tx) => return Ok(tx),
-                Err(e) => tracing::debug!(error = %e, "a kept connection failed its BEGIN; closed"),
+                // Logged: a reset that keeps failing would cost a connection each time.
+                Err(e) => tracing::warn!(error = %e, "a kept connection failed its BEGIN; closed"),
             }
         }
         match Self::begin_fresh(pool, kept).await {
