@@ -164,8 +164,7 @@ impl KeptConnections {
         if self.knows_session() {
             return Ok(());
         }
-        let user = self.pool.connect_options().get_username().to_owned();
-        let reset = SessionReset::learn(conn, &user).await?;
+        let reset = SessionReset::learn(conn).await?;
         let _ = self.reset.set(reset);
         Ok(())
     }
@@ -201,29 +200,32 @@ impl KeptConnections {
 /// round trip as its next `BEGIN` (so it costs no round trip of its own):
 ///
 /// ```sql
-/// BEGIN; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; <what the pool set>;
-/// UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; COMMIT; BEGIN
+/// BEGIN; CLOSE ALL; RESET ALL; UNLISTEN *; DISCARD TEMP; DISCARD SEQUENCES;
+/// SELECT set_config('session_authorization', …), <the pool's settings>, set_config('role', …),
+///        pg_advisory_unlock_all();
+/// COMMIT; BEGIN
 /// ```
 ///
 /// - in its own transaction, committed before the request's `BEGIN`: statements before a
 ///   `BEGIN` in one simple-query string would join the request's transaction, and a request
 ///   that rolls back would roll the reset back with it (a `SET` is undone by `ROLLBACK`);
-/// - `SET SESSION AUTHORIZATION DEFAULT` ends any `SET ROLE` or `SET SESSION AUTHORIZATION`,
-///   which `RESET ALL` leaves alone; it is allowed to any user, as it names the one that logged
-///   in;
 /// - `RESET ALL` puts every setting back to the session's start (the connection's startup
 ///   options, the role's and database's defaults) and clears custom ones (`app.tenant` reads
-///   as empty, as on a connection where it was set and reset);
+///   as empty, as on a connection where it was set and reset). It leaves the role and the
+///   session authorization alone, so those are set explicitly, the session authorization first
+///   (setting it ends any `SET ROLE`), to what the pool lent: the user that logged in, unless
+///   the pool's hooks changed it (which only a superuser can, and then may again);
 /// - then what the pool's hooks had set when a connection was first lent (dedup-db's
 ///   `put_schema_first`, say, puts a schema first in `search_path`): the settings whose source
-///   is the session, the role and the session authorization, recorded once per store from a
-///   connection fresh from the pool. That assumes the pool's hooks set the same on every
-///   connection, as such hooks do; a custom setting (`app.*`) a hook sets is not listed by
-///   PostgreSQL and is not restored;
+///   is the session, recorded once per store from a connection fresh from the pool. That
+///   assumes the pool's hooks set the same on every connection, as such hooks do; a custom
+///   setting (`app.*`) a hook sets is not listed by PostgreSQL and is not restored;
 /// - not `DISCARD ALL`, nor `DEALLOCATE ALL`: they drop the prepared statements sqlx's
 ///   statement cache holds, and its next use of one fails. A statement a handler prepared with
 ///   `PREPARE` stays (it carries no rights); `DISCARD PLANS` is left out as it changes nothing
-///   a request can see.
+///   a request can see;
+/// - as few statements as that takes: each one of a simple-query string is parsed and run on
+///   its own, and this string goes with most request transactions (BENCHMARKS.md, issue 36).
 ///
 /// If any part fails, the `BEGIN` fails, the connection is closed, and the transaction begins
 /// on a connection from the pool.
@@ -234,7 +236,7 @@ struct SessionReset {
 }
 
 impl SessionReset {
-    async fn learn(conn: &mut PgConnection, user: &str) -> Result<Self, sqlx::Error> {
+    async fn learn(conn: &mut PgConnection) -> Result<Self, sqlx::Error> {
         let settings: Vec<(String, String)> = sqlx::query_as(
             "SELECT name, current_setting(name) FROM pg_settings WHERE source = 'session'
              UNION ALL SELECT 'session_authorization', current_setting('session_authorization')
@@ -242,35 +244,31 @@ impl SessionReset {
         )
         .fetch_all(conn)
         .await?;
-        Ok(Self::for_session(&settings, user))
+        Ok(Self::for_session(&settings))
     }
 
-    /// The reset for a session lent with `settings` by a pool that logs in as `user`.
-    fn for_session(settings: &[(String, String)], user: &str) -> Self {
+    /// The reset for a session lent with `settings` (which name the session authorization and
+    /// the role).
+    fn for_session(settings: &[(String, String)]) -> Self {
         let set = |name: &str, value: &str| {
-            format!(
-                "SELECT set_config({}, {}, false); ",
-                literal(name),
-                literal(value)
-            )
+            format!("set_config({}, {}, false)", literal(name), literal(value))
         };
-        let mut begin =
-            String::from("BEGIN; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; ");
         // The session authorization first (it ends any role), the role last.
-        let mut role = String::new();
+        let mut calls = Vec::with_capacity(settings.len() + 1);
+        let mut role = set("role", "none");
         for (name, value) in settings {
             match name.as_str() {
-                "session_authorization" if value != user => begin.push_str(&set(name, value)),
-                "session_authorization" => {}
-                "role" if value != "none" => role = set(name, value),
-                "role" => {}
-                _ => begin.push_str(&set(name, value)),
+                "session_authorization" => calls.insert(0, set(name, value)),
+                "role" => role = set(name, value),
+                _ => calls.push(set(name, value)),
             }
         }
-        begin.push_str(&role);
-        begin.push_str(
-            "UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
-             COMMIT; BEGIN",
+        calls.push(role);
+        calls.push("pg_advisory_unlock_all()".to_owned());
+        let begin = format!(
+            "BEGIN; CLOSE ALL; RESET ALL; UNLISTEN *; DISCARD TEMP; DISCARD SEQUENCES; \
+             SELECT {}; COMMIT; BEGIN",
+            calls.join(", ")
         );
         SessionReset { begin }
     }
@@ -295,21 +293,19 @@ mod tests {
             ("role".to_owned(), "app_rls".to_owned()),
             ("session_authorization".to_owned(), "postgres".to_owned()),
         ];
-        let reset = SessionReset::for_session(&lent, "postgres").begin;
         assert_eq!(
-            reset,
-            "BEGIN; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
-             SELECT set_config(E'search_path', E'dedup_worker, \"my''app\"\\\\x', false); \
-             SELECT set_config(E'role', E'app_rls', false); \
-             UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
-             COMMIT; BEGIN"
+            SessionReset::for_session(&lent).begin,
+            "BEGIN; CLOSE ALL; RESET ALL; UNLISTEN *; DISCARD TEMP; DISCARD SEQUENCES; \
+             SELECT set_config(E'session_authorization', E'postgres', false), \
+             set_config(E'search_path', E'dedup_worker, \"my''app\"\\\\x', false), \
+             set_config(E'role', E'app_rls', false), pg_advisory_unlock_all(); COMMIT; BEGIN"
         );
-        let plain = [
-            ("role".to_owned(), "none".to_owned()),
-            ("session_authorization".to_owned(), "other".to_owned()),
-        ];
-        let reset = SessionReset::for_session(&plain, "postgres").begin;
-        assert!(reset.contains("set_config(E'session_authorization', E'other', false)"));
-        assert!(!reset.contains("E'role'"));
+        let plain = [("session_authorization".to_owned(), "app".to_owned())];
+        assert_eq!(
+            SessionReset::for_session(&plain).begin,
+            "BEGIN; CLOSE ALL; RESET ALL; UNLISTEN *; DISCARD TEMP; DISCARD SEQUENCES; \
+             SELECT set_config(E'session_authorization', E'app', false), \
+             set_config(E'role', E'none', false), pg_advisory_unlock_all(); COMMIT; BEGIN"
+        );
     }
 }
