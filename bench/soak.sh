@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The fault soak (issue 26): fourteen processes of examples/soak_service (per transport, the
-# database queue, RabbitMQ and SQS on moto_server, two ingress and two consumers; two relays) on
-# one PostgreSQL database of the run's own, a Stripe-like sender, a nemesis drawn from the seed
-# (SIGKILL, SIGSTOP longer than a lease, proxies black-holing, refusing, cutting or slowing
-# PostgreSQL, RabbitMQ, the emulator and the sink, seals and retention of a 60-s dedup window,
-# restarts with another configuration), then a drain and a checker: every event answered 2xx
-# at the sink at least once and in the effect table exactly once. What it does and how it judges
+# The fault soak (issues 26 and 36): fourteen processes of examples/soak_service (per transport,
+# the database queue, RabbitMQ and SQS on moto_server, two ingress and two consumers with 1-4
+# workers; two relays) on a PostgreSQL server of the run's own (initdb + pg_ctl in a temporary
+# directory, its default_transaction_isolation drawn per run, removed at the end), a Stripe-like
+# sender, a direct producer (a change's second channel at the same moment: an EventBridge copy
+# on SQS or a thin event under its own id; a foreign producer's messages with and without ids on
+# every queue), a nemesis drawn from the seed (SIGKILL, SIGSTOP longer than a lease, proxies
+# black-holing, refusing, cutting or slowing PostgreSQL, RabbitMQ, the emulator and the sink,
+# PostgreSQL itself SIGKILLed and restarted, SQS receives duplicated, seals and retention of a
+# 60-s dedup window, restarts with another configuration), then a drain and a checker: every
+# event answered 2xx at the sink at least once and in the effect table exactly once. What it does and how it judges
 # is written at the top of examples/soak/main.rs; RELIABILITY.md has the faults and results.
 #
 # Usage: bench/soak.sh SECONDS [SEED]
@@ -20,10 +24,13 @@
 #                               must fail)
 #   AWS_ENDPOINT_URL            an SQS emulator already running; otherwise moto_server is started
 #                               on a free port for the run (installed with pip if missing)
-#   DEDUP_TEST_POSTGRES, AMQP_URL: the servers (default the local ones, as the test suite)
-# The last line on stdout is one JSON object (seed, seconds, events_accepted, faults, lost,
-# doubled, sink_redeliveries_same_key, …). Exit status 0 if the promise held, 1 on a violation
-# (the seed, the schedule and the violating keys' history on stderr; the run's database kept),
+#   SOAK_PG_BIN                 where initdb and pg_ctl are (default: pg_config --bindir, else
+#                               the newest /usr/lib/postgresql/*/bin); as root they run as postgres
+#   AMQP_URL                    RabbitMQ (default the local one, as the test suite)
+# The last line on stdout is one JSON object (seed, seconds, events_accepted, faults, workload,
+# lost, doubled, …, verdict, why). Exit status 0 if the promise held; 1 on a violation, on fewer
+# than 90 % of the events sent accepted, or on a drain that did not finish (the seed, the
+# schedule and the violating keys' history on stderr);
 # 2 if the soak itself could not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

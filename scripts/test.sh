@@ -162,7 +162,9 @@ run_tests --locked "$@"
 
 # --- fault soak -------------------------------------------------------------------------------
 # bench/soak.sh for 60 s, a fresh seed each run (printed first, with the command that replays
-# it), debug builds (`cargo test` built most of them), on an emulator of its own.
+# it), debug builds (`cargo test` built most of them), on an emulator and a PostgreSQL server of
+# its own (initdb + pg_ctl; removed after). Every run of 20 s or more crashes that server once
+# and duplicates SQS receives once at least, besides the drawn faults; about two minutes in all.
 section "fault soak"
 [ "${SOAK_SECONDS:-60}" = 0 ] || env -u AWS_ENDPOINT_URL SOAK_PROFILE=debug SOAK_RATE=20 ./bench/soak.sh "${SOAK_SECONDS:-60}"
 

@@ -25,7 +25,7 @@ pub enum Role {
 }
 
 /// Which transport a process uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Lane {
     Database,
@@ -75,11 +75,14 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    pub const START: Tuning = Tuning {
-        batch_size: 64,
-        lease_secs: 5,
-        workers: 2,
-    };
+    /// What every process starts with; `workers` is the run's draw ([`Tuning::draw_workers`]).
+    pub fn start(workers: u32) -> Tuning {
+        Tuning {
+            batch_size: 64,
+            lease_secs: 5,
+            workers,
+        }
+    }
     /// The longest lease [`Tuning::draw`] sets: a pause is longer.
     pub const MAX_LEASE_SECS: u64 = 8;
 
@@ -87,8 +90,14 @@ impl Tuning {
         Tuning {
             batch_size: *[16, 64, 256].choose(rng).expect("non-empty"),
             lease_secs: *[3, 5, Self::MAX_LEASE_SECS].choose(rng).expect("non-empty"),
-            workers: rng.gen_range(1..=3),
+            workers: Self::draw_workers(rng),
         }
+    }
+
+    /// A consumer's workers (`consumer.workers`), 1–4: 4 (the default) half the time, where two
+    /// batches of one process contend for the same rows and locks; 1, 2 or 3 otherwise.
+    pub fn draw_workers(rng: &mut impl Rng) -> u32 {
+        *[1, 2, 3, 4, 4, 4].choose(rng).expect("non-empty")
     }
 
     /// The variables that set it for a process of `role`.
@@ -155,6 +164,7 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(
+        workers: u32,
         service: PathBuf,
         common_env: Vec<(String, String)>,
         lane_env: Vec<(Lane, Vec<(String, String)>)>,
@@ -165,7 +175,7 @@ impl Cluster {
             .map(|_| {
                 Mutex::new(Slot {
                     child: None,
-                    tuning: Tuning::START,
+                    tuning: Tuning::start(workers),
                     paused: false,
                     starts: 0,
                     busy: false,

@@ -17,7 +17,7 @@ use dedup_worker::store::Store;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::checker::EffectRow;
+use crate::checker::{DeadLetterRow, EffectRow};
 use crate::infra::{Infra, CALL_TIMEOUT};
 use crate::sink::SinkSeen;
 
@@ -118,7 +118,7 @@ async fn effect_count(store: &Store) -> anyhow::Result<i64> {
 /// What the store holds after the processes stopped.
 pub struct FinalState {
     pub effects: Vec<EffectRow>,
-    pub dead_letters: usize,
+    pub dead_letters: Vec<DeadLetterRow>,
     pub outbox_failed: usize,
     pub outbox_pending: i64,
     /// Messages left in the database queue, RabbitMQ and SQS.
@@ -171,6 +171,23 @@ pub async fn read_final(
         run_dir.join("dead_letters.txt"),
         format!("{dead_letters:#?}\n"),
     )?;
+    let dead_letters: Vec<DeadLetterRow> = dead_letters
+        .into_iter()
+        .map(|dead| DeadLetterRow {
+            soak_key: serde_json::from_slice::<serde_json::Value>(&dead.payload)
+                .ok()
+                .and_then(|v| Some(v.get("soak_key")?.as_str()?.to_owned())),
+            event_id: dead.event_id,
+            error: dead.error,
+        })
+        .collect();
+    let mut file =
+        std::io::BufWriter::new(std::fs::File::create(run_dir.join("dead_letters.jsonl"))?);
+    for row in &dead_letters {
+        serde_json::to_writer(&mut file, row)?;
+        file.write_all(b"\n")?;
+    }
+    file.flush()?;
     std::fs::write(run_dir.join("outbox_failed.txt"), format!("{failed:#?}\n"))?;
     let pending = bounded("counting the outbox", store.outbox_counts())
         .await?
@@ -178,7 +195,7 @@ pub async fn read_final(
     let left_in_queues = infra.queue_depths(store).await;
     Ok(FinalState {
         effects,
-        dead_letters: dead_letters.len(),
+        dead_letters,
         outbox_failed: failed.len(),
         outbox_pending: pending,
         left_in_queues,

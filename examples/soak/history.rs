@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use crate::cluster::Lane;
 use crate::plan::Shape;
 
 /// How a post completed, as Jepsen classifies operations.
@@ -37,6 +38,9 @@ pub enum Record {
         shape: Shape,
         ingress: usize,
         attempt: u32,
+        /// Sent at the same moment as another channel of the same change.
+        #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+        at_once: bool,
     },
     /// Its answer.
     Complete {
@@ -47,6 +51,26 @@ pub enum Record {
         outcome: Outcome,
         #[serde(skip_serializing_if = "Option::is_none", default)]
         status: Option<u16>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        error: Option<String>,
+    },
+    /// An attempt of the direct producer's to put a message on a queue itself (a change's second
+    /// channel, a foreign message), and how it ended: `ok` once the queue confirmed it, `info`
+    /// if the attempt failed (it may have landed; the producer tries again).
+    Publish {
+        t: u64,
+        /// The key the checker counts it under.
+        key: String,
+        /// A [`crate::workload::DirectKind`]'s name.
+        kind: String,
+        lane: Lane,
+        copy: u32,
+        attempt: u32,
+        outcome: Outcome,
+        /// The id the consumer keys it by, where it is not `key` (a thin event under its own
+        /// id): an alias of `key` for the checker.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        keyed_as: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none", default)]
         error: Option<String>,
     },
@@ -75,6 +99,7 @@ impl Record {
         match self {
             Record::Invoke { key, .. }
             | Record::Complete { key, .. }
+            | Record::Publish { key, .. }
             | Record::Sink { key, .. } => Some(key),
             Record::Fault { .. } | Record::Phase { .. } => None,
         }

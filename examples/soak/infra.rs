@@ -1,5 +1,5 @@
-//! The run's own resources on the shared services, and the fault proxies in front of them: a
-//! PostgreSQL database, a RabbitMQ queue (with its dead-letter queue and retry buckets) and an
+//! The run's own resources, and the fault proxies in front of them: a database on the run's
+//! own PostgreSQL server ([`crate::postgres`]), a RabbitMQ queue (with its dead-letter queue and retry buckets) and an
 //! SQS queue on the emulator, each named after the run and removed at the end ([`Infra::remove`],
 //! or, if the driver never got there, on drop), except the database of a failed run, kept for
 //! its post-mortem.
@@ -17,6 +17,7 @@ use lapin::types::FieldTable;
 use sqlx::{Connection, PgConnection};
 
 use crate::plan::{Dependency, DEPENDENCIES};
+use crate::sqs_dup::SqsDuplicator;
 
 /// Every call the driver makes to a service waits at most this long.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,13 +32,15 @@ pub struct Infra {
     pub database_url: String,
     pub database_url_proxied: String,
     pub amqp_url_proxied: String,
-    amqp_url: String,
+    pub amqp_url: String,
     pub rabbit_queue: String,
     pub aws_endpoint_proxied: String,
     pub sqs_queue_url: String,
     pub sqs_queue_url_proxied: String,
-    sqs: aws_sdk_sqs::Client,
+    pub sqs: aws_sdk_sqs::Client,
     pub proxies: HashMap<Dependency, FaultProxy>,
+    /// Between the SQS lane's fault proxy and the emulator.
+    pub sqs_duplicator: Option<SqsDuplicator>,
     removed: AtomicBool,
 }
 
@@ -70,10 +73,13 @@ fn through(proxy: &FaultProxy, url: &str) -> anyhow::Result<String> {
 }
 
 impl Infra {
-    /// Creates the database and the SQS queue and starts the proxies (the RabbitMQ queue is
-    /// declared by the processes themselves).
-    pub async fn create(run_id: &str, sink: SocketAddr) -> anyhow::Result<Infra> {
-        let admin_url = dedup_worker::testing::pg_admin_url();
+    /// Creates the database on the server at `admin_url` and the SQS queue, and starts the
+    /// proxies (the RabbitMQ queue is declared by the processes themselves).
+    pub async fn create(
+        run_id: &str,
+        sink: SocketAddr,
+        admin_url: String,
+    ) -> anyhow::Result<Infra> {
         let amqp_url = std::env::var("AMQP_URL")
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
         let aws_endpoint = std::env::var("AWS_ENDPOINT_URL").context(
@@ -112,6 +118,7 @@ impl Infra {
             sqs_queue_url_proxied: String::new(),
             sqs: sqs.clone(),
             proxies: HashMap::new(),
+            sqs_duplicator: None,
             removed: AtomicBool::new(false),
         };
         // From here on, a failure still removes the database (on drop).
@@ -127,10 +134,20 @@ impl Infra {
             .ok_or_else(|| anyhow!("the emulator returned no queue URL"))?
             .to_owned();
 
+        let (emulator, _) = authority(&aws_endpoint)?;
+        let duplicator = SqsDuplicator::start(
+            format!("http://{emulator}"),
+            sqs.clone(),
+            infra.sqs_queue_url.clone(),
+        )
+        .await
+        .context("starting the SQS duplicating proxy")?;
+        let duplicating = format!("http://{}", duplicator.addr);
+        infra.sqs_duplicator = Some(duplicator);
         for (dependency, url) in [
             (Dependency::Postgres, database_url.as_str()),
             (Dependency::Rabbitmq, amqp_url.as_str()),
-            (Dependency::Sqs, aws_endpoint.as_str()),
+            (Dependency::Sqs, duplicating.as_str()),
         ] {
             let (upstream, _) = authority(url)?;
             infra
@@ -159,8 +176,13 @@ impl Infra {
         )
     }
 
-    /// Every proxy back to passing, without added latency.
+    pub fn duplicator(&self) -> &SqsDuplicator {
+        self.sqs_duplicator.as_ref().expect("started in create")
+    }
+
+    /// Every proxy back to passing, without added latency, and no SQS receive duplicated.
     pub async fn heal(&self) {
+        self.duplicator().set(0);
         for dependency in DEPENDENCIES {
             let proxy = self.proxy(dependency);
             proxy.set_latency(Duration::ZERO);

@@ -9,11 +9,14 @@
 //! The service under test is `examples/soak_service`: a service on the library whose handler
 //! inserts one row per call into `soak_effects`, a table with no unique key, and forwards the
 //! event to the sink, both in the consumer's batch transaction. Fourteen processes of it run on
-//! one PostgreSQL database created for the run ([`cluster::LAYOUT`]): per transport (the
-//! database queue, RabbitMQ, SQS on the emulator) two `ingest` and two `consume` processes, and
-//! two `relay` processes. Every process reaches PostgreSQL, RabbitMQ, the emulator and the sink
-//! through a fault proxy of the driver's ([`dedup_worker::testing::fault_proxy`]), one per
-//! dependency. The dedup window is short (`consumer.dedup_window_secs`, 60 s by default,
+//! a PostgreSQL server of the run's own ([`postgres`]: `initdb` and `pg_ctl` in a temporary
+//! directory, on a free port, its `default_transaction_isolation` drawn per run, stopped and
+//! removed at the end) ([`cluster::LAYOUT`]): per transport (the database queue, RabbitMQ, SQS
+//! on the emulator, whose consumers unwrap EventBridge envelopes) two `ingest` and two
+//! `consume` processes with 1–4 workers each (drawn per run, 4 half the time), and two `relay`
+//! processes. Every process reaches PostgreSQL, RabbitMQ, the emulator and the sink through a
+//! fault proxy of the driver's ([`dedup_worker::testing::fault_proxy`]), one per dependency; the
+//! emulator also through a duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window_secs`, 60 s by default,
 //! `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so generations are sealed
 //! and emptied many times in a run.
 //!
@@ -29,13 +32,26 @@
 //!   a quarter re-sent one to three times up to 25 s later to any ingress, in shuffled order;
 //!   every post up to 1.5 s late (reordering); 12 % delivered as a snapshot event and its thin
 //!   event (`v2.core.event` with `snapshot_event`: one change, one key); 10 % with a `created`
-//!   hours in the past;
+//!   hours in the past; 6 % sent on two channels at the same moment ([`workload::Twin`]): the
+//!   webhook and an EventBridge envelope on SQS, or the webhook and the thin event put on a
+//!   queue under its own id (the key an earlier release gave it: two keys, one change), or two
+//!   webhooks (snapshot and thin);
+//! * the direct producer's messages ([`producer`]), put on the queues with their own clients:
+//!   those second channels, and a foreign producer's messages (one a second for every 20 events
+//!   of the rate, to each queue): half with the transport's id, three in ten with only an `id`
+//!   in the body, two in ten with no id at all (no event: a dead letter is the promise), a fifth
+//!   published twice;
 //! * the fault schedule: one fault every 2–6 s, never two on one process or one proxy at once:
 //!   SIGKILL and a restart; SIGSTOP longer than any lease, then SIGCONT; a proxy black-holing or
 //!   refusing PostgreSQL, RabbitMQ, the emulator or the sink for 2–10 s; every connection of
 //!   one cut; every consumer paused for 3–8 s (a backlog builds), then 200 ms–2 s of latency on
 //!   every chunk to one dependency for 10–40 s; a seal of the current dedup generation; a
-//!   retention pass; a restart with another batch size, lease and parallelism (a config reload).
+//!   retention pass; a restart with another batch size, lease and parallelism (a config reload);
+//!   the PostgreSQL server SIGKILLed (postmaster and backends) and started again 0.5–5 s later
+//!   (`pg_kill`, `pg_restart`); for 3–12 s, one in 1–3 of the messages each SQS receive hands
+//!   out made visible again at once, so another receive gets it while it is handled
+//!   (`sqs_duplicate`; the summary counts `sqs_made_visible` and `sqs_received_twice`). Every
+//!   run of 20 s or more has at least one `pg_kill` and one `sqs_duplicate`.
 //!
 //! The same `SECONDS SEED` (and rate, SQS share and window) gives the same stream and the same schedule:
 //! `bench/soak.sh SECONDS SEED` replays a run. What the processes then do is real concurrency,
@@ -58,22 +74,27 @@
 //!
 //! # The checker
 //!
-//! The history (`history.jsonl`: every post's attempts and answers, every sink delivery with
-//! its `Idempotency-Key`, every fault's start and end) and the effect table are judged by
-//! [`checker`]: nothing accepted lost (at the sink at least once, with its effect row), nothing
-//! doubled (no two effect rows of one key less than the window apart; rows further apart are
-//! allowed by the promise and reported as `reaccepted_after_window`), sink redeliveries under
-//! the first delivery's `Idempotency-Key`, no dead letter, no failed outbox row, no crash. The
-//! last line printed is one JSON object:
-//! `{"seed", "seconds", "events_accepted", "faults", "lost", "doubled",
-//! "sink_redeliveries_same_key", …}`. On a violation the driver prints the seed, the replay
-//! command, the schedule and the history of the violating keys, keeps the database
-//! (`dw_soak_<run>`, named in the output) for a post-mortem, and exits 1.
+//! The history (`history.jsonl`: every post's attempts and answers, every direct publish,
+//! every sink delivery with its `Idempotency-Key`, every fault's start and end), the effect
+//! table and the dead letters are judged by [`checker`]: nothing accepted lost (at the sink at
+//! least once, with its effect row), nothing doubled (no two effect rows of one change less
+//! than the window apart, a thin event's own id counted as its change's; rows further apart
+//! are allowed by the promise and reported as `reaccepted_after_window`; doubled changes sent on
+//! two channels are also `doubled_two_channels`), sink redeliveries under the first delivery's
+//! `Idempotency-Key`, each foreign message with no id dead-lettered (at least once) and no
+//! other dead letter, no failed outbox row, no crash. The verdict also fails when fewer than
+//! 90 % of the events sent were accepted, or the drain did not finish: a run that says nothing
+//! about the pipeline does not pass. The last line printed is one JSON object:
+//! `{"seed", "seconds", "events_accepted", "faults", "workload", "lost", "doubled", …,
+//! "verdict", "why"}`. On a violation the driver prints the seed, the replay command, the
+//! schedule and the history of the violating keys, and exits 1; the run's directory keeps what
+//! a post-mortem reads (the server itself is removed).
 //!
 //! # The run's directory
 //!
 //! `target/soak/<run>/` (`SOAK_DIR` for another parent): `schedule.json` (the plan's
-//! parameters and faults), `history.jsonl`, `effects.jsonl`, `dead_letters.txt`,
+//! parameters and faults), `history.jsonl`, `effects.jsonl`, `dead_letters.txt` and
+//! `dead_letters.jsonl`,
 //! `outbox_failed.txt`, `summary.json`, and `logs/<process>.log` (each process's stderr,
 //! across its restarts). `soak --check DIR` judges a kept run again.
 //!
@@ -85,14 +106,20 @@
 mod checker;
 mod cluster;
 mod drain;
+mod faults;
 mod history;
 mod infra;
 mod nemesis;
 mod plan;
+mod postgres;
+mod producer;
+mod report;
 mod run;
 mod sender;
 mod settings;
 mod sink;
+mod sqs_dup;
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -134,7 +161,7 @@ struct Args {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let outcome = match (&args.check, args.seconds) {
-        (Some(dir), _) => run::check_again(dir),
+        (Some(dir), _) => report::check_again(dir),
         (None, Some(seconds)) => {
             let seed = args.seed.unwrap_or_else(rand::random);
             let service = match &args.service {

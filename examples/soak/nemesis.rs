@@ -20,12 +20,14 @@ use crate::cluster::{Cluster, LAYOUT};
 use crate::history::History;
 use crate::infra::{Infra, CALL_TIMEOUT};
 use crate::plan::{consumer_processes, Fault, FaultKind, Partition, Plan};
+use crate::postgres::PgServer;
 
 /// How long a restart may keep trying (a dependency it needs may be down).
 const RESTART_DEADLINE: Duration = Duration::from_secs(120);
 
 pub struct Nemesis {
     pub plan: Arc<Plan>,
+    pub pg: Arc<PgServer>,
     pub cluster: Arc<Cluster>,
     pub infra: Arc<Infra>,
     pub store: Store,
@@ -58,7 +60,7 @@ impl Nemesis {
 
     async fn inject(self: Arc<Self>, fault: Fault, stop: CancellationToken) {
         let name = fault.kind.name();
-        *self.counts.lock().expect("counts").entry(name).or_default() += 1;
+        self.count(name);
         let detail = serde_json::to_string(&fault.kind).unwrap_or_default();
         self.history.fault("start", name, detail);
         // Waits `ms`, or less if the run ends first.
@@ -132,6 +134,26 @@ impl Nemesis {
                 format!("{sealed:?}")
             }
             FaultKind::Retention => self.retention().await,
+            FaultKind::PgCrash { down_ms } => {
+                effective = self.pg.kill();
+                hold(down_ms).await;
+                let restarted = self.pg.restart(Instant::now() + RESTART_DEADLINE).await;
+                if restarted.is_ok() {
+                    self.count("pg_restart");
+                }
+                format!("{restarted:?}")
+            }
+            FaultKind::SqsDuplicate { ms, one_in } => {
+                let duplicator = self.infra.duplicator();
+                let before = duplicator.counts();
+                duplicator.set(one_in);
+                hold(ms).await;
+                duplicator.set(0);
+                let after = duplicator.counts();
+                let made_visible = after.made_visible - before.made_visible;
+                effective = made_visible > 0;
+                format!("{made_visible} message(s) made visible again")
+            }
             FaultKind::Reload { process, tuning } => {
                 let exited = self.cluster.stop(process).await;
                 self.cluster.set_tuning(process, tuning);
@@ -153,6 +175,10 @@ impl Nemesis {
                 .or_default() += 1;
         }
         self.history.fault("end", name, end);
+    }
+
+    fn count(&self, name: &'static str) {
+        *self.counts.lock().expect("counts").entry(name).or_default() += 1;
     }
 
     /// A retention pass as a consumer runs it, with the run's window.
@@ -187,9 +213,14 @@ impl Nemesis {
     }
 }
 
-/// Every proxy passing with no latency, every paused process continued, every process that is
-/// down started (each until it listens or the deadline).
-pub async fn heal_all(cluster: &Cluster, infra: &Infra, history: &History) {
+/// The database server running, every proxy passing with no latency, every paused process
+/// continued, every process that is down started (each until it listens or the deadline).
+pub async fn heal_all(cluster: &Cluster, infra: &Infra, pg: &Arc<PgServer>, history: &History) {
+    if !pg.running() {
+        if let Err(error) = pg.restart(Instant::now() + RESTART_DEADLINE).await {
+            history.fault("note", "pg_restart", format!("{error:#}"));
+        }
+    }
     infra.heal().await;
     for process in cluster.paused() {
         cluster.resume(process);

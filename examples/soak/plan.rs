@@ -1,13 +1,20 @@
-//! The run's plan, drawn from the seed before anything starts: the event stream (what the
-//! sender posts, to which ingress, when) and the fault schedule (what the nemesis does, when).
-//! The same seed and parameters give the same plan, which is what makes a run replayable.
+//! The run's plan, drawn from the seed before anything starts: the run's settings (the
+//! database's default isolation, the consumers' workers), the event stream (what the sender
+//! posts, to which ingress, when), what the direct producer puts on the queues itself (a change's
+//! second channel, a foreign producer's messages: [`crate::workload`]) and the fault schedule
+//! (what the nemesis does, when: [`crate::faults`]). The same seed and parameters give the same
+//! plan, which is what makes a run replayable.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{Lane, Role, Tuning, INGRESS_COUNT, LAYOUT};
+use crate::cluster::{Lane, Tuning, INGRESS_COUNT, LAYOUT};
+pub use crate::faults::{
+    consumer_processes, Dependency, Fault, FaultKind, Partition, DEPENDENCIES,
+};
+use crate::workload::{self, Direct, DirectKind, Twin};
 
 /// Stripe event types the stream mixes (the handler does not care; the sink sees them).
 const EVENT_TYPES: [&str; 4] = [
@@ -23,8 +30,36 @@ const DUPLICATED: f64 = 0.25;
 const THIN_PAIRS: f64 = 0.12;
 /// Share of events whose `created` is hours in the past (retries of old events).
 const OLD_EVENTS: f64 = 0.10;
-/// Faults start no sooner than this into the run (the processes have just started).
-const FIRST_FAULT_MS: u64 = 3_000;
+/// Share of changes sent on two channels at the same moment (a webhook and an EventBridge copy
+/// on SQS, or a thin event beside it: [`Twin`]).
+pub const TWO_CHANNELS: f64 = 0.06;
+
+/// The run's PostgreSQL's `default_transaction_isolation`: the pipeline must be correct under
+/// each, whatever a connection's first statement assumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+impl Isolation {
+    pub const ALL: [Isolation; 3] = [
+        Isolation::ReadCommitted,
+        Isolation::RepeatableRead,
+        Isolation::Serializable,
+    ];
+
+    /// As `postgresql.conf` spells it.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read committed",
+            Isolation::RepeatableRead => "repeatable read",
+            Isolation::Serializable => "serializable",
+        }
+    }
+}
 
 /// Everything the run does that is chosen, not observed.
 #[derive(Debug, Serialize)]
@@ -36,9 +71,15 @@ pub struct Plan {
     /// Events a second sent to the SQS lane's ingress (at most `rate`; the rest split evenly
     /// between the database queue's and RabbitMQ's).
     pub sqs_rate: u32,
+    /// The PostgreSQL server's `default_transaction_isolation` for the run.
+    pub isolation: Isolation,
+    /// Every consumer's and ingress's `consumer.workers` at the start (a reload draws again).
+    pub workers: u32,
     pub events: Vec<PlannedEvent>,
     /// Sorted by `at_ms`.
     pub posts: Vec<Post>,
+    /// What the driver puts on the queues itself, as other producers would; sorted by `at_ms`.
+    pub direct: Vec<Direct>,
     /// Sorted by `at_ms`.
     pub faults: Vec<Fault>,
 }
@@ -51,6 +92,9 @@ pub struct PlannedEvent {
     pub event_type: &'static str,
     /// Seconds added to the run's start for `created` (negative: hours-old events).
     pub created_offset_secs: i64,
+    /// The second channel the change is sent on at the moment of its first webhook, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub twin: Option<Twin>,
 }
 
 /// Which of Stripe's shapes a post carries.
@@ -74,109 +118,35 @@ pub struct Post {
     pub ingress: usize,
     /// 0 for the first delivery of this shape, then 1, 2, … for duplicates.
     pub copy: u32,
-}
-
-/// A dependency the processes reach through a fault proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Dependency {
-    Postgres,
-    Rabbitmq,
-    Sqs,
-    Sink,
-}
-
-pub const DEPENDENCIES: [Dependency; 4] = [
-    Dependency::Postgres,
-    Dependency::Rabbitmq,
-    Dependency::Sqs,
-    Dependency::Sink,
-];
-
-/// What a fault proxy does during a partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Partition {
-    BlackHole,
-    Refuse,
-}
-
-/// One thing the nemesis does.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum FaultKind {
-    /// SIGKILL, then a restart after `down_ms`.
-    Kill { process: usize, down_ms: u64 },
-    /// SIGSTOP for longer than any lease, then SIGCONT.
-    Pause { process: usize, ms: u64 },
-    /// The dependency's proxy black-holes or refuses for `ms`.
-    Partition {
-        dependency: Dependency,
-        mode: Partition,
-        ms: u64,
-    },
-    /// Every open connection to the dependency reset once.
-    Cut { dependency: Dependency },
-    /// Every consumer paused for `backlog_ms` (a backlog builds), then every call to the
-    /// dependency `latency_ms` late each way for `ms`.
-    Latency {
-        dependency: Dependency,
-        latency_ms: u64,
-        ms: u64,
-        backlog_ms: u64,
-    },
-    /// The current dedup generation sealed now (`Store::seal_dedup_generation`).
-    Seal,
-    /// A retention pass (generations sealed longer than the window ago emptied, outbox purged).
-    Retention,
-    /// SIGTERM, then a restart with another configuration.
-    Reload { process: usize, tuning: Tuning },
-}
-
-impl FaultKind {
-    /// The name counted in the summary's `faults`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FaultKind::Kill { .. } => "kill",
-            FaultKind::Pause { .. } => "pause",
-            FaultKind::Partition {
-                mode: Partition::BlackHole,
-                ..
-            } => "black_hole",
-            FaultKind::Partition {
-                mode: Partition::Refuse,
-                ..
-            } => "refuse",
-            FaultKind::Cut { .. } => "cut",
-            FaultKind::Latency { .. } => "latency",
-            FaultKind::Seal => "seal",
-            FaultKind::Retention => "retention",
-            FaultKind::Reload { .. } => "reload",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Fault {
-    pub at_ms: u64,
-    #[serde(flatten)]
-    pub kind: FaultKind,
+    /// Sent at the same moment as the change's other channel (no reordering delay).
+    pub at_once: bool,
 }
 
 impl Plan {
     pub fn generate(seed: u64, seconds: u64, rate: u32, window_secs: u64, sqs_rate: u32) -> Plan {
+        // The run's settings from a stream of their own, so a change of rate or length keeps
+        // them (and they keep the stream).
+        let mut settings = StdRng::seed_from_u64(seed ^ 0x5eed_5e77_1265);
+        let isolation = *Isolation::ALL.choose(&mut settings).expect("non-empty");
+        let workers = Tuning::draw_workers(&mut settings);
         let mut rng = StdRng::seed_from_u64(seed);
         let sqs_share = f64::from(sqs_rate.min(rate)) / f64::from(rate.max(1));
-        let (events, posts) = event_stream(&mut rng, seed, seconds, rate, sqs_share);
-        let faults = fault_schedule(&mut rng, seconds);
+        let (events, posts, mut direct) = event_stream(&mut rng, seed, seconds, rate, sqs_share);
+        direct.extend(workload::foreign_stream(&mut rng, seed, seconds, rate));
+        direct.retain(|d| d.at_ms < seconds * 1_000);
+        direct.sort_by_key(|d| d.at_ms);
+        let faults = crate::faults::fault_schedule(&mut rng, seconds);
         Plan {
             seed,
             seconds,
             rate,
             window_secs,
             sqs_rate,
+            isolation,
+            workers,
             events,
             posts,
+            direct,
             faults,
         }
     }
@@ -188,7 +158,7 @@ fn event_stream(
     seconds: u64,
     rate: u32,
     sqs_share: f64,
-) -> (Vec<PlannedEvent>, Vec<Post>) {
+) -> (Vec<PlannedEvent>, Vec<Post>, Vec<Direct>) {
     let (sqs, others): (Vec<usize>, Vec<usize>) =
         (0..INGRESS_COUNT).partition(|i| LAYOUT[*i].lane == Lane::Sqs);
     let ingress = |rng: &mut StdRng| {
@@ -203,6 +173,7 @@ fn event_stream(
     let count = seconds * u64::from(rate);
     let mut events = Vec::with_capacity(count as usize);
     let mut posts = Vec::new();
+    let mut direct = Vec::new();
     for i in 0..count {
         let index = events.len();
         let base = i * 1_000 / u64::from(rate.max(1));
@@ -211,10 +182,13 @@ fn event_stream(
         } else {
             (base / 1_000) as i64
         };
+        let key = format!("evt_soak{seed:x}_{i:07}");
+        let twin = rng.gen_bool(TWO_CHANNELS).then(|| Twin::draw(rng));
         events.push(PlannedEvent {
-            key: format!("evt_soak{seed:x}_{i:07}"),
+            key: key.clone(),
             event_type: EVENT_TYPES[rng.gen_range(0..EVENT_TYPES.len())],
             created_offset_secs,
+            twin,
         });
         // Reordering: each post leaves up to 1.5 s after its turn.
         let post = |rng: &mut StdRng, at_ms: u64, shape, copy| Post {
@@ -223,10 +197,51 @@ fn event_stream(
             shape,
             ingress: ingress(rng),
             copy,
+            at_once: false,
         };
         let mut shapes = vec![Shape::Snapshot];
-        posts.push(post(rng, base, Shape::Snapshot, 0));
-        if rng.gen_bool(THIN_PAIRS) {
+        let first = match twin {
+            // Both channels at `base` exactly: the two deliveries race through the pipeline.
+            Some(twin) => {
+                let snapshot = Post {
+                    at_ms: base,
+                    at_once: true,
+                    ..post(rng, base, Shape::Snapshot, 0)
+                };
+                match twin {
+                    Twin::ThinWebhook => {
+                        shapes.push(Shape::Thin);
+                        posts.push(Post {
+                            at_ms: base,
+                            at_once: true,
+                            ..post(rng, base, Shape::Thin, 0)
+                        });
+                    }
+                    Twin::EventBridge => direct.push(Direct {
+                        at_ms: base,
+                        key: key.clone(),
+                        lane: Lane::Sqs,
+                        kind: DirectKind::EventBridge,
+                        event: Some(index),
+                        copy: 0,
+                    }),
+                    // Half on the queue the webhook goes to (the two may share a batch), half
+                    // on another (two consumers' batches at once, each in its transaction).
+                    Twin::ThinOwnId => direct.push(Direct {
+                        at_ms: base,
+                        key: key.clone(),
+                        lane: other_lane(rng, LAYOUT[snapshot.ingress].lane),
+                        kind: DirectKind::ThinOwnId,
+                        event: Some(index),
+                        copy: 0,
+                    }),
+                }
+                snapshot
+            }
+            None => post(rng, base, Shape::Snapshot, 0),
+        };
+        posts.push(first);
+        if twin.is_none() && rng.gen_bool(THIN_PAIRS) {
             shapes.push(Shape::Thin);
             let thin_at = (base + rng.gen_range(0..6_000)).saturating_sub(3_000);
             posts.push(post(rng, thin_at, Shape::Thin, 0));
@@ -241,228 +256,20 @@ fn event_stream(
     }
     posts.retain(|p| p.at_ms < end_ms);
     posts.sort_by_key(|p| p.at_ms);
-    (events, posts)
+    (events, posts, direct)
 }
 
-/// One fault every 2–6 s, none on a process or proxy another fault still holds.
-fn fault_schedule(rng: &mut StdRng, seconds: u64) -> Vec<Fault> {
-    let end_ms = seconds * 1_000;
-    let mut busy = Busy::default();
-    let mut faults = Vec::new();
-    let mut at_ms = FIRST_FAULT_MS;
-    while at_ms < end_ms {
-        for _ in 0..4 {
-            let kind = draw_fault(rng, seconds);
-            if busy.claim(at_ms, &kind) {
-                faults.push(Fault { at_ms, kind });
-                break;
-            }
-        }
-        at_ms += rng.gen_range(2_000..6_000);
+/// `lane` half the time; else the database queue or RabbitMQ, whichever it is not (SQS is
+/// kept to its share: the emulator's capacity).
+fn other_lane(rng: &mut StdRng, lane: Lane) -> Lane {
+    match (rng.gen_bool(0.5), lane) {
+        (true, _) => lane,
+        (false, Lane::Database) => Lane::Rabbitmq,
+        (false, Lane::Rabbitmq) => Lane::Database,
+        (false, Lane::Sqs) => *[Lane::Database, Lane::Rabbitmq].choose(rng).expect("two"),
     }
-    faults
-}
-
-fn draw_fault(rng: &mut StdRng, seconds: u64) -> FaultKind {
-    let process = rng.gen_range(0..LAYOUT.len());
-    let dependency = DEPENDENCIES[rng.gen_range(0..DEPENDENCIES.len())];
-    // Weights: kill 3, pause 2, black hole 2, refuse 2, cut 2, latency 1, seal 2, retention 1,
-    // reload 2.
-    match rng.gen_range(0..17) {
-        0..=2 => FaultKind::Kill {
-            process,
-            down_ms: rng.gen_range(200..3_000),
-        },
-        3..=4 => FaultKind::Pause {
-            process,
-            // Longer than the longest lease a reload sets (consumer and relay leases).
-            ms: Tuning::MAX_LEASE_SECS * 1_000 + rng.gen_range(1_000..6_000),
-        },
-        5..=8 => FaultKind::Partition {
-            dependency,
-            mode: if rng.gen_bool(0.5) {
-                Partition::BlackHole
-            } else {
-                Partition::Refuse
-            },
-            ms: rng.gen_range(2_000..10_000),
-        },
-        9..=10 => FaultKind::Cut { dependency },
-        11 => FaultKind::Latency {
-            dependency,
-            latency_ms: rng.gen_range(200..2_000),
-            // 10–40 s, but at most half the run: a short run still sees the system recover.
-            ms: rng.gen_range(10_000..40_000).min(seconds * 500).max(5_000),
-            backlog_ms: rng.gen_range(3_000..8_000),
-        },
-        12..=13 => FaultKind::Seal,
-        14 => FaultKind::Retention,
-        _ => FaultKind::Reload {
-            process,
-            tuning: Tuning::draw(rng),
-        },
-    }
-}
-
-/// Until when each process and each proxy is held by a fault.
-#[derive(Default)]
-struct Busy {
-    processes: std::collections::HashMap<usize, u64>,
-    proxies: std::collections::HashMap<Dependency, u64>,
-}
-
-impl Busy {
-    fn process_free(&self, process: usize, at: u64) -> bool {
-        self.processes
-            .get(&process)
-            .is_none_or(|until| *until <= at)
-    }
-
-    fn proxy_free(&self, dependency: Dependency, at: u64) -> bool {
-        self.proxies
-            .get(&dependency)
-            .is_none_or(|until| *until <= at)
-    }
-
-    /// Takes what `kind` holds from `at` if it is all free; whether it was.
-    fn claim(&mut self, at: u64, kind: &FaultKind) -> bool {
-        // A restart may wait for its dependencies: a few seconds beyond the fault itself.
-        const SETTLE_MS: u64 = 2_000;
-        match kind {
-            FaultKind::Kill { process, down_ms } => self.hold(at, *process, down_ms + SETTLE_MS),
-            FaultKind::Pause { process, ms } => self.hold(at, *process, *ms),
-            FaultKind::Reload { process, .. } => self.hold(at, *process, 15_000),
-            FaultKind::Partition { dependency, ms, .. } => self.hold_proxy(at, *dependency, *ms),
-            FaultKind::Cut { dependency } => self.hold_proxy(at, *dependency, 500),
-            FaultKind::Latency {
-                dependency,
-                ms,
-                backlog_ms,
-                ..
-            } => {
-                let consumers: Vec<usize> = consumer_processes().collect();
-                if !consumers.iter().all(|p| self.process_free(*p, at))
-                    || !self.proxy_free(*dependency, at)
-                {
-                    return false;
-                }
-                for p in consumers {
-                    self.processes.insert(p, at + backlog_ms);
-                }
-                self.proxies.insert(*dependency, at + backlog_ms + ms);
-                true
-            }
-            FaultKind::Seal | FaultKind::Retention => true,
-        }
-    }
-
-    fn hold(&mut self, at: u64, process: usize, ms: u64) -> bool {
-        if !self.process_free(process, at) {
-            return false;
-        }
-        self.processes.insert(process, at + ms);
-        true
-    }
-
-    fn hold_proxy(&mut self, at: u64, dependency: Dependency, ms: u64) -> bool {
-        if !self.proxy_free(dependency, at) {
-            return false;
-        }
-        self.proxies.insert(dependency, at + ms);
-        true
-    }
-}
-
-/// The indexes of the consumer processes in [`LAYOUT`].
-pub fn consumer_processes() -> impl Iterator<Item = usize> {
-    LAYOUT
-        .iter()
-        .enumerate()
-        .filter(|(_, spec)| spec.role == Role::Consume)
-        .map(|(i, _)| i)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn json(plan: &Plan) -> String {
-        serde_json::to_string(plan).expect("a plan serialises")
-    }
-
-    #[test]
-    fn a_seed_gives_one_plan_and_another_seed_another() {
-        let plan = Plan::generate(42, 120, 30, 60, 4);
-        assert_eq!(json(&plan), json(&Plan::generate(42, 120, 30, 60, 4)));
-        assert_ne!(json(&plan), json(&Plan::generate(43, 120, 30, 60, 4)));
-        assert!(!plan.faults.is_empty());
-    }
-
-    #[test]
-    fn the_stream_mixes_duplicates_thin_events_and_old_events_in_order() {
-        let plan = Plan::generate(7, 300, 30, 60, 6);
-        assert_eq!(plan.events.len(), 9_000);
-        assert!(plan.posts.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
-        assert!(plan.posts.iter().all(|p| p.at_ms < 300_000));
-        let copies = plan.posts.iter().filter(|p| p.copy > 0).count();
-        let thin = plan
-            .posts
-            .iter()
-            .filter(|p| p.shape == Shape::Thin && p.copy == 0)
-            .count();
-        let old = plan
-            .events
-            .iter()
-            .filter(|e| e.created_offset_secs < 0)
-            .count();
-        for (what, n, share) in [
-            ("duplicates", copies, DUPLICATED * 2.0),
-            ("thin events", thin, THIN_PAIRS),
-            ("old events", old, OLD_EVENTS),
-        ] {
-            let expected = share * 9_000.0;
-            assert!(
-                (n as f64 - expected).abs() < expected * 0.2,
-                "{what}: {n}, expected about {expected}"
-            );
-        }
-        let to_sqs = plan.posts.iter().filter(|p| p.ingress >= 4).count() as f64;
-        let share = to_sqs / plan.posts.len() as f64;
-        assert!((0.17..0.23).contains(&share), "SQS share {share}");
-        // Every thin post has its snapshot event posted too: one change, two shapes (except at
-        // the very end, where the snapshot's turn may fall after the run).
-        let thin_posts = plan.posts.iter().filter(|p| p.shape == Shape::Thin);
-        for thin in thin_posts.filter(|p| p.at_ms < 295_000) {
-            assert!(plan
-                .posts
-                .iter()
-                .any(|p| p.event == thin.event && p.shape == Shape::Snapshot));
-        }
-    }
-
-    #[test]
-    fn faults_come_every_few_seconds_and_pauses_outlast_every_lease() {
-        let plan = Plan::generate(9, 600, 10, 60, 4);
-        assert!(plan.faults.windows(2).all(|w| {
-            let gap = w[1].at_ms - w[0].at_ms;
-            (2_000..=4 * 6_000).contains(&gap)
-        }));
-        let mut kinds = std::collections::HashSet::new();
-        for fault in &plan.faults {
-            kinds.insert(fault.kind.name());
-            match fault.kind {
-                FaultKind::Pause { ms, .. } => assert!(ms > Tuning::MAX_LEASE_SECS * 1_000),
-                FaultKind::Latency { latency_ms, ms, .. } => {
-                    assert!((200..2_000).contains(&latency_ms));
-                    assert!((5_000..40_000).contains(&ms));
-                }
-                _ => {}
-            }
-        }
-        assert_eq!(
-            kinds.len(),
-            9,
-            "every kind of fault in ten minutes: {kinds:?}"
-        );
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

@@ -145,7 +145,7 @@ impl Sender {
     ) -> bool {
         let post = &self.plan.posts[index];
         let key = self.plan.events[post.event].key.clone();
-        let body = self.body(post);
+        let body = event_body(&self.plan, self.run_start_unix, post);
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 0;
         loop {
@@ -164,6 +164,7 @@ impl Sender {
                     shape: post.shape,
                     ingress: post.ingress,
                     attempt,
+                    at_once: post.at_once,
                 });
                 let header = signature_header(&self.secret, chrono::Utc::now().timestamp(), &body);
                 let sent = client
@@ -202,31 +203,31 @@ impl Sender {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
+}
 
-    /// The bytes of a post: the snapshot event, or the thin event Stripe sends beside it.
-    fn body(&self, post: &Post) -> Vec<u8> {
-        let event = &self.plan.events[post.event];
-        let object = match event.event_type {
-            "invoice.paid" => "invoice",
-            "customer.subscription.updated" => "subscription",
-            "charge.succeeded" => "charge",
-            _ => "payment_intent",
-        };
-        let snapshot = serde_json::to_vec_pretty(&json!({
-            "id": event.key,
-            "object": "event",
-            "api_version": "2024-06-20",
-            "created": self.run_start_unix + event.created_offset_secs,
-            "type": event.event_type,
-            "livemode": false,
-            "data": {"object": {"id": format!("{object}_{}", post.event), "object": object}},
-        }))
-        .expect("JSON serialises");
-        match post.shape {
-            Shape::Snapshot => snapshot,
-            Shape::Thin => dedup_worker::stripe::thin_event_beside(&snapshot)
-                .expect("a snapshot event has a thin event"),
-        }
+/// The bytes of a post: the snapshot event, or the thin event Stripe sends beside it.
+pub fn event_body(plan: &Plan, run_start_unix: i64, post: &Post) -> Vec<u8> {
+    let event = &plan.events[post.event];
+    let object = match event.event_type {
+        "invoice.paid" => "invoice",
+        "customer.subscription.updated" => "subscription",
+        "charge.succeeded" => "charge",
+        _ => "payment_intent",
+    };
+    let snapshot = serde_json::to_vec_pretty(&json!({
+        "id": event.key,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": run_start_unix + event.created_offset_secs,
+        "type": event.event_type,
+        "livemode": false,
+        "data": {"object": {"id": format!("{object}_{}", post.event), "object": object}},
+    }))
+    .expect("JSON serialises");
+    match post.shape {
+        Shape::Snapshot => snapshot,
+        Shape::Thin => dedup_worker::stripe::thin_event_beside(&snapshot)
+            .expect("a snapshot event has a thin event"),
     }
 }
 

@@ -79,6 +79,10 @@ pub fn lane_env(infra: &Infra) -> Vec<(Lane, Vec<(String, String)>)> {
             Lane::Sqs,
             pairs(&[
                 ("DEDUP_TRANSPORT", "sqs"),
+                // The queue also carries EventBridge envelopes of Stripe events (a change's
+                // second channel); the ingress's own messages are not envelopes and pass as
+                // they are.
+                ("DEDUP_CONSUMER__ENVELOPE", "eventbridge"),
                 ("DEDUP_QUEUE", &infra.sqs_queue_url_proxied),
                 ("AWS_ENDPOINT_URL", &infra.aws_endpoint_proxied),
             ]),

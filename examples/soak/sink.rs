@@ -44,7 +44,11 @@ pub async fn start(history: History, seen: Arc<SinkSeen>) -> std::io::Result<Soc
 /// The parts of a delivered Stripe event that name its change.
 #[derive(serde::Deserialize)]
 struct Delivered {
-    id: String,
+    #[serde(default)]
+    id: Option<String>,
+    /// A foreign message's key (the soak's foreign producer writes it into each body).
+    #[serde(default)]
+    soak_key: Option<String>,
     #[serde(default)]
     object: Option<String>,
     #[serde(default)]
@@ -63,11 +67,21 @@ async fn receive(
     let (key, payload_id) = match serde_json::from_slice::<Delivered>(&body) {
         Ok(event) => {
             // A thin event is the change its snapshot event names: one key for both.
-            let key = match (&event.object, &event.snapshot_event) {
-                (Some(object), Some(snapshot)) if object == "v2.core.event" => snapshot.clone(),
+            let key = match (&event.object, &event.snapshot_event, &event.soak_key) {
+                (_, _, Some(foreign)) => Some(foreign.clone()),
+                (Some(object), Some(snapshot), _) if object == "v2.core.event" => {
+                    Some(snapshot.clone())
+                }
                 _ => event.id.clone(),
             };
-            (key, event.id)
+            let payload_id = event.id.unwrap_or_default();
+            match key {
+                Some(key) => (key, payload_id),
+                None => (
+                    format!("unreadable:{}", String::from_utf8_lossy(&body)),
+                    payload_id,
+                ),
+            }
         }
         // Not what the pipeline was given: recorded under a key no post has, so the checker
         // reports it as unexpected.

@@ -56,9 +56,11 @@ impl SoakEffects {
     }
 }
 
-/// The id in the payload (a thin event's own id, not its snapshot's).
+/// The id in the payload (a thin event's own id, not its snapshot's; empty for a foreign
+/// message whose id travelled only as the transport's property).
 #[derive(serde::Deserialize)]
 struct PayloadId {
+    #[serde(default)]
     id: String,
 }
 

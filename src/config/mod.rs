@@ -27,7 +27,7 @@ mod validate;
 pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
 pub use bounds::{whole_days, whole_hours};
 pub use secrets::{
-    redact_url, stripe_key_material, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
+    redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };
 pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 

@@ -59,20 +59,86 @@ impl std::fmt::Display for ConnectionUrl {
 }
 
 /// `url` with the password of its user info masked (`postgres://app:***@db:5432/x`), or the
-/// whole user info when it is a bare token (`https://***@host/`); other URLs as they are.
+/// whole user info when it is a bare token (`https://***@host/`), and each host label or path
+/// segment that looks like a generated token ([`token_like`]) masked too
+/// (`https://***.m.pipedream.net/`, `https://webhook.site/***`): such a URL's secret is its
+/// address. Other URLs as they are.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
+    let (authority, after) = rest.split_at(authority_end);
+    let path_end = after.find(['?', '#']).unwrap_or(after.len());
+    let (path, tail) = after.split_at(path_end);
+    let path: Vec<String> = path.split('/').map(masked_segment).collect();
+    format!(
+        "{scheme}://{}{}{tail}",
+        masked_authority(authority),
+        path.join("/")
+    )
+}
+
+/// An authority (`user:password@host:port`) with its password masked, or its user info when it
+/// is a bare token, and its host's token-like labels masked.
+pub(super) fn masked_authority(authority: &str) -> String {
+    let (user_info, host) = match authority.rfind('@') {
+        Some(at) => {
+            let masked = match authority[..at].split_once(':') {
+                Some((user, _password)) => format!("{user}:***@"),
+                None => "***@".to_owned(),
+            };
+            (masked, &authority[at + 1..])
+        }
+        None => (String::new(), authority),
     };
-    let masked = match rest[..at].split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        None => "***".to_owned(),
+    // An IPv6 literal holds no name.
+    if host.starts_with('[') {
+        return format!("{user_info}{host}");
+    }
+    let (name, port) = match host.rsplit_once(':') {
+        Some((name, port)) => (name, format!(":{port}")),
+        None => (host, String::new()),
     };
-    format!("{scheme}://{masked}{}", &rest[at..])
+    let labels: Vec<String> = name.split('.').map(masked_segment).collect();
+    format!("{user_info}{}{port}", labels.join("."))
+}
+
+/// `***` for a host label or path segment that is [`token_like`], else the text itself.
+pub(super) fn masked_segment(text: &str) -> String {
+    if token_like(text) {
+        "***".to_owned()
+    } else {
+        text.to_owned()
+    }
+}
+
+/// Whether a host label or path segment looks generated rather than named, so it may be a
+/// URL's secret (webhook.site's `/<UUID>`, a Pipedream host `eo1234abcd.m.pipedream.net`, a
+/// request bin's id): letters, digits, `-` and `_` only, 8 characters or more, and
+/// * a UUID or any other run of 16 or more hex digits (dashes aside), or
+/// * at least three digits and three letters mixed (`eo1234abcd`; not `web01`, `us-east-1`,
+///   `ip-10-0-0-1`), or
+/// * 20 characters or more in both cases (base62 and base64url tokens).
+///
+/// Names are rarely like that; masking one that is costs a log reader a name, while printing a
+/// token gives anyone who reads the log the right to post to it.
+pub fn token_like(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let allowed = |b: &u8| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_';
+    if bytes.len() < 8 || !bytes.iter().all(allowed) {
+        return false;
+    }
+    let count = |f: fn(&u8) -> bool| bytes.iter().filter(|b| f(b)).count();
+    let (digits, letters) = (count(u8::is_ascii_digit), count(u8::is_ascii_alphabetic));
+    let hex = bytes
+        .iter()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .all(u8::is_ascii_hexdigit);
+    let mixed_case = count(u8::is_ascii_uppercase) > 0 && count(u8::is_ascii_lowercase) > 0;
+    (hex && digits + letters >= 16)
+        || (digits >= 3 && letters >= 3)
+        || (bytes.len() >= 20 && mixed_case)
 }
 
 /// Below this many characters after `whsec_`, a Stripe signing secret is logged as suspicious at
@@ -210,8 +276,53 @@ mod tests {
                 "https://hooks.example/?user=a@b",
             ),
             ("not a url", "not a url"),
+            // A token that is the URL's address: a host label, a path segment.
+            (
+                "https://eo1234abcd.m.pipedream.net/",
+                "https://***.m.pipedream.net/",
+            ),
+            (
+                "https://webhook.site/0b6e5c1a-3f2d-4e8b-9a7c-1d2e3f4a5b6c?x=1",
+                "https://webhook.site/***?x=1",
+            ),
+            (
+                "amqp://u:pw@rabbit-0.example:5672/0b6e5c1a3f2d4e8b9a7c1d2e3f4a5b6c",
+                "amqp://u:***@rabbit-0.example:5672/***",
+            ),
+            // Names stay.
+            (
+                "postgres://app:pw@db-01.us-east-1.rds.amazonaws.com:5432/orders",
+                "postgres://app:***@db-01.us-east-1.rds.amazonaws.com:5432/orders",
+            ),
+            ("http://[::1]:8080/a/b", "http://[::1]:8080/a/b"),
         ] {
             assert_eq!(redact_url(url), shown);
+        }
+        for token in [
+            "0b6e5c1a-3f2d-4e8b-9a7c-1d2e3f4a5b6c",
+            "0b6e5c1a3f2d4e8b9a7c1d2e3f4a5b6c",
+            "eo1234abcd",
+            "en7xk2qj9a0b4",
+            "AbCdEfGhIjKlMnOpQrStUv",
+            "1234567890123456",
+        ] {
+            assert!(token_like(token), "{token}");
+        }
+        for name in [
+            "hooks",
+            "services",
+            "us-east-1",
+            "web01",
+            "ip-10-0-0-1",
+            "123456789012",
+            "%2f",
+            "localhost",
+            "amazonaws",
+            "catch",
+            "rabbit-0",
+            "127",
+        ] {
+            assert!(!token_like(name), "{name}");
         }
         let url = ConnectionUrl("postgres://app:s3cret@db/x".into());
         assert!(!format!("{url:?} {url}").contains("s3cret"));

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::secrets::{masked_authority, masked_segment};
+
 /// A parsed `outbox.sink` / `DEDUP_SINK` value.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
@@ -33,8 +35,10 @@ pub enum SinkSpec {
 /// masked ([`super::redact_url`]), host and port, its first path segment, then `/…` when more
 /// path follows, `?…` when it has a query and `#…` when it has a fragment. Slack-, Zapier- and
 /// Discord-style webhook URLs carry their secret in the path (`/services/T000/B000/XXXX`) or the
-/// query (`?token=…`), and whoever reads a log could post to them. Text that is not a URL is cut
-/// the same way (a mistyped scheme still hides its path).
+/// query (`?token=…`), and whoever reads a log could post to them. Others are the secret: a
+/// host label or first path segment that looks generated ([`super::token_like`]: webhook.site's
+/// `/<UUID>`, a Pipedream host `eo1234abcd.m.pipedream.net`) is shown as `***`. Text that is not
+/// a URL is cut the same way (a mistyped scheme still hides its path).
 pub fn shown_url(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
@@ -42,23 +46,13 @@ pub fn shown_url(url: &str) -> String {
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, after) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let masked = match authority[..at].split_once(':') {
-                Some((user, _password)) => format!("{user}:***"),
-                None => "***".to_owned(),
-            };
-            format!("{masked}{}", &authority[at..])
-        }
-        None => authority.to_owned(),
-    };
     let path_end = after.find(['?', '#']).unwrap_or(after.len());
     let (path, tail) = after.split_at(path_end);
-    let mut shown = format!("{scheme}{authority}");
+    let mut shown = format!("{scheme}{}", masked_authority(authority));
     if let Some(segments) = path.strip_prefix('/') {
         let (first, more) = segments.split_at(segments.find('/').unwrap_or(segments.len()));
         shown.push('/');
-        shown.push_str(first);
+        shown.push_str(&masked_segment(first));
         match more {
             "" | "/" => shown.push_str(more),
             _ => shown.push_str("/…"),
@@ -277,6 +271,19 @@ mod tests {
             (
                 "hooks.slack.com/services/T/B/X",
                 "hooks.slack.com/services/…",
+            ),
+            // The secret is the address: a host label, the first path segment.
+            (
+                "https://eo1234abcd.m.pipedream.net/",
+                "https://***.m.pipedream.net/",
+            ),
+            (
+                "https://webhook.site/0b6e5c1a-3f2d-4e8b-9a7c-1d2e3f4a5b6c",
+                "https://webhook.site/***",
+            ),
+            (
+                "https://requestbin.example/r/en7xk2qj9a0b4?x",
+                "https://requestbin.example/r/…?…",
             ),
         ] {
             assert_eq!(shown_url(url), shown, "{url}");

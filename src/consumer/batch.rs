@@ -18,7 +18,7 @@ use super::{Consumer, ConsumerError, Handled, HandlerError, StepOutcome, Verdict
 use crate::event::Event;
 use crate::queue::{Delivery, DeliveryTag};
 use crate::retry::backoff_delay;
-use crate::store::{NewOutboxRow, StoreError, StoreTx};
+use crate::store::{NewDeadLetter, NewOutboxRow, StoreError, StoreTx};
 
 /// What a batch's deliveries came to, gathered while its transaction runs.
 pub(super) struct Decisions<'d> {
@@ -34,6 +34,9 @@ pub(super) struct Decisions<'d> {
     duplicates: Vec<(String, String, String)>,
     /// What the handlers returned, written with the batch.
     outbox_rows: Vec<NewOutboxRow>,
+    /// The events given up on, each listed once, written with the batch (all their locks in
+    /// one order: see [`StoreTx::insert_dead_letters_once`]).
+    dead_letters: Vec<NewDeadLetter>,
 }
 
 impl<'d> Decisions<'d> {
@@ -47,6 +50,7 @@ impl<'d> Decisions<'d> {
             retries: Vec::new(),
             duplicates: Vec::new(),
             outbox_rows: Vec::new(),
+            dead_letters: Vec::new(),
         }
     }
 
@@ -93,6 +97,13 @@ impl<'d> Decisions<'d> {
     fn dead_lettered(&mut self, delivery: &Delivery) {
         self.outcome.dead_lettered += 1;
         self.ack.push(delivery.tag.clone());
+    }
+
+    /// An event given up on: listed once (unless a dead letter of it is there already) when
+    /// the batch is written, and acked.
+    fn dead_lettered_once(&mut self, delivery: &Delivery, row: NewDeadLetter) {
+        self.dead_letters.push(row);
+        self.dead_lettered(delivery);
     }
 
     /// The batch's own rows: the record of its duplicates, and the outbox rows.
@@ -148,8 +159,7 @@ impl Consumer {
             .collect();
 
         let mut tx = self.store.begin().await?;
-        let (fresh, seen) =
-            record_new(&mut tx, events.iter().collect(), &self.stripe_secrets).await?;
+        let (fresh, seen) = record_new(&mut tx, events.iter().collect()).await?;
         for (event, delivery) in seen {
             batch.duplicate(event, delivery);
         }
@@ -174,18 +184,16 @@ impl Consumer {
         let failed = failed.iter().map(|(e, d, error)| (*e, *d, error));
         let unfetched = unfetched.iter().map(|(e, d, error)| (e, *d, error));
         for (event, delivery, error) in failed.chain(unfetched) {
-            self.failed(&mut tx, &mut batch, event, delivery, error)
-                .await?;
+            self.failed(&mut batch, event, delivery, error);
         }
         for (event, delivery) in &given_up {
             let reason = delivery.give_up.as_deref().unwrap_or_default();
             tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, %reason, "dead-lettering event");
-            // Once per event: moving the same message again (a crash before its ack) adds
-            // nothing to list or redrive.
-            tx.insert_dead_letter_once(&self.dead_letter(event, delivery, reason))
-                .await?;
-            batch.dead_lettered(delivery);
+            batch.dead_lettered_once(delivery, self.dead_letter(event, delivery, reason));
         }
+        // Once per event: moving the same message again (a crash before its ack, SQS handing
+        // it to two receivers) adds nothing to list or redrive.
+        tx.insert_dead_letters_once(&batch.dead_letters).await?;
         for (delivery, reason) in &undecodable {
             let reason = reason.to_string();
             tracing::warn!(%reason, "dead-lettering undecodable message");
@@ -242,6 +250,7 @@ impl Consumer {
         fresh: Vec<Received<'e, 'd>>,
         batch: &mut Decisions<'d>,
     ) -> Result<(StoreTx, Vec<(Received<'e, 'd>, Verdict)>), ConsumerError> {
+        self.lock_objects(&mut tx, &fresh).await?;
         let mut verdicts = Vec::with_capacity(fresh.len());
         for (event, delivery) in &fresh {
             match self.run_handler(event, delivery, &mut tx).await {
@@ -255,32 +264,29 @@ impl Consumer {
         tx.rollback().await?;
         let mut tx = self.store.begin().await?;
         // Another worker may have committed some of these meanwhile: ask again.
-        let (still_new, taken) = record_new(&mut tx, fresh, &self.stripe_secrets).await?;
+        let (still_new, taken) = record_new(&mut tx, fresh).await?;
         for (event, delivery) in taken {
             batch.duplicate(event, delivery);
         }
+        self.lock_objects(&mut tx, &still_new).await?;
         let verdicts = self.handle_with_savepoints(&mut tx, &still_new).await?;
         Ok((tx, still_new.into_iter().zip(verdicts).collect()))
     }
 
     /// A new event that failed (its handler, or fetching its full event): dead-lettered when
     /// the failure is fatal or its attempts are spent, else retried after a backoff.
-    async fn failed<'d>(
+    fn failed<'d>(
         &self,
-        tx: &mut StoreTx,
         batch: &mut Decisions<'d>,
         event: &Event,
         delivery: &'d Delivery,
         error: &HandlerError,
-    ) -> Result<(), StoreError> {
+    ) {
         let exhausted = delivery.attempts >= self.options.max_attempts;
         if matches!(error, HandlerError::Fatal(_)) || exhausted {
             tracing::warn!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, "dead-lettering event");
-            // Once per event: a second delivery failing the same way (SQS handing the message
-            // to two receivers, a crash before the ack) lists nothing new.
-            tx.insert_dead_letter_once(&self.dead_letter(event, delivery, &error.to_string()))
-                .await?;
-            batch.dead_lettered(delivery);
+            let row = self.dead_letter(event, delivery, &error.to_string());
+            batch.dead_lettered_once(delivery, row);
         } else {
             let delay = match error {
                 HandlerError::RetryAfter { after, .. } => (*after).min(self.options.retry_max),
@@ -293,6 +299,5 @@ impl Consumer {
             tracing::info!(source = %event.source, event_id = %event.id, event_type = %event.event_type, attempts = delivery.attempts, %error, ?delay, "event failed; will retry");
             batch.retry(delivery, delay);
         }
-        Ok(())
     }
 }

@@ -7,35 +7,38 @@
 //! and the consumer dead-letters it: it never reaches the batch's shared statements, where it
 //! would fail its neighbours, and it never comes back to fail again.
 //!
-//! Stripe's shapes ([`crate::stripe::shape`]) are keyed as Stripe keys them, whichever way they
-//! arrive: a thin event under its `snapshot_event`, so that a change delivered as a snapshot
-//! event and as a thin one is handled once; and with `consumer.envelope = "eventbridge"`, an
-//! Amazon EventBridge envelope is unwrapped: its `detail` is the event (what the handler gets),
-//! keyed as a Stripe event under source `stripe`, the key space of the webhook ingress.
+//! Stripe's shapes ([`crate::stripe::shape`]) are keyed by the change they carry, whichever
+//! way they arrive and whatever id the transport carries ([`stripe_change`]): a snapshot event
+//! by its id, a thin event by its `snapshot_event`, an Amazon EventBridge envelope of either by
+//! its `detail`'s key. So every copy of one change (a webhook, its thin event, an EventBridge
+//! copy on SQS, a foreign producer's republication under its own message id) claims one key,
+//! and the dedup insert that claims it decides, whatever the interleaving: two copies in one
+//! batch, or in two batches committing at once, are one new event and one duplicate. This
+//! holds with the default `consumer.dedup_key_pointer` (`/id`); a pointer of the user's keys
+//! every message by it. With `consumer.envelope = "eventbridge"` an envelope is also
+//! unwrapped: its `detail` is the event (what the handler gets), under source `stripe`, the key
+//! space of the webhook ingress; with `"none"` the handler gets the envelope.
 //!
-//! Where an earlier release or another setting keyed the same message differently, the event
-//! carries that key as its [`Event::alias`], which the dedup insert looks up too (never
-//! records): a thin event's other id (its own id, the key before thin events were keyed by
-//! their snapshot event, or the reverse for a message that still carries its own id), and an
-//! EventBridge envelope's other id (the envelope's `id` with `consumer.envelope = "none"`, the
-//! `detail`'s key with `"eventbridge"`). So a message handled before such a change, and
-//! delivered again after it, is a duplicate.
+//! Where an earlier release keyed the same message differently, the event carries that key as
+//! its [`Event::alias`], which the dedup insert looks up too (never records): the transport's
+//! message id when it is not the change's key (releases before this one keyed by it), else the
+//! message's other id (a thin event's own id, an envelope's `id`, which releases before the
+//! change keying gave it). So a message handled before the upgrade, delivered again after it,
+//! is a duplicate. An alias is a lookup of what is already committed: it cannot decide between
+//! two copies in flight, which is why the key, not the alias, names the change.
 //!
 //! Bounded work whatever the message: one size check first ([`ConsumerOptions`]'s
 //! `max_message_bytes`), then at most one JSON parse, only when the transport carried no id or
 //! no type, under serde_json's recursion limit (128 levels); an envelope costs one parse of the
-//! envelope and one of its `detail`'s head; a Stripe event's head is read once more for its
-//! alias.
-
-use serde::Deserialize;
+//! envelope and one of its `detail`'s head; a message under source `stripe`, or without a
+//! message id, is read once more for its change (one borrowed parse, plus its `detail`'s head).
 
 use crate::config::EnvelopeKind;
 use crate::event::{check_event_field, Event, EventField, InvalidEventField};
 use crate::queue::Delivery;
-use crate::stripe::shape::EVENTBRIDGE_SOURCE_PREFIX;
-use crate::stripe::shape::THIN_EVENT_OBJECT;
 use crate::stripe::{
-    eventbridge_envelope, EnvelopeError, EventBridgeEnvelope, StripeEventHead, StripeShapeError,
+    eventbridge_envelope, stripe_change, EnvelopeError, EventBridgeEnvelope, StripeChange,
+    StripeEventHead, StripeShapeError,
 };
 
 use super::ConsumerOptions;
@@ -66,12 +69,12 @@ pub enum DecodeError {
     Detail(#[source] StripeShapeError),
 }
 
-/// The event a delivery carries: the dedup key is the transport's message id when it has one,
-/// else the string at `options.dedup_key_pointer` in the JSON payload (for a Stripe thin event
-/// and the default pointer `/id`, its `snapshot_event` when it has one); the type is the
-/// transport's, else the payload's `type`; the source is the producer's, else
-/// `options.source`. An EventBridge envelope (when `options.envelope` says so) is keyed by its
-/// `detail` alone (`decode_eventbridge`). Each of them must pass [`check_event_field`].
+/// The event a delivery carries: the dedup key is the change's key for Stripe's shapes (see
+/// the module docs), else the transport's message id when it has one, else the string at
+/// `options.dedup_key_pointer` in the JSON payload; the type is the transport's, else the
+/// payload's `type`; the source is the producer's, else `options.source`. An EventBridge
+/// envelope (when `options.envelope` says so) is unwrapped (`decode_eventbridge`). Each of them
+/// must pass [`check_event_field`].
 pub fn decode_delivery(
     delivery: &Delivery,
     options: &ConsumerOptions,
@@ -97,9 +100,18 @@ pub fn decode_delivery(
     check_event_field(EventField::Source, &source)?;
 
     let message_id = delivery.message_id.as_deref().filter(|id| !id.is_empty());
-    // Parsed only when the transport did not carry both the id and the type (our own ingress
-    // always carries the id), and at most once.
-    let (json, json_error) = if message_id.is_none() || delivery.message_type.is_none() {
+    let stripe_source = source == crate::stripe::SOURCE;
+    // Read for a change only where one can be: under source `stripe` (any message may be a
+    // Stripe event), or without a message id (an envelope names its source inside).
+    let change = (options.dedup_key_pointer == "/id" && (stripe_source || message_id.is_none()))
+        .then(|| stripe_change(&delivery.payload, stripe_source))
+        .flatten()
+        // A change whose key the store cannot hold is keyed by the general rule.
+        .filter(|change| check_event_field(EventField::Id, &change.key).is_ok());
+    // Parsed only when the transport did not carry both the id and the type and the message is
+    // not a change (our own ingress always carries the id), and at most once.
+    let needs_json = (message_id.is_none() && change.is_none()) || delivery.message_type.is_none();
+    let (json, json_error) = if needs_json {
         match serde_json::from_slice::<serde_json::Value>(&delivery.payload) {
             Ok(value) => (Some(value), None),
             Err(error) => (None, Some(error)),
@@ -110,14 +122,25 @@ pub fn decode_delivery(
     let no_id = || DecodeError::NoId {
         pointer: options.dedup_key_pointer.clone(),
     };
-    let id = match (message_id, &json) {
-        (Some(id), _) => id.to_owned(),
-        (None, Some(value)) => thin_event_snapshot(value, &source, options)
-            .or_else(|| value.pointer(&options.dedup_key_pointer)?.as_str())
-            .filter(|id| !id.is_empty())
-            .map(str::to_owned)
-            .ok_or_else(no_id)?,
-        (None, None) => return Err(json_error.map_or_else(no_id, DecodeError::NotJson)),
+    let (id, alias) = match (change, message_id, &json) {
+        (Some(StripeChange { key, other }), message_id, _) => {
+            // The message id is the key releases before the change keying gave the message.
+            let alias = match message_id {
+                Some(id) if id != key => Some(id.to_owned()),
+                _ => other,
+            };
+            (key, alias)
+        }
+        (None, Some(id), _) => (id.to_owned(), None),
+        (None, None, Some(value)) => {
+            let id = value
+                .pointer(&options.dedup_key_pointer)
+                .and_then(serde_json::Value::as_str)
+                .filter(|id| !id.is_empty())
+                .ok_or_else(no_id)?;
+            (id.to_owned(), None)
+        }
+        (None, None, None) => return Err(json_error.map_or_else(no_id, DecodeError::NotJson)),
     };
     check_event_field(EventField::Id, &id)?;
     let event_type = match &delivery.message_type {
@@ -130,7 +153,9 @@ pub fn decode_delivery(
             .to_owned(),
     };
     check_event_field(EventField::Type, &event_type)?;
-    let alias = alias_of(&delivery.payload, json.as_ref(), &source, &id);
+    // An alias the store could not hold is dropped, never a reason to refuse the message.
+    let alias =
+        alias.filter(|alias| *alias != id && check_event_field(EventField::Id, alias).is_ok());
     Ok(Event {
         source,
         id,
@@ -139,58 +164,6 @@ pub fn decode_delivery(
         delivery_attempt: delivery.attempts,
         alias,
     })
-}
-
-/// The key the same message had under the other rule (see the module docs), when it differs
-/// from `key` and could be one: a Stripe thin event's other id (read from `payload`), or, for
-/// a message keyed by its JSON (`value`), a Stripe EventBridge envelope's other id.
-fn alias_of(
-    payload: &[u8],
-    value: Option<&serde_json::Value>,
-    source: &str,
-    key: &str,
-) -> Option<String> {
-    let thin = || {
-        let head = StripeEventHead::read(payload).ok()?;
-        head.other_key(key).map(str::to_owned)
-    };
-    let envelope = || {
-        let value = value?;
-        let from_stripe = value.get("source")?.as_str()?;
-        if !from_stripe.starts_with(EVENTBRIDGE_SOURCE_PREFIX) {
-            return None;
-        }
-        let detail = StripeEventHead::deserialize(value.get("detail")?).ok()?;
-        let detail_key = detail.dedup_id();
-        let envelope_id = value.get("id")?.as_str()?;
-        match key {
-            k if k == envelope_id => Some(detail_key.to_owned()),
-            k if k == detail_key => Some(envelope_id.to_owned()),
-            _ => None,
-        }
-    };
-    let alias = if source == crate::stripe::SOURCE {
-        thin().or_else(envelope)
-    } else {
-        envelope()
-    };
-    alias.filter(|alias| alias != key && check_event_field(EventField::Id, alias).is_ok())
-}
-
-/// The `snapshot_event` of a Stripe thin event keyed by the default pointer: the key its
-/// snapshot event has, so the pair is one change (the ingress keys it the same way, through the
-/// message id; this is for producers that publish Stripe's thin events without one).
-fn thin_event_snapshot<'v>(
-    value: &'v serde_json::Value,
-    source: &str,
-    options: &ConsumerOptions,
-) -> Option<&'v str> {
-    let keyed_as_stripe = source == crate::stripe::SOURCE && options.dedup_key_pointer == "/id";
-    let thin = value.get("object").and_then(serde_json::Value::as_str) == Some(THIN_EVENT_OBJECT);
-    (keyed_as_stripe && thin)
-        .then(|| value.get("snapshot_event")?.as_str())
-        .flatten()
-        .filter(|id| !id.is_empty())
 }
 
 /// The Stripe event in an EventBridge envelope's `detail`: source `stripe`, the key Stripe's

@@ -10,6 +10,22 @@ use crate::store::{StoreError, StoreTx};
 use crate::telemetry::traces;
 
 impl Consumer {
+    /// Before any handler runs: the stale-event guard's objects of these events, locked in one
+    /// order (see [`StoreTx::lock_objects`]), so two batches never wait for each other's
+    /// objects in a cycle.
+    pub(super) async fn lock_objects(
+        &self,
+        tx: &mut StoreTx,
+        fresh: &[&(Event, &Delivery)],
+    ) -> Result<(), StoreError> {
+        let Some(guard) = &self.stale_guard else {
+            return Ok(());
+        };
+        let objects = guard.objects(fresh.iter().map(|(event, _)| event));
+        let objects: Vec<(&str, &str)> = objects.iter().map(|(s, o)| (*s, o.as_str())).collect();
+        tx.lock_objects(&objects).await
+    }
+
     /// The precise pass: each handler in its own savepoint; a failure undoes only its event,
     /// including its dedup row (never "seen" before success).
     pub(super) async fn handle_with_savepoints(
@@ -46,6 +62,7 @@ impl Consumer {
         tx: &mut StoreTx,
     ) -> Result<Handled, HandlerError> {
         use futures::FutureExt;
+        self.handed().insert(delivery.tag.clone());
         let handled = async {
             if let Some(guard) = &self.stale_guard {
                 if guard.is_stale(event, tx).await? {

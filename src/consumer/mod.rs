@@ -40,7 +40,8 @@ mod run;
 mod settle;
 mod stale;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
@@ -48,14 +49,11 @@ pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
-/// For the test kit (`testing::trusted_creation_time`), which checks the rule on its own.
-#[cfg(feature = "testing")]
-pub(crate) use record::trusted_creation_time;
 use settle::Settlement;
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
-use crate::queue::{Delivery, Transport, TransportError};
+use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::store::{Store, StoreError, Wakeups};
 
 /// Consumer options (see `[consumer]` in config/default.toml).
@@ -153,9 +151,9 @@ pub struct Consumer {
     /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
     /// `None`.
     full_events: Option<FullEventFetch>,
-    /// `stripe.secrets`: they verify the signature the ingress carried with a message, before
-    /// an event's `created` may spare dedup lookups (`record.rs`). Empty: every lookup is made.
-    stripe_secrets: Arc<Vec<String>>,
+    /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
+    /// fails, only these may count towards the transport's delivery limit (`run.rs`).
+    handed: std::sync::Mutex<HashSet<DeliveryTag>>,
 }
 
 impl Consumer {
@@ -174,15 +172,13 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
-            stripe_secrets: Arc::default(),
+            handed: std::sync::Mutex::default(),
         }
     }
 
-    /// The Stripe signing secrets (`stripe.secrets`) that verify the signature the ingress
-    /// carried with each message; with none, no creation time is trusted (correct, slower).
-    pub fn with_stripe_secrets(mut self, secrets: Arc<Vec<String>>) -> Self {
-        self.stripe_secrets = secrets;
-        self
+    /// The current step's deliveries handed to the handler, whatever a panicking holder left.
+    fn handed(&self) -> MutexGuard<'_, HashSet<DeliveryTag>> {
+        self.handed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
@@ -213,6 +209,7 @@ impl Consumer {
         if deliveries.is_empty() {
             return Ok(StepOutcome::default());
         }
+        self.handed().clear();
         let limit = self.options.step_timeout;
         let step = async {
             let settlement = self.commit_holding_leases(deliveries).await?;

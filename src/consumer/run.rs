@@ -5,14 +5,17 @@
 //! this consumer until their lease ran out, or on RabbitMQ until the channel closed, which on a
 //! live channel is never: after a few failures the prefetch window is full and nothing more is
 //! consumed. So the loop
-//! 1. gives the batch back at once ([`Transport::release`]): another worker or process may take
-//!    it now;
+//! 1. gives the batch back at once: another worker or process may take it now. Deliveries the
+//!    step handed to the handler are released ([`Transport::release`]) and count towards the
+//!    delivery limit, which bounds a message that keeps failing its step; the others, which
+//!    no handler saw (the store failed first), are given back without counting
+//!    ([`Transport::give_back_unhandled`]);
 //! 2. backs off (exponential with jitter, 100 ms up to 10 s), so a failing store is not
 //!    hammered;
 //! 3. before receiving again, waits until the store answers a ping, backing off the same way.
-//!    Each delivery that cycles through a failed step counts towards its redelivery limit
-//!    (RabbitMQ's `x-delivery-limit`), so while the store is down the loop receives nothing
-//!    rather than cycling valid events towards the broker's dead letters.
+//!    While the store is down the loop receives nothing rather than cycle the queue's events
+//!    through failed steps; what the transport holds for it is handed back meanwhile, also
+//!    without counting.
 //!
 //! Shutdown strands nothing either (see [`Consumer::run`]): what this consumer received and did
 //! not finish is given back, so after a restart it is processed at once, not after a lease.
@@ -22,7 +25,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Consumer, ConsumerError};
-use crate::queue::{Delivery, DeliveryTag, TransportError};
+use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
 
 /// The longest a give-back or a store ping may take before the loop moves on (what is not
@@ -114,13 +117,30 @@ impl Consumer {
         )
     }
 
-    /// Hands a failed step's deliveries back to the transport; returns how many were offered.
+    /// Hands a failed step's deliveries back to the transport: those handed to the handler as a
+    /// failed delivery, the others as never handled (see the module docs); returns how many
+    /// were offered.
     async fn give_back(&self, deliveries: &[Delivery]) -> usize {
         if deliveries.is_empty() {
             return 0;
         }
-        let tags: Vec<DeliveryTag> = deliveries.iter().map(|d| d.tag.clone()).collect();
-        match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, self.transport.release(&tags)).await {
+        let handed = std::mem::take(&mut *self.handed());
+        let (seen, unseen): (Vec<&Delivery>, Vec<&Delivery>) =
+            deliveries.iter().partition(|d| handed.contains(&d.tag));
+        let tags: Vec<DeliveryTag> = seen.iter().map(|d| d.tag.clone()).collect();
+        let transport: &dyn Transport = self.transport.as_ref();
+        let give_back = async {
+            let released = match tags.is_empty() {
+                true => Ok(()),
+                false => transport.release(&tags).await,
+            };
+            let returned = match unseen.is_empty() {
+                true => Ok(()),
+                false => transport.give_back_unhandled(&unseen).await,
+            };
+            released.and(returned)
+        };
+        match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, give_back).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
                 tracing::warn!(%error, "could not give deliveries back; they return after their lease")
@@ -129,7 +149,7 @@ impl Consumer {
                 tracing::warn!("giving deliveries back timed out; they return after their lease")
             }
         }
-        tags.len()
+        deliveries.len()
     }
 
     /// After a failure, waits until the store answers; `false` if shutdown came first. While

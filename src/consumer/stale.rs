@@ -73,6 +73,17 @@ impl StaleGuard {
         Some((object, version))
     }
 
+    /// The `(source, object id)` of each of `events` whose version [`Self::is_stale`] would
+    /// record, so the batch can lock them all, in one order, first.
+    pub(super) fn objects<'e>(
+        &self,
+        events: impl Iterator<Item = &'e Event>,
+    ) -> Vec<(&'e str, String)> {
+        events
+            .filter_map(|e| Some((e.source.as_str(), self.object_version(e)?.0)))
+            .collect()
+    }
+
     /// Whether `event` is stale; records its version otherwise, and lists it when it is.
     pub(super) async fn is_stale(
         &self,

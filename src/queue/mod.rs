@@ -155,6 +155,18 @@ pub trait Transport: Send + Sync + 'static {
     /// what cannot be given back returns after its lease (or when its channel closes) anyway.
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError>;
 
+    /// Gives back, like [`Transport::release`], deliveries no handler saw (the step failed
+    /// before their handler ran: the store down or failing, the batch never run). Such a
+    /// give-back is not the message's fault, so it must not count towards the transport's
+    /// delivery limit, or a store that keeps failing would dead-letter valid events unhandled.
+    /// By default a release. RabbitMQ's quorum queues count every requeue and every delivery
+    /// a closed channel hands back (`x-delivery-count`), so it republishes a copy that carries
+    /// the counts so far and acks the original.
+    async fn give_back_unhandled(&self, deliveries: &[&Delivery]) -> Result<(), TransportError> {
+        let tags: Vec<DeliveryTag> = deliveries.iter().map(|d| d.tag.clone()).collect();
+        self.release(&tags).await
+    }
+
     /// Extends the lease of deliveries still being worked on to `lease` from now (the
     /// consumer's heartbeat, every third of the lease). Returns the tags whose lease is lost: the
     /// delivery was received again by another consumer after this one's lease ran out (or is

@@ -39,12 +39,14 @@ use tokio::sync::Mutex;
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
 
+mod give_back;
 mod headers;
 mod incoming;
 mod publisher;
 mod tags;
 mod topology;
 
+use give_back::close_side;
 pub use publisher::{ConfirmPublisher, Declare};
 use publisher::{Side, BROKER_ANSWER_TIMEOUT};
 
@@ -80,6 +82,8 @@ struct ConsumerSide {
     stream: Mutex<BoxStream<'static, Incoming>>,
     /// Tags are per channel: a tag from an older generation must never be acked on this one.
     generation: u64,
+    /// Both queues' consumers (to cancel: `give_back.rs`).
+    consumer_tags: Vec<lapin::types::ShortString>,
     /// Which tags are unsettled, and how far one `multiple` frame may reach (see `tags.rs`).
     tags: std::sync::Mutex<ChannelTags>,
 }
@@ -154,15 +158,16 @@ impl RabbitMqQueue {
             .map_err(unavailable)?;
         // Both queues on one channel: delivery tags are per channel, so acks and requeues
         // work the same for either, and a closed channel gives back what either delivered.
-        let main = incoming::consume(&channel, &self.queue, Origin::Main).await?;
+        let (main_tag, main) = incoming::consume(&channel, &self.queue, Origin::Main).await?;
         let dead = topology::dead_queue(&self.queue);
-        let parked = incoming::consume(&channel, &dead, Origin::Parked).await?;
+        let (dead_tag, parked) = incoming::consume(&channel, &dead, Origin::Parked).await?;
         let stream = futures::stream::select(main, parked).boxed();
         let side = Arc::new(ConsumerSide {
             connection,
             channel,
             stream: Mutex::new(stream),
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
+            consumer_tags: vec![main_tag, dead_tag],
             tags: std::sync::Mutex::new(ChannelTags::default()),
         });
         *slot = Some(side.clone());
@@ -175,19 +180,19 @@ impl RabbitMqQueue {
     }
 
     /// Publishes to the default exchange with routing key `routing_key` and waits for the
-    /// broker's confirm. `enqueued_at` is when the event was first published (a retry's copy
-    /// carries its original's); `None` for a copy of a message that did not say.
+    /// broker's confirm. A copy carries its original's `counts` (`headers::written`) and
+    /// `enqueued_at` (`None` for a copy of a message that did not say).
     async fn publish_to(
         &self,
         routing_key: &str,
         message: &OutgoingMessage,
-        attempts: u32,
+        counts: (u32, u32),
         enqueued_at: Option<i64>,
     ) -> Result<(), TransportError> {
         let mut properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
-            .with_headers(headers::written(message, attempts, enqueued_at));
+            .with_headers(headers::written(message, counts, enqueued_at));
         if let Some(id) = &message.message_id {
             properties = properties.with_message_id(id.as_str().into());
         }
@@ -219,8 +224,7 @@ impl RabbitMqQueue {
         Ok(name)
     }
 
-    /// Closes both connections; unacked deliveries go back to the queue (as when the process
-    /// dies), and the next call reconnects.
+    /// Closes both connections (unacked deliveries go back, as when the process dies).
     pub async fn close(&self) {
         self.close_consumer().await;
         self.publisher.close().await;
@@ -229,22 +233,9 @@ impl RabbitMqQueue {
     /// Closes the consuming side: what it delivered and nobody acked, received or still
     /// buffered, goes back to the queue; the next receive opens a new one.
     async fn close_consumer(&self) {
-        let Some(side) = self.consumer.lock().await.take() else {
-            return;
-        };
-        // The channel first: its CloseOk comes after the broker handled every frame sent before
-        // it on the channel, so acks just issued take effect (a connection close may overtake
-        // frames still buffered, and those deliveries would come back).
-        let _ = tokio::time::timeout(
-            BROKER_ANSWER_TIMEOUT,
-            side.channel.close(200, "closing".into()),
-        )
-        .await;
-        let _ = tokio::time::timeout(
-            BROKER_ANSWER_TIMEOUT,
-            side.connection.close(200, "closing".into()),
-        )
-        .await;
+        if let Some(side) = self.consumer.lock().await.take() {
+            close_side(&side).await;
+        }
     }
 
     /// Messages ready or unacked in the queue (a passive declare), for tests and operators.
@@ -265,8 +256,7 @@ impl RabbitMqQueue {
         Ok(queue.message_count())
     }
 
-    /// Deletes the queue, its dead-letter queue and the retry buckets this instance declared
-    /// (tests clean up with it).
+    /// Deletes the queue, `<queue>.dead` and the retry buckets this instance declared (tests).
     pub async fn delete_queues(&self) -> Result<(), TransportError> {
         let side = self.publisher.side().await?;
         let buckets: Vec<u64> = self
@@ -357,7 +347,7 @@ impl RabbitMqQueue {
 #[async_trait]
 impl Transport for RabbitMqQueue {
     async fn publish(&self, message: OutgoingMessage) -> Result<(), TransportError> {
-        self.publish_to(&self.queue, &message, 0, Some(now_ms()))
+        self.publish_to(&self.queue, &message, (0, 0), Some(now_ms()))
             .await
     }
 
@@ -414,14 +404,17 @@ impl Transport for RabbitMqQueue {
         self.settle(tags, Settle::Ack).await
     }
 
-    /// The broker pushes up to the prefetch to a live consumer whether it receives or not: a
-    /// process cut off from its database would hold that many messages, unacked, for as long as
-    /// its outage lasts, while other processes could handle them. Closing the consuming side
-    /// gives them back at once. Another worker of this process with a batch in progress on that
-    /// channel loses its acks (the tags belong to the closed channel): its events come back and
-    /// are recognised as duplicates.
+    /// The broker pushes up to the prefetch to a live consumer whether it receives or not, and
+    /// a process cut off from its database would hold it all for the outage. So the consumers
+    /// are cancelled, what they buffered is given back uncounted (`give_back.rs`), and the side
+    /// is closed. Another worker's batch in progress on it loses its acks: its events come back
+    /// (counted once) and are recognised as duplicates.
     async fn pause_receiving(&self) {
-        self.close_consumer().await;
+        self.pause().await;
+    }
+
+    async fn give_back_unhandled(&self, deliveries: &[&Delivery]) -> Result<(), TransportError> {
+        self.give_back_copies(deliveries).await
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
@@ -454,7 +447,8 @@ impl Transport for RabbitMqQueue {
         };
         // The copy is confirmed before the original is acked: a crash in between delivers
         // the event twice, which the dedup record absorbs; the other order could lose it.
-        self.publish_to(&bucket, &copy, delivery.attempts, delivery.enqueued_at)
+        let counts = (delivery.attempts, 0);
+        self.publish_to(&bucket, &copy, counts, delivery.enqueued_at)
             .await?;
         self.ack(std::slice::from_ref(&delivery.tag)).await
     }
@@ -465,7 +459,8 @@ impl Transport for RabbitMqQueue {
         queue: &str,
         message: OutgoingMessage,
     ) -> Result<(), TransportError> {
-        self.publish_to(queue, &message, 0, Some(now_ms())).await
+        self.publish_to(queue, &message, (0, 0), Some(now_ms()))
+            .await
     }
 
     fn can_address(&self, queue: &str) -> bool {

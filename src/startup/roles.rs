@@ -141,7 +141,6 @@ impl Roles<'_> {
             c.workers
         };
         let fetch = full_event_fetch(settings)?;
-        let stripe_secrets = StripeProvider::from_settings(&settings.stripe).secrets;
         for _ in 0..workers {
             let consumer = Consumer::new(
                 self.store.clone(),
@@ -151,8 +150,7 @@ impl Roles<'_> {
                 options.clone(),
             )
             .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
-            .with_full_event_fetch(fetch.clone())
-            .with_stripe_secrets(stripe_secrets.clone());
+            .with_full_event_fetch(fetch.clone());
             let (token, abandon) = (self.shutdown.clone(), self.abandon.clone());
             tasks.spawn(async move {
                 consumer.run(token, abandon).await;

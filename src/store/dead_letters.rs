@@ -63,6 +63,38 @@ pub(super) mod postgres {
     use crate::store::postgres::DEAD_LETTER_LOCK_CLASS;
     use crate::store::{DeadLetter, NewDeadLetter, StoreError};
 
+    /// Takes the once-only locks of all of `rows` (as [`insert_dead_letter`] takes one), in
+    /// the order of the lock keys, whatever order the batch's events failed in: two batches
+    /// dead-lettering the same events in opposite orders would otherwise each hold one lock
+    /// and wait for the other's (PostgreSQL ends one with `deadlock detected`). The keys are
+    /// the ones `insert_dead_letter` computes, so its own lock is then held already.
+    pub(in crate::store) async fn lock_dead_letters(
+        tx: &mut PgConnection,
+        rows: &[NewDeadLetter],
+    ) -> Result<(), StoreError> {
+        let rows: Vec<&NewDeadLetter> = rows.iter().filter(|r| !r.event_id.is_empty()).collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let column =
+            |f: fn(&NewDeadLetter) -> &str| -> Vec<&str> { rows.iter().map(|r| f(r)).collect() };
+        // A volatile function in the select list runs after the ORDER BY sort (PostgreSQL
+        // 9.6 and later), so the locks are taken in key order.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock($1, k)
+               FROM (SELECT DISTINCT hashtext(s || ' ' || q || ' ' || e) AS k
+                       FROM unnest($2::text[], $3::text[], $4::text[]) AS r(s, q, e)) AS keys
+              ORDER BY k",
+        )
+        .bind(DEAD_LETTER_LOCK_CLASS)
+        .bind(column(|r| &r.source))
+        .bind(column(|r| &r.queue))
+        .bind(column(|r| &r.event_id))
+        .execute(tx)
+        .await?;
+        Ok(())
+    }
+
     pub(in crate::store) async fn insert_dead_letter(
         tx: &mut PgConnection,
         row: &NewDeadLetter,

@@ -58,7 +58,7 @@ pub use activity::MinuteCount;
 pub use admin_actions::AdminAction;
 pub use backlog::AlertCounts;
 pub use bulk::{BulkRows, DeadLetterListing, DeliveryListing, Requeued, RowFilter};
-pub use dedup::{dedup_key, NewProcessed, ProcessedEvent, RingMaintenance};
+pub use dedup::{dedup_key, ProcessedEvent, RingMaintenance};
 pub use event_list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use timeouts::{bounded, ServerTimeouts};

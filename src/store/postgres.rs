@@ -50,6 +50,10 @@ pub(super) fn secs(d: Duration) -> f64 {
 /// `bigint` locks of retention and `dedup`) that make a once-only dead letter once.
 pub(super) const DEAD_LETTER_LOCK_CLASS: i32 = 0x6465_6164;
 
+/// Arbitrary constant naming the advisory locks, one per `(source, object)`, that the stale-event
+/// guard takes for a batch before it records any version (see `StoreTx::lock_objects`).
+pub(super) const OBJECT_LOCK_CLASS: i32 = 0x6f62_6a76;
+
 /// Arbitrary constant naming the retention job's advisory lock.
 pub(super) const RETENTION_LOCK: i64 = 0x6465_6475_7072_6574;
 

@@ -2,7 +2,7 @@
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
 
-use super::dedup::{self, NewProcessed, ProcessedEvent};
+use super::dedup::{self, ProcessedEvent};
 use super::{dead_letters, outbox_rows, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
@@ -136,27 +136,18 @@ impl StoreTx {
         source: &str,
         events: &[(String, String)],
     ) -> Result<Vec<String>, StoreError> {
-        let events: Vec<NewProcessed> = events
+        let events: Vec<ProcessedEvent> = events
             .iter()
-            .map(|(id, event_type)| (id.clone(), event_type.clone(), None))
+            .map(|(id, event_type)| ProcessedEvent {
+                id: id.clone(),
+                event_type: event_type.clone(),
+                ..ProcessedEvent::default()
+            })
             .collect();
-        self.insert_processed_created(source, &events).await
-    }
-
-    /// As [`StoreTx::insert_processed`], with each event's creation time (Unix seconds) where
-    /// the caller verified that the provider signed it: generations sealed well before an event
-    /// was created are not looked up (see [`super::dedup`]), whatever this clock says. Pass
-    /// `None` for any other time: a wrong one skips the generation that holds the id.
-    pub async fn insert_processed_created(
-        &mut self,
-        source: &str,
-        events: &[NewProcessed],
-    ) -> Result<Vec<String>, StoreError> {
-        let events: Vec<ProcessedEvent> = events.iter().map(ProcessedEvent::from).collect();
         self.insert_processed_events(source, &events).await
     }
 
-    /// As [`StoreTx::insert_processed_created`], with how each event was received (when the
+    /// As [`StoreTx::insert_processed`], with how each event was received (when the
     /// transport took it in, which delivery this is), which `events show` reports.
     pub async fn insert_processed_events(
         &mut self,
@@ -232,6 +223,54 @@ impl StoreTx {
         row: &NewDeadLetter,
     ) -> Result<bool, StoreError> {
         on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
+    }
+
+    /// [`StoreTx::insert_dead_letter_once`] for each of `rows`, their locks taken first and in
+    /// one canonical order (see `dead_letters::postgres::lock_dead_letters`): a batch's dead
+    /// letters, whatever order its events failed in.
+    pub async fn insert_dead_letters_once(
+        &mut self,
+        rows: &[NewDeadLetter],
+    ) -> Result<(), StoreError> {
+        if let StoreTx::Postgres(tx) = self {
+            dead_letters::postgres::lock_dead_letters(tx, rows).await?;
+        }
+        // SQLite takes no locks of its own: one writer at a time.
+        for row in rows {
+            self.insert_dead_letter_once(row).await?;
+        }
+        Ok(())
+    }
+
+    /// Locks each `(source, object id)` whose version the stale-event guard may record in this
+    /// transaction, in one canonical order (the lock keys'), before any is recorded. Recorded
+    /// one event at a time, in the order the batch delivered them, two batches touching the
+    /// same objects in opposite orders would each hold one object's row and wait for the
+    /// other's: `deadlock detected`, a batch started over or an event retried. Held until the
+    /// transaction ends, like the rows. SQLite: nothing to do (one writer at a time).
+    pub async fn lock_objects(&mut self, objects: &[(&str, &str)]) -> Result<(), StoreError> {
+        let StoreTx::Postgres(tx) = self else {
+            return Ok(());
+        };
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let sources: Vec<&str> = objects.iter().map(|(s, _)| *s).collect();
+        let ids: Vec<&str> = objects.iter().map(|(_, o)| *o).collect();
+        // A volatile function in the select list runs after the ORDER BY sort (PostgreSQL 9.6
+        // and later), so the locks are taken in key order.
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock($1, k)
+               FROM (SELECT DISTINCT hashtext(s || ' ' || o) AS k
+                       FROM unnest($2::text[], $3::text[]) AS r(s, o)) AS keys
+              ORDER BY k",
+        )
+        .bind(super::postgres::OBJECT_LOCK_CLASS)
+        .bind(sources)
+        .bind(ids)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     /// Records `version` as the newest handled for `(source, object_id)` unless a strictly newer

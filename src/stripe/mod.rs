@@ -8,6 +8,6 @@ pub mod shape;
 
 pub use api::{ApiError, RetryPolicy, StripeApi};
 pub use shape::{
-    eventbridge_detail, eventbridge_envelope, thin_event_beside, EnvelopeError,
-    EventBridgeEnvelope, StripeEventHead, StripeShapeError, ThinEventError, SOURCE,
+    eventbridge_detail, eventbridge_envelope, stripe_change, thin_event_beside, EnvelopeError,
+    EventBridgeEnvelope, StripeChange, StripeEventHead, StripeShapeError, ThinEventError, SOURCE,
 };

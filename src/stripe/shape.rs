@@ -183,6 +183,83 @@ pub fn eventbridge_envelope(body: &Bytes) -> Result<Option<EventBridgeEnvelope>,
     }
 }
 
+/// The one change a Stripe message carries, and the key it is claimed under: what
+/// [`stripe_change`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StripeChange {
+    /// The change's key: a snapshot event's id, a thin event's `snapshot_event` (its own id
+    /// when it has none), the same of an EventBridge envelope's `detail`. Every copy of one
+    /// change, on whichever channel, has this key, so the dedup insert that claims it is the
+    /// one place two copies meet.
+    pub key: String,
+    /// The message's other id, a key an earlier release or another setting gave it: a thin
+    /// event's own id (when it names a snapshot event), an envelope's own `id`.
+    pub other: Option<String>,
+}
+
+/// Every field [`stripe_change`] may need, of an event or of an envelope, in one parse that
+/// borrows from the body; each as it is, so a value of a foreign type makes the message not a
+/// change rather than unreadable.
+#[derive(Deserialize)]
+struct ChangeShape<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    snapshot_event: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    source: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    detail: Option<&'a RawValue>,
+}
+
+/// A JSON string's value, borrowed where it has no escapes; `None` for any other JSON value.
+fn string_of(raw: Option<&RawValue>) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Cow<str>>(raw?.get()).ok()
+}
+
+/// The change a message carries, when it is one of Stripe's shapes: a Stripe EventBridge
+/// envelope (whatever the consumer's source or `consumer.envelope`: its `source` says it is
+/// Stripe's), or, when `stripe_source` (the message is under source `stripe`), a snapshot or
+/// thin event. `None` for anything else (not JSON, no `object`, another object, a `detail`
+/// that is not a Stripe event): the message is keyed by the general rule.
+pub fn stripe_change(body: &[u8], stripe_source: bool) -> Option<StripeChange> {
+    // An object only: serde would read `["evt_1"]` into the struct, as a sequence.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let shape: ChangeShape = serde_json::from_slice(body).ok()?;
+    let from_eventbridge =
+        string_of(shape.source).is_some_and(|s| s.starts_with(EVENTBRIDGE_SOURCE_PREFIX));
+    if from_eventbridge {
+        let detail = StripeEventHead::read(shape.detail?.get().as_bytes()).ok()?;
+        let key = detail.dedup_id().to_owned();
+        let other = string_of(shape.id).filter(|id| *id != key);
+        return Some(StripeChange {
+            key,
+            other: other.map(Cow::into_owned),
+        });
+    }
+    if !stripe_source {
+        return None;
+    }
+    let object = string_of(shape.object)?;
+    let own_id = string_of(shape.id).filter(|id| !id.is_empty())?;
+    let snapshot = string_of(shape.snapshot_event).filter(|id| !id.is_empty());
+    match (&*object, snapshot) {
+        (THIN_EVENT_OBJECT, Some(snapshot)) if snapshot != own_id => Some(StripeChange {
+            key: snapshot.into_owned(),
+            other: Some(own_id.into_owned()),
+        }),
+        ("event" | THIN_EVENT_OBJECT, _) => Some(StripeChange {
+            key: own_id.into_owned(),
+            other: None,
+        }),
+        _ => None,
+    }
+}
+
 /// Why [`thin_event_beside`] cannot make a thin event of a body.
 #[derive(Debug, thiserror::Error)]
 pub enum ThinEventError {

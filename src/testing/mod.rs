@@ -106,21 +106,6 @@ pub fn event(source: &str, id: &str, event_type: &str, payload: &[u8]) -> Event 
     }
 }
 
-/// The creation time the consumer passes the dedup record for `event` (which generations its
-/// insert may skip), given the signature the ingress carried with its message and the
-/// consumer's `stripe.secrets`: `Some` only where one of the secrets verifies Stripe's signature
-/// of these exact bytes, under the payload's own `id`, for a snapshot event whose `created` is
-/// not after the signature's time (`src/consumer/record.rs`); `None` otherwise. For property
-/// tests of the dedup record that generate deliveries as the consumer receives them, forged ones
-/// included.
-pub fn trusted_creation_time(
-    event: &Event,
-    carried_signature: Option<&str>,
-    stripe_secrets: &[String],
-) -> Option<i64> {
-    crate::consumer::trusted_creation_time(event, carried_signature, stripe_secrets)
-}
-
 /// Runs `handler` on `event` in one transaction of `store`, through the connection the
 /// consumer gives it ([`Store::begin`], [`StoreTx::conn`](crate::store::StoreTx::conn)):
 /// committed when it returns `Ok`, rolled back when it returns `Err`, so a test reads afterwards

@@ -7,9 +7,10 @@
 //! * the binary: a thin event the previous release recorded under its own id, delivered again
 //!   (keyed now by its snapshot event), is not handled again; nor is a message the previous
 //!   release published (keyed by the thin event's own id) whose snapshot event was handled;
-//! * the binary: an EventBridge envelope handled with `consumer.envelope = "none"` (keyed by
-//!   the envelope's id), delivered again after the change to `"eventbridge"` (keyed by its
-//!   `detail`), is not handled again; nor the other way round.
+//! * the binary: an EventBridge envelope a release before the change keying handled with
+//!   `consumer.envelope = "none"` (keyed by the envelope's id), delivered again (keyed now by its
+//!   `detail`, with either setting), is not handled again; one handled with either setting is a
+//!   duplicate with the other.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,9 +19,7 @@ use dedup_worker::store::{NewQueueMessage, ProcessedEvent, Store};
 use serde_json::Value;
 
 use crate::helpers::stripe_channels::{eventbridge_envelope, snapshot_event, thin_event};
-use crate::helpers::{
-    ledger_counts, now, post_signed_until_not_503, Backend, RunningBinary, TestDb,
-};
+use crate::helpers::{ledger_counts, post_signed_until_not_503, Backend, RunningBinary, TestDb};
 
 const SECRET: &str = "whsec_aliases";
 const WINDOW: Duration = Duration::from_secs(30 * 86_400);
@@ -45,11 +44,10 @@ on_both_stores!(
     an_eventbridge_envelope_is_not_handled_again_after_a_change_of_setting,
 );
 
-fn processed(id: &str, alias: Option<&str>, created: Option<i64>) -> ProcessedEvent {
+fn processed(id: &str, alias: Option<&str>) -> ProcessedEvent {
     ProcessedEvent {
         id: id.into(),
         event_type: "invoice.paid".into(),
-        created,
         alias: alias.map(str::to_owned),
         ..ProcessedEvent::default()
     }
@@ -69,15 +67,10 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
     let store = db.store().await;
     // Earlier records: one in a generation then sealed, one in the current generation, one in
     // the legacy table of the single-table schema, one under another source.
-    record(&store, "stripe", &[processed("evt_old_sealed", None, None)]).await;
+    record(&store, "stripe", &[processed("evt_old_sealed", None)]).await;
     assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
-    record(
-        &store,
-        "stripe",
-        &[processed("evt_old_current", None, None)],
-    )
-    .await;
-    record(&store, "github", &[processed("evt_old_github", None, None)]).await;
+    record(&store, "stripe", &[processed("evt_old_current", None)]).await;
+    record(&store, "github", &[processed("evt_old_github", None)]).await;
     let legacy = match backend {
         Backend::Postgres => {
             "INSERT INTO processed_events_legacy (source, event_id, event_type)
@@ -91,19 +84,16 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
     };
     crate::helpers::db::execute(&store, legacy).await;
 
-    // A creation time two days ahead would skip the sealed generation for the key; not for
-    // the alias.
-    let ahead = Some(now() + 2 * 86_400);
     let new = record(
         &store,
         "stripe",
         &[
-            processed("evt_new_1", Some("evt_old_sealed"), ahead),
-            processed("evt_new_2", Some("evt_old_current"), None),
-            processed("evt_new_3", Some("evt_old_legacy"), None),
-            processed("evt_new_4", Some("evt_old_github"), None),
-            processed("evt_new_5", Some("evt_never_recorded"), None),
-            processed("evt_new_6", None, None),
+            processed("evt_new_1", Some("evt_old_sealed")),
+            processed("evt_new_2", Some("evt_old_current")),
+            processed("evt_new_3", Some("evt_old_legacy")),
+            processed("evt_new_4", Some("evt_old_github")),
+            processed("evt_new_5", Some("evt_never_recorded")),
+            processed("evt_new_6", None),
         ],
     )
     .await;
@@ -127,9 +117,9 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
         &store,
         "stripe",
         &[
-            processed("evt_new_4", None, None),
-            processed("evt_new_7", Some("evt_new_5"), None),
-            processed("evt_new_8", Some("evt_new_8_other"), None),
+            processed("evt_new_4", None),
+            processed("evt_new_7", Some("evt_new_5")),
+            processed("evt_new_8", Some("evt_new_8_other")),
         ],
     )
     .await;
@@ -191,7 +181,7 @@ async fn a_thin_event_keyed_by_the_previous_release_is_not_handled_again(backend
     let work = tempfile::tempdir().unwrap();
     let store = db.store().await;
     // The previous release handled thin event evt_1_thin under its own id.
-    record(&store, "stripe", &[processed("evt_1_thin", None, None)]).await;
+    record(&store, "stripe", &[processed("evt_1_thin", None)]).await;
     let bin = start(&db, work.path(), &[]);
 
     // Stripe retries it after the upgrade: keyed by its snapshot event now.
@@ -206,12 +196,13 @@ async fn a_thin_event_keyed_by_the_previous_release_is_not_handled_again(backend
     // published for its thin event (keyed by the thin event's own id), still queued, is not.
     post(&bin, &snapshot_event("evt_2", "in_2")).await;
     assert_eq!(handled(&bin, &store, "evt_2", 1).await, 1);
+    // It is keyed by its change now, whatever its message id.
     let queued = thin_event("evt_2_thin", "in_2", Some("evt_2"), None);
     enqueue(&store, Some("stripe"), Some("evt_2_thin"), &queued).await;
     assert_eq!(
-        handled(&bin, &store, "evt_2_thin", 1).await,
-        0,
-        "the message keyed by the thin event's own id finds its snapshot event"
+        handled(&bin, &store, "evt_2", 2).await,
+        1,
+        "the message published under the thin event's own id is its snapshot event's duplicate"
     );
 
     // A thin event of a change nobody handled is handled once, under its snapshot event.
@@ -228,36 +219,37 @@ async fn an_eventbridge_envelope_is_not_handled_again_after_a_change_of_setting(
     let first = eventbridge_envelope(&snapshot_event("evt_eb_1", "in_1"));
     let second = eventbridge_envelope(&snapshot_event("evt_eb_2", "in_2"));
     let first_id = first["id"].as_str().unwrap().to_owned();
-    let second_id = second["id"].as_str().unwrap().to_owned();
     let none = [("DEDUP_CONSUMER__ENVELOPE", "none")];
     let eventbridge = [("DEDUP_CONSUMER__ENVELOPE", "eventbridge")];
 
-    // Without the setting, the first envelope is a plain message keyed by its own id.
+    // A release before the change keying, without the setting, handled the first envelope as
+    // a plain message keyed by its own id.
+    record(&store, "stripe", &[processed(&first_id, None)]).await;
+    // Delivered again, with either setting, it is keyed by its detail and finds that id.
     let bin = start(&db, work.path(), &none);
-    enqueue(&store, None, None, &first).await;
-    assert_eq!(handled(&bin, &store, &first_id, 1).await, 1);
-    drop(bin);
-    // With it, that envelope delivered again is keyed by its detail: a duplicate; the second
-    // envelope is handled under its detail's id.
-    let bin = start(&db, work.path(), &eventbridge);
     enqueue(&store, None, None, &first).await;
     assert_eq!(
         handled(&bin, &store, "evt_eb_1", 1).await,
         0,
         "keyed by its detail, the envelope finds the id it was handled under"
     );
+    drop(bin);
+    let bin = start(&db, work.path(), &eventbridge);
+    enqueue(&store, None, None, &first).await;
+    assert_eq!(handled(&bin, &store, "evt_eb_1", 2).await, 0);
+    // The second envelope is handled under its detail's id with the setting, and is a
+    // duplicate without it.
     enqueue(&store, None, None, &second).await;
     assert_eq!(handled(&bin, &store, "evt_eb_2", 1).await, 1);
     drop(bin);
-    // Back without it: the second envelope delivered again is keyed by its own id: a duplicate.
     let bin = start(&db, work.path(), &none);
     enqueue(&store, None, None, &second).await;
     assert_eq!(
-        handled(&bin, &store, &second_id, 1).await,
-        0,
-        "keyed by its own id, the envelope finds its detail's"
+        handled(&bin, &store, "evt_eb_2", 2).await,
+        1,
+        "without the setting, the envelope is keyed by its detail too"
     );
     let ledger = ledger_counts(&store).await;
-    assert_eq!(ledger.values().sum::<i64>(), 2, "{ledger:?}");
+    assert_eq!(ledger.values().sum::<i64>(), 1, "{ledger:?}");
     drop(bin);
 }

@@ -36,7 +36,6 @@ on_both_stores!(
     an_expired_generation_is_emptied_and_the_ring_wraps,
     the_upgrade_from_one_table_keeps_every_processed_id,
     an_event_handled_before_a_seal_is_not_handled_again_after_it,
-    creation_times_spare_lookups_only_where_the_id_cannot_be,
 );
 
 fn pair(id: &str) -> (String, String) {
@@ -50,21 +49,6 @@ async fn record(store: &Store, source: &str, ids: &[&str]) -> Vec<String> {
     let mut new = tx.insert_processed(source, &pairs).await.unwrap();
     tx.commit().await.unwrap();
     new.sort();
-    new
-}
-
-/// Records `ids`, each created (by the provider's word) at `created`, in one committed batch.
-async fn record_created(store: &Store, ids: &[&str], created: Option<i64>) -> Vec<String> {
-    let mut tx = store.begin().await.unwrap();
-    let events: Vec<_> = ids
-        .iter()
-        .map(|id| (id.to_string(), "test.event".to_owned(), created))
-        .collect();
-    let new = tx
-        .insert_processed_created("stripe", &events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
     new
 }
 
@@ -199,57 +183,6 @@ async fn an_expired_generation_is_emptied_and_the_ring_wraps(backend: Backend) {
             "one current generation after round {round}"
         );
     }
-}
-
-async fn creation_times_spare_lookups_only_where_the_id_cannot_be(backend: Backend) {
-    let db = TestDb::new(backend).await;
-    let store = db.store().await;
-    let now = chrono::Utc::now().timestamp();
-    // Created now, recorded, the generation sealed, delivered again: its generation was sealed
-    // after it was created, so it is looked up there and found.
-    assert_eq!(
-        record_created(&store, &["evt_fresh"], Some(now)).await,
-        ["evt_fresh"]
-    );
-    assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
-    assert!(record_created(&store, &["evt_fresh"], Some(now))
-        .await
-        .is_empty());
-    let later = now + 3_600;
-    assert!(
-        record_created(&store, &["evt_fresh"], Some(later))
-            .await
-            .is_empty(),
-        "within the clock margin of the seal, still looked up"
-    );
-
-    // Move the seal two days back: an event that says it was created now cannot be in that
-    // generation, so it is not looked up there. Shown with an id that is there (a provider
-    // lying about `created`), which is exactly what the skipped lookup would have found.
-    let two_days_back = match backend {
-        Backend::Postgres => {
-            "UPDATE dedup_generations SET sealed_at = sealed_at - interval '2 days' WHERE slot = 0"
-        }
-        Backend::Sqlite => {
-            "UPDATE dedup_generations SET sealed_at = sealed_at - 172800000 WHERE slot = 0"
-        }
-    };
-    crate::helpers::db::execute(&store, two_days_back).await;
-    assert_eq!(
-        record_created(&store, &["evt_fresh"], Some(now)).await,
-        ["evt_fresh"],
-        "created after the seal plus the margin: that generation is skipped"
-    );
-    // Take that second record back (only the sealed generation holds the id again): without
-    // a creation time every generation is looked up. (The store uses a creation time as given,
-    // whatever its clock says; which ones the consumer may pass: tests/it/trusted_created.rs.)
-    let mut tx = store.begin().await.unwrap();
-    tx.delete_processed("stripe", "evt_fresh").await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(
-        record(&store, "stripe", &["evt_fresh"]).await,
-        Vec::<String>::new()
-    );
 }
 
 /// The migrations of the single-table schema (before `20261201000003_dedup_generations`).

@@ -50,6 +50,8 @@
 //!   `_sqlx_migrations` shared with the application's) moves to schema `dedup_worker` (SQLite:
 //!   `_dedup_worker_migrations`) keeping every row; the old migrations cannot start again;
 //!   two processes upgrading at once; the SQLite runner's refusals;
+//! * [`lock_order`]: batches touching the same objects (stale-event guard) or dead-lettering the
+//!   same events in opposite orders both commit: locks are taken in one order, never deadlock;
 //! * [`operations`]: JSON log lines carry the event they are about; no colours off a terminal;
 //!   start-up errors name the database, its address and the cause, never the password;
 //!   `/metrics` of the binary after traffic (histogram buckets, gauges that follow
@@ -67,6 +69,8 @@
 //!   a malformed event a dead letter after one attempt;
 //! * [`pipeline`]: 1,000 events with 30 % duplicates reach the sink once on every store and
 //!   transport; an idle SQS consumer long-polls;
+//! * [`rabbit_give_backs`]: a database that keeps failing makes the RabbitMQ consumer give its
+//!   batches back again and again; events no handler saw never go over the delivery limit;
 //! * [`redrive`]: dead letters on RabbitMQ and SQS redriven through the transport and handled
 //!   once; the configured delivery limit on an older queue;
 //! * [`relay`]: the outbox relay's retries under one key, failed rows, leases kept and lost,
@@ -100,6 +104,9 @@
 //!   `created` after a seal, or a day ahead, is looked up everywhere;
 //! * [`transport_contract`]: one contract for every transport (publish, redelivery, retries,
 //!   lease extension, late acks);
+//! * [`two_channels`]: one change on two channels at once (a webhook and its thin event or
+//!   EventBridge copy, side by side in a batch or in two batches at once) is one event,
+//!   handled once under the change's key;
 //! * [`user_migrations`]: an application's own migrations applied by every start and by
 //!   `migrate`, in order, once each, with its history apart from the library's; a changed one
 //!   reported once; a handler or migrations for the other store refused before anything runs;
@@ -131,11 +138,13 @@ mod hostile;
 mod idempotency;
 mod invalid_index;
 mod layout_upgrade;
+mod lock_order;
 mod operations;
 mod operator_actions;
 mod outage;
 mod paid_invoices;
 mod pipeline;
+mod rabbit_give_backs;
 mod redrive;
 mod relay;
 mod settings_refused;
@@ -151,5 +160,6 @@ mod stripe_ingress;
 mod testing_kit;
 mod transport_contract;
 mod trusted_created;
+mod two_channels;
 mod user_migrations;
 mod wakeup;

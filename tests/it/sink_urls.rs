@@ -4,6 +4,8 @@
 //! passes to a receiver that answers 500; every row fails. Neither token is in the binary's log
 //! lines, a row's `last_error`, `outbox failed` or `events show` (text or JSON), while the errors
 //! still say what happened. A sink spec the configuration refuses is not echoed whole either.
+//! Nor is a URL whose address is the secret (a generated host label, as Pipedream's, and a UUID
+//! as the first path segment, as webhook.site's).
 
 use std::time::Duration;
 
@@ -151,4 +153,65 @@ async fn tokens_in_a_sink_url_reach_no_log_row_or_report() {
     );
     assert!(refusal.contains("hooks.slack.com/services/…"), "{refusal}");
     assert_no_token("the refusal", &refusal);
+}
+
+/// A host label and a first path segment that are the URL's secret (Pipedream's
+/// `eo….m.pipedream.net`, webhook.site's `/<UUID>`): each shown as `***`, nowhere whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_is_the_sink_urls_host_label_or_first_segment_is_masked() {
+    const HOST_TOKEN: &str = "eo7k2m9x4qz1";
+    const UUID_TOKEN: &str = "0b6e5c1a-3f2d-4e8b-9a7c-1d2e3f4a5b6c";
+    let receiver =
+        serve(Router::new().fallback(|| async { StatusCode::INTERNAL_SERVER_ERROR })).await;
+    // `*.localhost` names this machine where the resolver says so (then the receiver answers
+    // 500) and nothing elsewhere (then the lookup fails): every row fails either way.
+    let sink = format!(
+        "http://{HOST_TOKEN}.localhost:{}/{UUID_TOKEN}",
+        receiver.port()
+    );
+    let shown = format!("http://***.localhost:{}/***", receiver.port());
+    let db = TestDb::new(Backend::Postgres).await;
+    let work = tempfile::tempdir().unwrap();
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
+            ("DEDUP_SINK", sink),
+            ("RUST_LOG", "info".into()),
+            ("DEDUP_OUTBOX__MAX_ATTEMPTS", "2".into()),
+            ("DEDUP_OUTBOX__RETRY_BASE_MS", "20".into()),
+            ("DEDUP_OUTBOX__RETRY_MAX_MS", "50".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".into()),
+        ],
+        work.path(),
+    );
+    let store = db.store().await;
+    let pool = store.postgres_pool().expect("a PostgreSQL test");
+    let no_token = |what: &str, text: &str| {
+        for token in [HOST_TOKEN, UUID_TOKEN] {
+            assert!(!text.contains(token), "{what} shows {token}: {text}");
+        }
+    };
+
+    let ids: Vec<String> = (0..2).map(|i| format!("evt_address_{i}")).collect();
+    accept(&bin, &ids).await;
+    for (id, error) in failed_rows(&bin, pool, &ids).await {
+        no_token(&format!("{id}'s last_error"), &error);
+        assert!(error.contains(&shown), "{id}: {error}");
+    }
+    let env = [("DATABASE_URL", db.url.clone())];
+    no_token("outbox failed", &run_cli(&env, &["outbox", "failed"]));
+    let text = run_cli(&env, &["events", "show", &ids[0]]);
+    assert!(text.contains("failed"), "{text}");
+    no_token("events show", &text);
+    no_token(
+        "events show --json",
+        &run_cli(&env, &["events", "show", &ids[0], "--json"]),
+    );
+    let logged = bin.stderr();
+    assert!(logged.contains("delivery failed"), "{logged}");
+    no_token("the binary's log", &logged);
+    drop(bin);
+    store.close().await;
 }

@@ -157,9 +157,11 @@ fn an_eventbridge_envelope_is_its_stripe_event() {
     let thin = r#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_1"}"#;
     let event = decode_delivery(&delivery(None, envelope(thin).as_bytes()), &eventbridge).unwrap();
     assert_eq!(event.id, "evt_1");
-    // Without the setting an envelope is a plain message; a plain event passes either way.
+    // Without the setting the handler gets the envelope, keyed as its change; a plain event
+    // passes either way.
     let plain = decode_delivery(&delivery(None, envelope(detail).as_bytes()), &options()).unwrap();
-    assert_eq!(plain.id, "6a7e8feb-b491");
+    assert_eq!(plain.id, "evt_1");
+    assert_eq!(plain.payload, envelope(detail).as_bytes());
     assert_eq!(
         decode_delivery(&delivery(None, detail.as_bytes()), &eventbridge)
             .unwrap()
@@ -187,9 +189,9 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
         (event.id, event.alias)
     };
     let pair = |id: &str, alias: Option<&str>| (id.to_owned(), alias.map(str::to_owned));
-    // A thin event, keyed by its snapshot event as the ingress publishes it (message id) or
-    // without one: its own id was its key before; a message published then, keyed by its
-    // own id, has the snapshot event as its alias.
+    // A thin event is keyed by its snapshot event whatever the message id: its own id was
+    // its key before thin events were keyed so, and a message id that is neither was the key
+    // before the change keying.
     let thin = br#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_A"}"#;
     let o = options();
     assert_eq!(
@@ -202,7 +204,7 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
     );
     assert_eq!(
         keyed(&delivery(Some("evt_thin"), thin), &o),
-        pair("evt_thin", Some("evt_A"))
+        pair("evt_A", Some("evt_thin"))
     );
     // Snapshot events, v2 thin events (one id), other sources, other keys: no alias.
     let snapshot = br#"{"id":"evt_A","object":"event","snapshot_event":"evt_B"}"#;
@@ -214,7 +216,7 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
     assert_eq!(keyed(&github, &o), pair("evt_thin", None));
     assert_eq!(
         keyed(&delivery(Some("other"), thin), &o),
-        pair("other", None)
+        pair("evt_A", Some("other"))
     );
     // An alias the store could not hold is dropped, never a reason to refuse the message.
     let nul = br#"{"id":"evt_\u0000","object":"v2.core.event","snapshot_event":"evt_A"}"#;
@@ -223,8 +225,8 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
         pair("evt_A", None)
     );
 
-    // An EventBridge envelope: keyed by its detail with the setting, by its own id without;
-    // either way the other is the alias.
+    // An EventBridge envelope: keyed by its detail with the setting or without; its own id
+    // (the key without the setting before the change keying) is the alias.
     let envelope = br#"{"version":"0","id":"6a7e8feb-b491","source":"aws.partner/stripe.com/ed_1","detail":{"id":"evt_1","object":"event","type":"invoice.paid"}}"#;
     let eventbridge = ConsumerOptions {
         envelope: EnvelopeKind::Eventbridge,
@@ -236,7 +238,7 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
     );
     assert_eq!(
         keyed(&delivery(None, envelope), &o),
-        pair("6a7e8feb-b491", Some("evt_1"))
+        pair("evt_1", Some("6a7e8feb-b491"))
     );
     // A thin event's envelope: its detail's key is the snapshot event.
     let thin_envelope = br#"{"id":"eb-2","source":"aws.partner/stripe.com/ed_1","detail":{"id":"evt_t","object":"v2.core.event","snapshot_event":"evt_S"}}"#;
@@ -246,7 +248,7 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
     );
     assert_eq!(
         keyed(&delivery(None, thin_envelope), &o),
-        pair("eb-2", Some("evt_S"))
+        pair("evt_S", Some("eb-2"))
     );
     // Not from Stripe, or an envelope id that is not a string: no alias.
     let foreign = br#"{"id":"x-1","source":"aws.ec2","detail":{"id":"i-1"}}"#;
@@ -256,6 +258,50 @@ fn a_message_keyed_otherwise_before_carries_that_key_as_its_alias() {
         keyed(&delivery(None, numeric), &eventbridge),
         pair("evt_1", None)
     );
+}
+
+/// Issue 36, item 1: every copy of one change, on every channel and under every message id
+/// a transport or a producer may give it, claims the same key (under source `stripe`), so the
+/// insert that claims it is the one place they meet.
+#[test]
+fn every_copy_of_a_change_claims_one_key() {
+    let snapshot = r#"{"id":"evt_A","object":"event","type":"invoice.paid"}"#;
+    let thin = r#"{"id":"evt_thin","object":"v2.core.event","type":"v1.invoice.paid","snapshot_event":"evt_A"}"#;
+    let envelope = |detail: &str, id: &str| {
+        format!(
+            r#"{{"version":"0","id":"{id}","detail-type":"x","source":"aws.partner/stripe.com/ed_1","detail":{detail}}}"#
+        )
+    };
+    let bodies = [
+        snapshot.to_owned(),
+        thin.to_owned(),
+        envelope(snapshot, "eb-1"),
+        envelope(thin, "eb-2"),
+    ];
+    let none = options();
+    let eventbridge = ConsumerOptions {
+        envelope: EnvelopeKind::Eventbridge,
+        ..options()
+    };
+    for body in &bodies {
+        for message_id in [
+            None,
+            Some("evt_A"),
+            Some("evt_thin"),
+            Some("eb-1"),
+            Some("f00-uuid"),
+        ] {
+            for (setting, o) in [("none", &none), ("eventbridge", &eventbridge)] {
+                let event = decode_delivery(&delivery(message_id, body.as_bytes()), o)
+                    .unwrap_or_else(|e| panic!("{body} under {message_id:?}: {e}"));
+                assert_eq!(
+                    (event.source.as_str(), event.id.as_str()),
+                    ("stripe", "evt_A"),
+                    "{body} with message id {message_id:?}, envelope {setting}"
+                );
+            }
+        }
+    }
 }
 
 proptest! {

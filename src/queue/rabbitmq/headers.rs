@@ -11,6 +11,10 @@ use crate::telemetry::traces;
 pub(super) const SOURCE_HEADER: &str = "x-dedup-source";
 /// Header carrying how many deliveries a republished retry already had.
 pub(super) const ATTEMPTS_HEADER: &str = "x-dedup-attempts";
+/// Header carrying how many deliveries of the message ended unsettled (`x-delivery-count`)
+/// before an unhandled give-back republished it, so the copy keeps counting towards
+/// `transport.delivery_limit` from there (see `give_back.rs`).
+pub(super) const RETURNED_HEADER: &str = "x-dedup-returned";
 /// Header carrying when the message was first published (Unix ms; a retry's copy keeps it).
 pub(super) const ENQUEUED_HEADER: &str = "x-dedup-enqueued-ms";
 /// Header carrying the compact `Stripe-Signature` the ingress verified (a retry's copy keeps
@@ -26,11 +30,12 @@ pub(super) fn long(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
-/// The headers of `message`, published after `attempts` deliveries (0: a new message), first
-/// published at `enqueued_at` (Unix ms; `None` for a copy of a message that did not say).
+/// The headers of `message`, published after `attempts` deliveries (0: a new message) of which
+/// `returned` ended unsettled (a give-back's copy), first published at `enqueued_at` (Unix ms;
+/// `None` for a copy of a message that did not say).
 pub(super) fn written(
     message: &OutgoingMessage,
-    attempts: u32,
+    (attempts, returned): (u32, u32),
     enqueued_at: Option<i64>,
 ) -> FieldTable {
     let mut headers = FieldTable::default();
@@ -50,6 +55,12 @@ pub(super) fn written(
         headers.insert(
             ATTEMPTS_HEADER.into(),
             AMQPValue::LongLongInt(i64::from(attempts)),
+        );
+    }
+    if returned > 0 {
+        headers.insert(
+            RETURNED_HEADER.into(),
+            AMQPValue::LongLongInt(i64::from(returned)),
         );
     }
     headers

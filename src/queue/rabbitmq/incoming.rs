@@ -19,7 +19,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::Channel;
 
 use super::headers::{
-    self, ATTEMPTS_HEADER, ENQUEUED_HEADER, SOURCE_HEADER, STRIPE_SIGNATURE_HEADER,
+    self, ATTEMPTS_HEADER, ENQUEUED_HEADER, RETURNED_HEADER, SOURCE_HEADER, STRIPE_SIGNATURE_HEADER,
 };
 use super::{broker_failed, unavailable, ConsumerSide};
 use crate::queue::{Delivery, DeliveryTag, TransportError};
@@ -42,12 +42,13 @@ pub(super) type Incoming = Result<(Origin, lapin::message::Delivery), TransportE
 pub const BROKER_DEAD_LETTERED: &str = "delivery limit exceeded (the broker dead-lettered it)";
 
 /// A consumer of `queue` as a stream of [`Incoming`] that reports its own end as an error
-/// (one queue's consumer cancelled must not go unnoticed while the other keeps going).
+/// (one queue's consumer cancelled must not go unnoticed while the other keeps going), and its
+/// consumer tag (to cancel it).
 pub(super) async fn consume(
     channel: &Channel,
     queue: &str,
     origin: Origin,
-) -> Result<BoxStream<'static, Incoming>, TransportError> {
+) -> Result<(ShortString, BoxStream<'static, Incoming>), TransportError> {
     let consumer = channel
         .basic_consume(
             queue.into(),
@@ -58,10 +59,12 @@ pub(super) async fn consume(
         .await
         .map_err(unavailable)?;
     let ended = broker_failed(format!("the consumer of {queue} ended"));
-    Ok(consumer
+    let tag = consumer.tag();
+    let stream = consumer
         .map(move |item| item.map(|d| (origin, d)).map_err(unavailable))
         .chain(futures::stream::once(async move { Err(ended) }))
-        .boxed())
+        .boxed();
+    Ok((tag, stream))
 }
 
 /// The transport's view of a delivery from `side`'s channel; the tag is recorded as unsettled.
@@ -82,10 +85,12 @@ pub(super) fn convert(
         }
     };
     // Quorum queues count the deliveries of this copy that ended unsettled (a crashed or
-    // failed consumer) in x-delivery-count; republished retries carry ours.
+    // failed consumer) in x-delivery-count; republished retries carry ours. A copy an unhandled
+    // give-back republished carries the count of its original in RETURNED_HEADER.
     let returned = header("x-delivery-count");
     let limit = delivery_limit;
-    let give_up = match (origin, as_u32(returned.clone())) {
+    let returned_before = as_u32(returned.clone()).saturating_add(as_u32(header(RETURNED_HEADER)));
+    let give_up = match (origin, returned_before) {
         (Origin::Parked, _) => Some(BROKER_DEAD_LETTERED.to_owned()),
         // The broker's own limit may be another (the queue keeps the one it was declared
         // with), or none: the setting applies here, before any handler runs.
@@ -113,7 +118,7 @@ pub(super) fn convert(
         _ => None,
     };
     if let Ok(mut tags) = side.tags.lock() {
-        tags.received(d.delivery_tag);
+        tags.received_returned(d.delivery_tag, returned_before);
     }
     Delivery {
         tag: DeliveryTag::Amqp {

@@ -9,7 +9,7 @@
 //! letter would be gone without reaching the store's dead letters. So a `multiple` frame is sent
 //! only up to a tag below which every tag has been received.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
 pub(super) struct ChannelTags {
@@ -19,11 +19,24 @@ pub(super) struct ChannelTags {
     received_through: u64,
     /// Tags received above a gap: a lower delivery is still in a stream buffer.
     received_above: BTreeSet<u64>,
+    /// The deliveries that ended unsettled before, of each unsettled tag that has any (what an
+    /// unhandled give-back's copy carries on).
+    returned: HashMap<u64, u32>,
 }
 
 impl ChannelTags {
     /// Records a delivery handed to the consumer.
+    #[cfg(test)]
     pub(super) fn received(&mut self, tag: u64) {
+        self.received_returned(tag, 0);
+    }
+
+    /// Records a delivery handed to the consumer, whose message ended unsettled `returned`
+    /// times before.
+    pub(super) fn received_returned(&mut self, tag: u64, returned: u32) {
+        if returned > 0 {
+            self.returned.insert(tag, returned);
+        }
         self.unsettled.insert(tag);
         if tag == self.received_through + 1 {
             self.received_through = tag;
@@ -61,9 +74,18 @@ impl ChannelTags {
     }
 
     /// Forgets tags whose frames went out.
+    /// Whether `tag` is unsettled, and how many deliveries of its message ended unsettled
+    /// before it.
+    pub(super) fn unsettled_returned(&self, tag: u64) -> Option<u32> {
+        self.unsettled
+            .contains(&tag)
+            .then(|| self.returned.get(&tag).copied().unwrap_or(0))
+    }
+
     pub(super) fn settled(&mut self, tags: &[u64]) {
         for tag in tags {
             self.unsettled.remove(tag);
+            self.returned.remove(tag);
         }
     }
 }
@@ -111,5 +133,16 @@ mod tests {
         channel.received(4);
         assert_eq!(channel.unsettled_of([3, 4, 9]), vec![3, 4]);
         assert!(channel.one_frame_settles_exactly(&[3, 4]));
+    }
+
+    #[test]
+    fn a_returned_count_is_kept_while_unsettled() {
+        let mut channel = ChannelTags::default();
+        channel.received_returned(1, 3);
+        channel.received(2);
+        assert_eq!(channel.unsettled_returned(1), Some(3));
+        assert_eq!(channel.unsettled_returned(2), Some(0));
+        channel.settled(&[1]);
+        assert_eq!(channel.unsettled_returned(1), None);
     }
 }

@@ -24,29 +24,13 @@
 //!   PostgreSQL): every id it held is older than the window. Ids are therefore kept at least the
 //!   window and at most a third longer. If the next slot is not free yet (the window was
 //!   lengthened), the current generation simply keeps growing: never an id dropped early.
-//! * **Events created after a generation was sealed are not looked up in it**, where the
-//!   creation time is one the provider signed. The caller passes `created` (Unix seconds) only
-//!   when the consumer verified that Stripe signed these exact bytes (`consumer/record.rs`: a
-//!   `stripe` event whose payload verifies, with no timestamp tolerance, against
-//!   `stripe.secrets` under the signature the ingress carried with the message, whose own `id`
-//!   is the key, which is not a thin event, and whose `created` is at most five minutes after
-//!   the signature's `t`); otherwise `None`, and every generation is looked up: correct, only
-//!   slower (no signature, a bad one, no secrets on a consume-only process, backfill, redrive,
-//!   EventBridge, Standard Webhooks, foreign producers). A generation `g` is skipped when
-//!   `created >= sealed_at(g) + CREATED_MARGIN`. Why that cannot skip the generation holding
-//!   the id: an id recorded in `g` was recorded at a database time `r < sealed_at(g)` (a seal
-//!   waits for every batch that may still insert into `g`). The delivery that recorded it was
-//!   received by the ingress before `r`, and the ingress accepts a signature only if its `t` is
-//!   within `stripe.tolerance_secs` of its own clock, so `t <= r + tolerance` (plus the skew
-//!   between the ingress's and the database's clocks); Stripe creates an event before it signs
-//!   a delivery of it, `created <= t`. (Whatever else recorded the id, it could name it only
-//!   after Stripe created it.) So `created < sealed_at(g) + tolerance + skew`, far below
-//!   `sealed_at(g) + CREATED_MARGIN`. The assumption: Stripe's clock and the database's agree
-//!   within the margin (one day) minus the tolerance (at most an hour). The decision depends on
-//!   the message's own signed bytes alone, never on this process's clock, so every delivery of
-//!   one message takes the same path. So a fresh event, the usual case, touches the current
-//!   generation's index only, and a Stripe retry (at most three days late) the generations
-//!   sealed since it was created.
+//! * **Every generation is looked up, whatever the event says of itself.** Releases before
+//!   issue 36 skipped a sealed generation for an event whose Stripe-signed `created` was a day
+//!   after the seal. A signature proves who signed, not when the change happened: a holder of
+//!   the secret (a replay tool, a test harness, a compromised producer) can re-sign a handled
+//!   event with a later `t` and `created`, and the copy skipped the generation holding its id
+//!   and was handled again. Nothing a message carries chooses where its id is looked up now;
+//!   the cost is one index probe per sealed generation (BENCHMARKS.md, "dedup window").
 //! * **Aliases.** An event may carry an alias ([`ProcessedEvent::alias`]): the id an earlier
 //!   release or another setting gave the same message (a thin event's own id, an EventBridge
 //!   envelope's id). It is looked up in every generation and the legacy table, never recorded,
@@ -94,23 +78,11 @@ pub const RING_LOCK: i64 = 0x6465_6475_7072_696e;
 /// retention pass.
 pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How far a signed creation time may be after a generation's seal and the event still be in
-/// it: the ingress's timestamp tolerance plus the clocks' disagreement (Stripe's, the
-/// ingress's, the database's), with room to spare (see the module docs).
-pub const CREATED_MARGIN: Duration = Duration::from_secs(86_400);
-
-/// One event to record: its id, its type, and when the provider says it was created (Unix
-/// seconds), only if the caller verified the provider's signature of that. [`ProcessedEvent`] also carries how it was received.
-pub type NewProcessed = (String, String, Option<i64>);
-
 /// One event to record, with what `events show` reports of how it arrived.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessedEvent {
     pub id: String,
     pub event_type: String,
-    /// When the provider says it was created (Unix seconds), only where the caller verified
-    /// that the provider signed it: generations sealed well before it are not looked up.
-    pub created: Option<i64>,
     /// When the transport took it in (Unix milliseconds), where the transport says.
     pub received_at: Option<i64>,
     /// Which delivery of it this is (1 on the first).
@@ -119,17 +91,6 @@ pub struct ProcessedEvent {
     /// recorded it under (see [`crate::event::Event::alias`]): looked up in every generation
     /// and the legacy table, never recorded.
     pub alias: Option<String>,
-}
-
-impl From<&NewProcessed> for ProcessedEvent {
-    fn from((id, event_type, created): &NewProcessed) -> Self {
-        ProcessedEvent {
-            id: id.clone(),
-            event_type: event_type.clone(),
-            created: *created,
-            ..ProcessedEvent::default()
-        }
-    }
 }
 
 /// The 16-byte dedup key of an event: the first half of
@@ -192,22 +153,14 @@ fn generation_length(window: Duration) -> Duration {
     window / GENERATIONS_PER_WINDOW
 }
 
-/// From the generations in use (`(slot, sealed_at)` in Unix seconds, `None` for the current
-/// one): the current slot, and per slot the creation time from which an event cannot be in that
-/// generation (`None` for the current slot and free ones).
-fn thresholds(rows: &[(i16, Option<f64>)]) -> Result<(i16, Vec<Option<f64>>), StoreError> {
-    let mut current = None;
-    let mut from = vec![None; RING_SLOTS as usize];
-    for (slot, sealed_at) in rows {
-        match sealed_at {
-            None => current = Some(*slot),
-            Some(at) => from[*slot as usize] = Some(at + CREATED_MARGIN.as_secs_f64()),
-        }
-    }
+/// The current slot among the generations in use (`(slot, sealed)`, one row per slot in use).
+fn current_slot(rows: &[(i16, bool)]) -> Result<i16, StoreError> {
     // The migration makes one current generation and every seal starts the next in its
     // transaction; a store without one was changed by hand.
-    let current = current.ok_or(StoreError::Database(sqlx::Error::RowNotFound))?;
-    Ok((current, from))
+    rows.iter()
+        .find(|(_, sealed)| !sealed)
+        .map(|(slot, _)| *slot)
+        .ok_or(StoreError::Database(sqlx::Error::RowNotFound))
 }
 
 /// One event to insert: its key, the event, and its alias's key.
@@ -219,9 +172,6 @@ struct Keyed<'e> {
 
 /// Each event with its key, sorted by key: one global order in which every batch inserts, so
 /// two batches sharing ids wait for each other in that order and never form a deadlock cycle.
-/// The creation time is used as the caller gives it, whatever this clock says: the caller
-/// passes only one the provider signed (see the module docs), so every delivery of one message
-/// takes the same path.
 fn keyed<'e>(source: &str, events: &'e [ProcessedEvent]) -> Vec<Keyed<'e>> {
     let mut rows: Vec<_> = events
         .iter()

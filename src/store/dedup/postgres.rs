@@ -14,10 +14,8 @@ use crate::store::postgres::RETENTION_LOCK;
 use crate::store::StoreError;
 
 /// The insert for each current slot: into that generation's table, unless the legacy table or
-/// another generation holds the id. Another generation is skipped for an event created at or
-/// after its threshold (`$8` … `$11`: its seal plus [`super::CREATED_MARGIN`], NULL for a free
-/// slot): written first, the comparison spares the index probe. The primary key settles the
-/// rest. An event with an alias (`e.ak`, `e.ai`) is inserted only if no generation, the current
+/// another generation holds the id (every one: see the module above); the primary key settles
+/// the rest. An event with an alias (`e.ak`, `e.ai`) is inserted only if no generation, the current
 /// one included, nor the legacy table holds the alias either; `e.ak IS NULL`, written first,
 /// spares every other event those probes. `processed_at` is the transaction's now(), as is the
 /// `created_at` of the outbox rows the batch writes: `events show` finds an event's outbox rows
@@ -34,11 +32,9 @@ static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
     (0..RING_SLOTS)
         .map(|current| {
             let lookups: String = others(current)
-                .enumerate()
-                .map(|(n, s)| {
+                .map(|s| {
                     format!(
-                        "\n   AND (e.c >= ${} OR NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key))",
-                        n + 8,
+                        "\n   AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.key)",
                         table(s)
                     )
                 })
@@ -46,8 +42,8 @@ static INSERT_SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
             format!(
                 "INSERT INTO {} (key, source, event_id, event_type, received_at, delivery_attempt)
                  SELECT e.key, $1, e.id, e.t, to_timestamp(e.r / 1000.0::float8), e.a
-                   FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::float8[], $6::int8[],
-                               $7::int4[], $12::uuid[], $13::text[]) AS e(key, id, t, c, r, a, ak, ai)
+                   FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::int8[], $6::int4[],
+                               $7::uuid[], $8::text[]) AS e(key, id, t, r, a, ak, ai)
                   WHERE NOT EXISTS (SELECT 1 FROM processed_events_legacy l
                                      WHERE l.source = $1 AND l.event_id = e.id){lookups}
                     AND (e.ak IS NULL OR (NOT EXISTS (SELECT 1 FROM processed_events_legacy l
@@ -72,21 +68,19 @@ static AMONG_SQL: LazyLock<String> = LazyLock::new(|| {
     parts.join(" UNION ALL ")
 });
 
-/// The generations in use: the current slot, and for every other slot the time from which an
-/// event created cannot be in it (Unix seconds; `None` for a free slot). Read under the shared
-/// ring lock, held to the transaction's end. Two statements on purpose: a statement's snapshot
+/// The current generation's slot. Read under the shared ring lock, held to the transaction's end. Two statements on purpose: a statement's snapshot
 /// is taken when it starts, so a read in the statement that waited for the lock could still see
 /// the generation a seal has just closed.
-async fn generations(tx: &mut PgConnection) -> Result<(i16, Vec<Option<f64>>), StoreError> {
+async fn current_generation(tx: &mut PgConnection) -> Result<i16, StoreError> {
     sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
         .bind(RING_LOCK)
         .execute(&mut *tx)
         .await?;
-    let rows: Vec<(i16, Option<f64>)> =
-        sqlx::query_as("SELECT slot, extract(epoch FROM sealed_at)::float8 FROM dedup_generations")
+    let rows: Vec<(i16, bool)> =
+        sqlx::query_as("SELECT slot, sealed_at IS NOT NULL FROM dedup_generations")
             .fetch_all(&mut *tx)
             .await?;
-    super::thresholds(&rows)
+    super::current_slot(&rows)
 }
 
 pub(crate) async fn insert_processed(
@@ -98,28 +92,19 @@ pub(crate) async fn insert_processed(
     let keys: Vec<Uuid> = rows.iter().map(|r| Uuid::from_bytes(r.key)).collect();
     let ids: Vec<&str> = rows.iter().map(|r| r.event.id.as_str()).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event.event_type.as_str()).collect();
-    let created: Vec<Option<f64>> = rows
-        .iter()
-        .map(|r| r.event.created.map(|c| c as f64))
-        .collect();
     let received: Vec<Option<i64>> = rows.iter().map(|r| r.event.received_at).collect();
     let attempts: Vec<Option<i32>> = rows.iter().map(|r| r.event.delivery_attempt).collect();
     let alias_keys: Vec<Option<Uuid>> =
         rows.iter().map(|r| r.alias.map(Uuid::from_bytes)).collect();
     let aliases: Vec<Option<&str>> = rows.iter().map(|r| r.event.alias.as_deref()).collect();
-    let (current, thresholds) = generations(tx).await?;
-    let mut insert = sqlx::query_scalar(&INSERT_SQL[current as usize])
+    let current = current_generation(tx).await?;
+    Ok(sqlx::query_scalar(&INSERT_SQL[current as usize])
         .bind(source)
         .bind(&keys)
         .bind(&ids)
         .bind(&types)
-        .bind(&created)
         .bind(&received)
-        .bind(&attempts);
-    for slot in others(current) {
-        insert = insert.bind(thresholds[slot as usize]);
-    }
-    Ok(insert
+        .bind(&attempts)
         .bind(&alias_keys)
         .bind(&aliases)
         .fetch_all(&mut *tx)
@@ -133,7 +118,7 @@ pub(crate) async fn delete_processed(
     source: &str,
     event_id: &str,
 ) -> Result<(), StoreError> {
-    let (current, _) = generations(tx).await?;
+    let current = current_generation(tx).await?;
     let sql = format!("DELETE FROM {} WHERE key = $1", table(current));
     sqlx::query(&sql)
         .bind(Uuid::from_bytes(super::dedup_key(source, event_id)))

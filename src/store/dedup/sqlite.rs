@@ -12,16 +12,16 @@ use super::{
 };
 use crate::store::{millis, now_ms, StoreError};
 
-/// Rows per statement: ten bound values each, under SQLite's default limit of 32,766.
+/// Rows per statement: nine bound values each, under SQLite's default limit of 32,766.
 const CHUNK: usize = 500;
 
-/// The generations in use, as on PostgreSQL (times in Unix seconds here too).
-async fn generations(tx: &mut SqliteConnection) -> Result<(i16, Vec<Option<f64>>), StoreError> {
-    let rows: Vec<(i16, Option<f64>)> =
-        sqlx::query_as("SELECT slot, sealed_at / 1000.0 FROM dedup_generations")
+/// The current generation's slot.
+async fn current_generation(tx: &mut SqliteConnection) -> Result<i16, StoreError> {
+    let rows: Vec<(i16, bool)> =
+        sqlx::query_as("SELECT slot, sealed_at IS NOT NULL FROM dedup_generations")
             .fetch_all(&mut *tx)
             .await?;
-    super::thresholds(&rows)
+    super::current_slot(&rows)
 }
 
 /// Records `events` at `now` (Unix ms): the transaction's start, which the outbox rows it
@@ -32,17 +32,17 @@ pub(crate) async fn insert_processed(
     source: &str,
     events: &[ProcessedEvent],
 ) -> Result<Vec<String>, StoreError> {
-    let (current, thresholds) = generations(tx).await?;
+    let current = current_generation(tx).await?;
     let rows = keyed(source, events);
     let mut new = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(CHUNK) {
-        // The VALUES list's columns are column1 … column10 (key, source, id, type, time,
-        // created, received, attempt, alias key, alias); another generation is skipped for an
-        // event created after its threshold, and an alias is looked up everywhere.
+        // The VALUES list's columns are column1 … column9 (key, source, id, type, time,
+        // received, attempt, alias key, alias); every other generation is looked up, and an
+        // alias everywhere.
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
             "INSERT INTO {} (key, source, event_id, event_type, processed_at, received_at,
                              delivery_attempt)
-             SELECT e.column1, e.column2, e.column3, e.column4, e.column5, e.column7, e.column8
+             SELECT e.column1, e.column2, e.column3, e.column4, e.column5, e.column6, e.column7
                FROM (",
             table(current)
         ));
@@ -52,7 +52,6 @@ pub(crate) async fn insert_processed(
                 .push_bind(&row.event.id)
                 .push_bind(&row.event.event_type)
                 .push_bind(now)
-                .push_bind(row.event.created)
                 .push_bind(row.event.received_at)
                 .push_bind(row.event.delivery_attempt)
                 .push_bind(row.alias.map(|key| key.to_vec()))
@@ -63,20 +62,18 @@ pub(crate) async fn insert_processed(
                   WHERE l.source = e.column2 AND l.event_id = e.column3)",
         );
         for slot in others(current) {
-            qb.push(" AND (e.column6 >= ");
-            qb.push_bind(thresholds[slot as usize]);
             qb.push(format!(
-                " OR NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column1))",
+                " AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column1)",
                 table(slot)
             ));
         }
         qb.push(
-            " AND (e.column9 IS NULL OR (NOT EXISTS (SELECT 1 FROM processed_events_legacy l
-                  WHERE l.source = e.column2 AND l.event_id = e.column10)",
+            " AND (e.column8 IS NULL OR (NOT EXISTS (SELECT 1 FROM processed_events_legacy l
+                  WHERE l.source = e.column2 AND l.event_id = e.column9)",
         );
         for slot in 0..super::RING_SLOTS {
             qb.push(format!(
-                " AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column9)",
+                " AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.key = e.column8)",
                 table(slot)
             ));
         }
@@ -92,7 +89,7 @@ pub(crate) async fn delete_processed(
     source: &str,
     event_id: &str,
 ) -> Result<(), StoreError> {
-    let (current, _) = generations(tx).await?;
+    let current = current_generation(tx).await?;
     let key = super::dedup_key(source, event_id);
     sqlx::query(&format!("DELETE FROM {} WHERE key = $1", table(current)))
         .bind(key.as_slice())

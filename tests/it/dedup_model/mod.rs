@@ -131,10 +131,9 @@ fn leave(left: Vec<Leftover>) {
 }
 
 impl Context {
-    /// Empties the dedup record and starts the ring afresh (slot 0 current, started now);
-    /// returns the store's clock then (Unix seconds, the model's time 0). A failed case's
-    /// leftovers are ended first, on fresh connections.
-    async fn reset(&mut self) -> i64 {
+    /// Empties the dedup record and starts the ring afresh (slot 0 current, started now). A
+    /// failed case's leftovers are ended first, on fresh connections.
+    async fn reset(&mut self) {
         if !self.leftovers.is_empty() {
             for left in self.leftovers.drain(..) {
                 match left {
@@ -156,7 +155,6 @@ impl Context {
             self.store.close().await;
             self.store = connect(&self.db_url).await;
         }
-        let t0 = chrono::Utc::now().timestamp();
         let tables = (0..5).map(|s| format!("processed_events_{s}"));
         if let Some(pool) = self.store.postgres_pool() {
             let all: Vec<String> = tables.collect();
@@ -182,7 +180,6 @@ impl Context {
                 .await
                 .expect("reset");
         }
-        t0
     }
 
     /// Moves every timestamp of the ring `seconds` back: the model's clock moves on.

@@ -3,7 +3,6 @@
 //! that reach the protocol's corners: seals while batches hold the ring lock, ids other batches
 //! hold, expiry under open batches).
 
-use dedup_worker::store::dedup::CREATED_MARGIN;
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest_state_machine::ReferenceStateMachine;
@@ -16,8 +15,8 @@ use super::model::{
 /// recorded) or of any id.
 fn delivery(ids: Vec<usize>) -> impl Strategy<Value = Delivery> {
     let created = prop_oneof![
-        6 => (-3 * 24 * 60..=CREATED_MARGIN.as_secs() as i64 / 60).prop_map(Created::MinutesFromNow),
-        1 => Just(Created::MinutesFromNow(CREATED_MARGIN.as_secs() as i64 / 60)),
+        6 => (-3 * 24 * 60..=DAY / 60).prop_map(Created::MinutesFromNow),
+        1 => Just(Created::MinutesFromNow(DAY / 60)),
         1 => Just(Created::Forged),
     ];
     let id = if ids.is_empty() {

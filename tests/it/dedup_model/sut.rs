@@ -6,13 +6,11 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use dedup_worker::signature::stripe::signature_header;
 use dedup_worker::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
-use dedup_worker::testing;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::task::JoinHandle;
 
-use super::model::{event_id, Delivery, Done, State, Step, BATCHES, IDS, SOURCE};
+use super::model::{event_id, Done, State, Step, BATCHES, IDS, SOURCE};
 use super::schedule::DedupModel;
 use super::{with_context, Context, Leftover};
 
@@ -49,8 +47,6 @@ impl History {
 }
 
 pub struct Sut {
-    /// The store's clock (Unix seconds) at the model's time 0.
-    t0: i64,
     conns: [Conn; BATCHES],
     maintenance: Option<JoinHandle<Result<RingMaintenance, StoreError>>>,
     /// When the running maintenance pass started (it may wait at most `RING_LOCK_TIMEOUT`).
@@ -68,46 +64,6 @@ impl Sut {
             }
         });
         panic!("{what}\nsteps applied:\n  {}", self.log.join("\n  "));
-    }
-
-    /// What the consumer passes the store as a delivery's creation time: the delivery made as
-    /// it reaches the consumer (its payload, and the signature the ingress carried with it), then
-    /// the consumer's own trust decision. An authentic event's delivery carries Stripe's
-    /// signature, made no earlier than the event was created; a forged `created` comes without
-    /// one, under a secret the consumer does not know, or as another event's genuinely signed
-    /// bytes under this event's id. Times are in the store's clock, which the model's travel does
-    /// not move.
-    fn creation_time_passed(&self, state: &State, d: &Delivery) -> Option<i64> {
-        const SECRET: &str = "whsec_dedup_model_secret";
-        let created = self.t0 + state.created[d.id]? - state.now;
-        if !d.with_created {
-            return None;
-        }
-        let body = |id: &str| {
-            format!(r#"{{"id":"{id}","object":"event","type":"test.event","created":{created}}}"#)
-        };
-        let signed_at = created.max(self.t0);
-        let (payload, signature) = if !state.forged[d.id] {
-            let payload = body(&event_id(d.id));
-            let signature = signature_header(SECRET, signed_at, payload.as_bytes());
-            (payload, Some(signature))
-        } else {
-            match d.id % 3 {
-                0 => (body(&event_id(d.id)), None),
-                1 => {
-                    let payload = body(&event_id(d.id));
-                    let forger = signature_header("whsec_not_ours", signed_at, payload.as_bytes());
-                    (payload, Some(forger))
-                }
-                _ => {
-                    let payload = body(&event_id((d.id + 1) % IDS));
-                    let genuine = signature_header(SECRET, signed_at, payload.as_bytes());
-                    (payload, Some(genuine))
-                }
-            }
-        };
-        let event = testing::event(SOURCE, &event_id(d.id), "test.event", payload.as_bytes());
-        testing::trusted_creation_time(&event, signature.as_deref(), &[SECRET.to_owned()])
     }
 
     fn id_of(&self, event: &str) -> usize {
@@ -144,7 +100,6 @@ impl Sut {
                     .map(|d| ProcessedEvent {
                         id: event_id(d.id),
                         event_type: "test.event".into(),
-                        created: self.creation_time_passed(state, d),
                         ..ProcessedEvent::default()
                     })
                     .collect();
@@ -386,14 +341,13 @@ impl<const POSTGRES: bool> StateMachineTest for DedupTest<POSTGRES> {
     type Reference = DedupModel<POSTGRES>;
 
     fn init_test(_: &<Self::Reference as ReferenceStateMachine>::State) -> Sut {
-        let t0 = with_context(|ctx| {
+        with_context(|ctx| {
             ctx.coverage.cases += 1;
             super::CASES_RUN.with(|n| n.set(n.get() + 1));
             let rt = ctx.rt.handle().clone();
-            rt.block_on(ctx.reset())
+            rt.block_on(ctx.reset());
         });
         Sut {
-            t0,
             conns: Default::default(),
             maintenance: None,
             maintenance_since: None,

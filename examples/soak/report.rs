@@ -1,0 +1,255 @@
+//! The report of a run: the checker's verdict on what the run produced, the summary line (the
+//! last line printed), `summary.json`, and on a violation the seed, the replay command, the
+//! schedule and the violating keys' history; and `soak --check DIR`, which judges a kept run's
+//! directory again.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
+use crate::history;
+use crate::plan::{Isolation, Plan};
+use crate::run::{Options, Ran};
+
+/// Violating keys whose history a failure prints (all of them are in `summary.json`).
+const KEYS_SHOWN: usize = 20;
+
+/// The last line printed: the issue's fields first, then the rest of what was found.
+#[derive(Serialize)]
+struct Summary<'a> {
+    seed: u64,
+    seconds: u64,
+    events_accepted: usize,
+    /// Injected by kind, and what the SQS duplicator saw (`sqs_made_visible`,
+    /// `sqs_received_twice`) and the nemesis did after a crash (`pg_restart`).
+    faults: &'a BTreeMap<&'static str, u64>,
+    /// What the plan sent, by kind (within the run).
+    workload: BTreeMap<&'static str, u64>,
+    lost: usize,
+    doubled: usize,
+    /// Of `doubled`, changes sent on two channels at once (issue 36, item 1), and by their
+    /// second channel.
+    doubled_two_channels: usize,
+    doubled_two_channels_by_kind: &'a BTreeMap<String, usize>,
+    two_channel_changes: usize,
+    isolation: Isolation,
+    workers: u32,
+    sink_redeliveries_same_key: usize,
+    sink_redeliveries_other_key: usize,
+    sink_wrong_key: usize,
+    reaccepted_after_window: usize,
+    missing_effect: usize,
+    unexpected: usize,
+    rejected: usize,
+    recovered: usize,
+    dead_letters: usize,
+    /// Foreign messages with no id, dead-lettered as promised (distinct).
+    dead_lettered_as_promised: usize,
+    dead_letter_missing: usize,
+    dead_letter_unexpected: usize,
+    outbox_failed: usize,
+    crashes: usize,
+    events_attempted: usize,
+    posts: usize,
+    posts_not_started: usize,
+    posts_abandoned: usize,
+    direct_abandoned: usize,
+    sink_deliveries: usize,
+    effect_rows: usize,
+    drained: bool,
+    outbox_pending: i64,
+    left_in_queues: [i64; 3],
+    rate: u32,
+    sqs_rate: u32,
+    window_secs: u64,
+    verdict: &'static str,
+    /// Why the verdict is `violated`: each violation with its count, too few events accepted,
+    /// an unfinished drain (empty when it held).
+    why: Vec<String>,
+    run_dir: String,
+}
+
+/// Judges the run, prints the report and the summary line; whether the promise held.
+pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Result<bool> {
+    let records = history::read(&run_dir.join("history.jsonl"))?;
+    let found = checker::check(
+        &records,
+        &ran.last.effects,
+        &ran.last.dead_letters,
+        plan.window_secs,
+    );
+    let why = checker::verdict(
+        &found,
+        EndState {
+            drained: ran.drained.complete,
+            outbox_failed: ran.last.outbox_failed,
+            crashes: ran.crashes.len(),
+        },
+    );
+    let holds = why.is_empty();
+    let summary = Summary {
+        seed: o.seed,
+        seconds: o.seconds,
+        events_accepted: found.events_accepted,
+        faults: &ran.faults,
+        workload: crate::workload::counts(plan),
+        lost: found.lost.len(),
+        doubled: found.doubled.len(),
+        doubled_two_channels: found.doubled_two_channels.len(),
+        doubled_two_channels_by_kind: &found.doubled_two_channels_by_kind,
+        two_channel_changes: found.two_channel_changes,
+        isolation: plan.isolation,
+        workers: plan.workers,
+        sink_redeliveries_same_key: found.sink_redeliveries_same_key,
+        sink_redeliveries_other_key: found.sink_redeliveries_other_key,
+        sink_wrong_key: found.sink_wrong_key,
+        reaccepted_after_window: found.reaccepted_after_window.len(),
+        missing_effect: found.missing_effect.len(),
+        unexpected: found.unexpected.len(),
+        rejected: found.rejected.len(),
+        recovered: found.recovered,
+        dead_letters: ran.last.dead_letters.len(),
+        dead_lettered_as_promised: found.dead_lettered_as_promised,
+        dead_letter_missing: found.dead_letter_missing.len(),
+        dead_letter_unexpected: found.dead_letter_unexpected.len(),
+        outbox_failed: ran.last.outbox_failed,
+        crashes: ran.crashes.len(),
+        events_attempted: found.events_attempted,
+        posts: found.posts,
+        posts_not_started: ran.totals.posts_not_started,
+        posts_abandoned: ran.totals.posts_abandoned,
+        direct_abandoned: ran.direct_abandoned,
+        sink_deliveries: found.sink_deliveries,
+        effect_rows: found.effect_rows,
+        drained: ran.drained.complete,
+        outbox_pending: ran.last.outbox_pending,
+        left_in_queues: ran.last.left_in_queues,
+        rate: o.rate,
+        sqs_rate: o.sqs_rate,
+        window_secs: o.window_secs,
+        verdict: if holds { "held" } else { "violated" },
+        why,
+        run_dir: run_dir.display().to_string(),
+    };
+    let full = serde_json::json!({
+        "summary": &summary, "findings": &found, "drain": &ran.drained, "crashes": &ran.crashes,
+        "faults_without_effect": &ran.faults_without_effect,
+        "peak_memory_kb": &ran.peak_memory_kb,
+    });
+    std::fs::write(
+        run_dir.join("summary.json"),
+        serde_json::to_vec_pretty(&full)?,
+    )?;
+    if !ran.drained.complete {
+        eprintln!("soak: the drain did not complete: {:?}", ran.drained);
+    }
+    if !holds {
+        explain_failure(o, plan, run_dir, &found, &ran, &records, &summary.why);
+    }
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(holds)
+}
+
+fn explain_failure(
+    o: &Options,
+    plan: &Plan,
+    run_dir: &Path,
+    found: &Findings,
+    ran: &Ran,
+    records: &[history::Record],
+    summary_why: &[String],
+) {
+    eprintln!(
+        "soak: VIOLATED ({}). seed {}; replay: {}",
+        summary_why.join("; "),
+        o.seed,
+        replay_command(o)
+    );
+    eprintln!("soak: fault schedule ({} faults):", plan.faults.len());
+    for fault in &plan.faults {
+        eprintln!("  {}", serde_json::to_string(fault).unwrap_or_default());
+    }
+    for crash in &ran.crashes {
+        eprintln!("soak: crash: {crash}");
+    }
+    if !found.dead_letter_unexpected.is_empty() || ran.last.outbox_failed > 0 {
+        eprintln!(
+            "soak: {} unexpected dead letter(s), {} failed outbox row(s): see dead_letters.txt, outbox_failed.txt in {}",
+            found.dead_letter_unexpected.len(), ran.last.outbox_failed, run_dir.display()
+        );
+    }
+    if !found.doubled_two_channels.is_empty() {
+        eprintln!(
+            "soak: {} of the doubled change(s) were sent on two channels at once (a webhook and \
+             an EventBridge or thin copy: issue 36, item 1), by second channel {:?}: {}",
+            found.doubled_two_channels.len(),
+            found.doubled_two_channels_by_kind,
+            found
+                .doubled_two_channels
+                .iter()
+                .take(KEYS_SHOWN)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let keys = found.violating_keys();
+    for (what, key) in keys.iter().take(KEYS_SHOWN) {
+        eprintln!("soak: {what} {key}:");
+        for line in checker::key_history(key, records, &ran.last.effects) {
+            eprintln!("    {line}");
+        }
+    }
+    if keys.len() > KEYS_SHOWN {
+        eprintln!(
+            "soak: … and {} more in summary.json",
+            keys.len() - KEYS_SHOWN
+        );
+    }
+}
+
+pub fn replay_command(o: &Options) -> String {
+    let mut command = format!("bench/soak.sh {} {}", o.seconds, o.seed);
+    if o.rate != 60 {
+        command = format!("SOAK_RATE={} {command}", o.rate);
+    }
+    if o.sqs_rate != 4 {
+        command = format!("SOAK_SQS_RATE={} {command}", o.sqs_rate);
+    }
+    if o.window_secs != 60 {
+        command = format!("SOAK_WINDOW_SECS={} {command}", o.window_secs);
+    }
+    command
+}
+
+/// Judges a kept run's directory again (history and effects; the store is not read).
+pub fn check_again(dir: &Path) -> anyhow::Result<bool> {
+    let schedule: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("schedule.json"))?)?;
+    let window = schedule["window_secs"]
+        .as_u64()
+        .context("schedule.json: window_secs")?;
+    let records = history::read(&dir.join("history.jsonl"))?;
+    let effects: Vec<EffectRow> = std::fs::read_to_string(dir.join("effects.jsonl"))?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    // Runs before the dead letters were dumped as JSON lines have none to judge.
+    let dead_letters: Vec<DeadLetterRow> = std::fs::read_to_string(dir.join("dead_letters.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let found = checker::check(&records, &effects, &dead_letters, window);
+    for (what, key) in found.violating_keys().iter().take(KEYS_SHOWN) {
+        eprintln!("soak: {what} {key}:");
+        for line in checker::key_history(key, &records, &effects) {
+            eprintln!("    {line}");
+        }
+    }
+    println!("{}", serde_json::to_string(&found)?);
+    Ok(found.holds())
+}
