@@ -7,7 +7,10 @@
 #            the handler's insert, the completion, commit) in one transaction per request, on
 #            the same tables (the harness's database, kept between rounds).
 # Usage: bench/ceilings/idempotency.sh [rounds] [seconds]      (defaults 3, 8; env POOL: the
-#        server's pool, default the harness's 32)
+#        server's pool, default the harness's 32; env BASE: another build of the harness, e.g.
+#        one built at an earlier commit and copied out of target/: then each round runs BASE
+#        (A) and this tree's (B) one after the other, A first in odd rounds and B first in even
+#        ones, each against the round's ceiling)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
@@ -25,15 +28,44 @@ tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p' | cut -d. -f1; }
 CAL=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f bench/ceilings/calibration.sql "$PG/$DB" 2>/dev/null | tps)
 echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8, one-row insert: $CAL tps ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
 
+run_path() { # binary → req/s
+  DATABASE_URL=$PG/postgres "$1" --database "$DB" \
+    --connections $CLIENTS --pool "$POOL" --seconds "$SECS" --scenarios insert-first-tx |
+    awk '$1 == "insert-first-tx" { print $2 }'
+}
+run_ceiling() {
+  pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECS" -f bench/ceilings/idempotency_tx.sql \
+    "$PG/$DB" 2>/dev/null | tps
+}
+NEW=target/release/examples/idempotency_load
+if [ -n "${BASE:-}" ]; then
+  # The harness migrates the database and creates bench_charges on its first run.
+  run_path "$BASE" >/dev/null
+  A=(); B=()
+  for round in $(seq 1 "$ROUNDS"); do
+    if [ $((round % 2)) -eq 1 ]; then a=$(run_path "$BASE"); b=$(run_path "$NEW"); order=AB
+    else b=$(run_path "$NEW"); a=$(run_path "$BASE"); order=BA; fi
+    ceiling=$(run_ceiling)
+    A+=("$(python3 -c "print(f'{$a / $ceiling:.3f}')")"); B+=("$(python3 -c "print(f'{$b / $ceiling:.3f}')")")
+    echo "round $round ($order): A $a req/s, B $b req/s, ceiling $ceiling tps, B/A $(python3 -c "print(f'{$b / $a:.3f}')")"
+  done
+  python3 - "${A[*]}" "${B[*]}" <<'PY'
+import statistics, sys
+a = [float(x) for x in sys.argv[1].split()]
+b = [float(x) for x in sys.argv[2].split()]
+print(f"A rate/ceiling median {statistics.median(a):.2f} ({' '.join(sys.argv[1].split())})")
+print(f"B rate/ceiling median {statistics.median(b):.2f} ({' '.join(sys.argv[2].split())})")
+print(f"B/A of the medians {statistics.median(b) / statistics.median(a):.3f}")
+PY
+  exit 0
+fi
+
 RATIOS=()
 for round in $(seq 1 "$ROUNDS"); do
   # The harness migrates the database and creates bench_charges on its first run, so the
   # path goes first in every round.
-  path=$(DATABASE_URL=$PG/postgres target/release/examples/idempotency_load --database "$DB" \
-    --connections $CLIENTS --pool "$POOL" --seconds "$SECS" --scenarios insert-first-tx |
-    awk '$1 == "insert-first-tx" { print $2 }')
-  ceiling=$(pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECS" -f bench/ceilings/idempotency_tx.sql \
-    "$PG/$DB" 2>/dev/null | tps)
+  path=$(run_path "$NEW")
+  ceiling=$(run_ceiling)
   ratio=$(python3 -c "print(f'{$path / $ceiling:.2f}')")
   RATIOS+=("$ratio")
   echo "round $round: transactional request $path req/s, ceiling $ceiling tps, ratio $ratio"

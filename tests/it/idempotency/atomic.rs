@@ -197,7 +197,7 @@ async fn only_kept_results_commit_the_handlers_writes() {
     env.cleanup().await;
 }
 
-async fn key_rows(pool: &PgPool, key: &str) -> i64 {
+pub(super) async fn key_rows(pool: &PgPool, key: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM dedup_worker.idempotency_keys WHERE key = $1")
         .bind(key)
         .fetch_one(pool)

@@ -20,6 +20,9 @@
 //! * [`connections`]: the connection under a request's transaction: one that died idle (kept by
 //!   the store, or in a pool without pings) costs no request; a handler's own transaction on it
 //!   is a savepoint;
+//! * [`sessions`]: a kept connection carries no session state from one request to the next,
+//!   and goes back to a pool someone waits on;
+//! * [`commits`]: a commit at the wrong depth, or answered with `ROLLBACK`, fails the request;
 //! * [`phases`]: recovery points: the checkout killed between any two phases, retried by the
 //!   client helper, charges once and answers the same;
 //! * [`client`]: the retrying client keeps one key; the double-charge timeline of the checkout
@@ -27,6 +30,7 @@
 
 mod atomic;
 mod client;
+mod commits;
 mod concurrency;
 mod connections;
 mod leases;
@@ -35,6 +39,7 @@ mod postgres;
 mod redis;
 mod redis_faults;
 mod replay;
+mod sessions;
 mod transactional;
 
 use std::net::SocketAddr;

@@ -392,5 +392,6 @@ async fn finish(held: HeldClaim, tx: Lent, head: response::Parts, body: Bytes) -
         // Another request holds the key now and runs it; ours left nothing behind.
         Committed::Lost => Rejection::InProgress(Duration::from_secs(1)).into_response(style),
         Committed::Failed => Rejection::Unavailable.into_response(style),
+        Committed::Refused => Rejection::Internal.into_response(style),
     }
 }

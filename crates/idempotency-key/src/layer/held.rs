@@ -249,6 +249,9 @@ pub(super) enum Committed {
     /// The completion or the commit failed: the key is released if it still was ours (or its
     /// lease lapses), and the retry either replays what did commit or runs afresh.
     Failed,
+    /// The handler left its transaction unfit to commit (a transaction of its own left open on
+    /// it): everything was rolled back and the key released.
+    Refused,
 }
 
 impl HeldClaim {
@@ -300,6 +303,12 @@ impl HeldClaim {
                 hold.mirror(stored, ttl).await;
                 outcome("executed");
                 Committed::Stored
+            }
+            Ok(Err(e)) if e.handlers_fault() => {
+                tracing::error!(error = %e, key, "the idempotent transaction was not committed");
+                self.release().await;
+                outcome("store_error");
+                Committed::Refused
             }
             failed => {
                 // The commit may or may not have happened (the connection can die after

@@ -33,7 +33,12 @@
 //!   key is released if it is still ours, and the answer is 503 with `Retry-After`; the retry
 //!   then replays the result if the commit did happen, or runs once if it did not;
 //! - the process dies anywhere before the commit: PostgreSQL aborts the transaction; the claim
-//!   lapses with its lease and one retry runs.
+//!   lapses with its lease and one retry runs;
+//! - the handler left the transaction unfit to commit: a transaction of its own left open on it
+//!   (depth 2 at the layer's commit, where `COMMIT` would only release a savepoint), or a
+//!   statement in it failed and the handler went on (PostgreSQL answers such a `COMMIT` with
+//!   `ROLLBACK`): everything is rolled back, the key released, and the answer is 500 (503 when a
+//!   keyed request's completion is what finds the transaction failed).
 //!
 //! A request the layer lets through without a key (a method it does not cover, or no key where
 //! keys are optional) still gets its transaction if the handler asks: committed when the result
@@ -301,7 +306,9 @@ impl IntoResponse for TxRejection {
 /// A request the layer lets through without a key: the handler may still write in an
 /// [`IdempotentTx`], which is committed if the result is one the layer would keep (and rolled
 /// back otherwise, or if the handler failed or panicked: the panic goes on up, as it would
-/// without the layer). A commit that fails is a 503.
+/// without the layer). A commit that fails is a 503; one the handler made impossible (a
+/// statement in the transaction failed and it went on, or it left a transaction of its own
+/// open) is a 500, with nothing committed.
 pub(super) async fn without_key<S>(
     shared: Arc<Shared>,
     mut inner: S,
@@ -328,7 +335,7 @@ where
             );
             Ok(Rejection::Internal.into_response(cfg.error_style))
         }
-        Lent::Tx(tx) => {
+        Lent::Tx(mut tx) => {
             let kept = !releases_key(response.status(), cfg.keep_5xx)
                 && response.extensions().get::<NotExecuted>().is_none();
             if !kept {
@@ -336,8 +343,16 @@ where
                 drop(tx);
                 return Ok(response);
             }
-            match tokio::time::timeout(cfg.statement_timeout, tx.commit()).await {
+            let commit = async move {
+                tx.check_not_aborted().await?;
+                tx.commit().await
+            };
+            match tokio::time::timeout(cfg.statement_timeout, commit).await {
                 Ok(Ok(())) => Ok(response),
+                Ok(Err(e)) if e.handlers_fault() => {
+                    tracing::error!(error = %e, "a keyless request's transaction was not committed");
+                    Ok(Rejection::Internal.into_response(cfg.error_style))
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "committing a keyless request's transaction failed");
                     Ok(Rejection::Unavailable.into_response(cfg.error_style))

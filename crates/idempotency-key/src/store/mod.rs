@@ -18,10 +18,11 @@ use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+mod kept;
 mod phases;
 mod request_tx;
 
-use request_tx::KeptConnections;
+use kept::KeptConnections;
 pub(crate) use request_tx::RequestTx;
 
 use super::fingerprint::Fingerprint;
