@@ -90,9 +90,24 @@ struct Coverage {
     inserts: u32,
     /// Ids answered as duplicates of an id recorded in a sealed generation.
     duplicates_in_sealed: u32,
-    /// Deliveries with a creation time, and those with a forged one.
-    with_created: u32,
-    forged: u32,
+    /// Deliveries that carried an alias.
+    aliased: u32,
+    /// Changes answered as duplicates because their alias is recorded: in a sealed generation,
+    /// the current one, the legacy table, or earlier by the same batch.
+    alias_in_sealed: u32,
+    alias_in_current: u32,
+    alias_in_legacy: u32,
+    alias_in_batch: u32,
+    /// Changes recorded as new while another open batch held their alias uncommitted (the
+    /// lookup sees committed records only).
+    alias_uncommitted: u32,
+    /// Inserts of a copy carrying an alias that waited for another batch's claim of the change.
+    aliased_waits_for_key: u32,
+    /// Records an earlier release made in the legacy table.
+    legacy_records: u32,
+    /// `delete_processed` calls (a handler failed), and ids recorded as new again after one.
+    undone: u32,
+    new_again: u32,
     /// Calls that waited: a batch for an id another holds, a batch behind a seal, a begin
     /// behind the writer, a seal or expiry for the batches.
     waits_for_key: u32,
@@ -168,7 +183,8 @@ impl Context {
             .await
             .expect("reset");
         } else if let Some(pool) = self.store.sqlite_pool() {
-            for table in tables.chain(["dedup_generations".into()]) {
+            let more = ["processed_events_legacy".into(), "dedup_generations".into()];
+            for table in tables.chain(more) {
                 sqlx::query(&format!("DELETE FROM {table}"))
                     .execute(pool)
                     .await
@@ -205,6 +221,33 @@ impl Context {
             .map(|done| done.rows_affected())
         };
         done.expect("time travel");
+    }
+
+    /// Records `id` in the legacy table, as a release before the ring did (committed at once).
+    async fn record_legacy(&self, id: &str) {
+        let done = if let Some(pool) = self.store.postgres_pool() {
+            sqlx::query(
+                "INSERT INTO processed_events_legacy (source, event_id, event_type)
+                 VALUES ($1, $2, 'test.event')",
+            )
+            .bind(model::SOURCE)
+            .bind(id)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected())
+        } else {
+            sqlx::query(
+                "INSERT INTO processed_events_legacy (source, event_id, event_type, processed_at)
+                 VALUES ($1, $2, 'test.event', $3)",
+            )
+            .bind(model::SOURCE)
+            .bind(id)
+            .bind(chrono::Utc::now().timestamp_millis())
+            .execute(self.store.sqlite_pool().expect("one of the two"))
+            .await
+            .map(|done| done.rows_affected())
+        };
+        assert_eq!(done.expect("a legacy record"), 1);
     }
 
     /// `(slot, current)` of each generation in use.
