@@ -136,6 +136,33 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                     .prop_map(move |d| Step::Insert(b, d))
                     .boxed(),
             ));
+            // A copy carrying the alias of a change another open batch holds an id of: its key
+            // (the change claimed from two connections at once: this batch waits, so only while
+            // it claims nothing) or its old id (an earlier release's record, uncommitted, which
+            // the lookup does not see).
+            let may_wait = state.batches[b].claimed.is_empty();
+            let copies: Vec<usize> = (0..CHANGES)
+                .filter(|&c| {
+                    let others = || (0..BATCHES).filter(|&o| o != b).map(|o| &state.batches[o]);
+                    let claimed = others().any(|o| o.claimed.contains(&c));
+                    (claimed && may_wait)
+                        || (!claimed && others().any(|o| o.held.contains(&(c + CHANGES))))
+                })
+                .collect();
+            if !copies.is_empty() {
+                options.push((
+                    8,
+                    prop::sample::select(copies)
+                        .prop_map(move |c| {
+                            let copy = Delivery {
+                                key: c,
+                                aliased: true,
+                            };
+                            Step::Insert(b, vec![copy])
+                        })
+                        .boxed(),
+                ));
+            }
             if !state.batches[b].held.is_empty() {
                 let held = state.batches[b].held.clone();
                 options.push((
