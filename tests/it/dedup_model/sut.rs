@@ -120,7 +120,11 @@ impl Sut {
     }
 
     fn apply_step(&mut self, ctx: &mut Context, state: &State, step: &Step) {
-        self.log.push(format!("{step:?}"));
+        self.log.push(match step {
+            Step::Undo(b, key) => format!("Undo({b}, {})", event_id(*key)),
+            Step::Legacy(key) => format!("Legacy({})", event_id(*key)),
+            _ => format!("{step:?}"),
+        });
         match step {
             Step::Begin(b) => {
                 let store = ctx.store.clone();

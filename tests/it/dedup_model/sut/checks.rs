@@ -40,13 +40,19 @@ impl Sut {
             // Every copy carried the alias: the same message, which an earlier release recorded
             // under the alias (committed before the call, or by this batch).
             if let Some(alias) = call.alias(id) {
-                if call.committed_before.contains(&alias) || before.contains(&alias) {
+                let recorded = if before.contains(&alias) {
+                    Some("by this batch".to_owned())
+                } else if call.committed_before.contains(&alias) {
+                    self.history.committed[alias]
+                        .map(|(at, window)| format!("committed at {at} s, window {window} s"))
+                } else {
+                    None
+                };
+                if let Some(recorded) = recorded {
                     self.fail(format!(
                         "ACCEPTED TWICE: {what} recorded {event} as new though its alias {} was \
-                         recorded (committed less than the window before the call, or by this \
-                         batch: {:?})",
-                        event_id(alias),
-                        self.history.committed[alias]
+                         recorded before the call ({recorded})",
+                        event_id(alias)
                     ));
                 }
             }
