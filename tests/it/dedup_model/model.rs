@@ -1,8 +1,9 @@
 //! The reference model of the dedup record: which ids are recorded in which generation of the
-//! ring, what the open batches hold, and which calls wait for which (the locking protocol of
-//! `store::dedup` on PostgreSQL, one writer at a time on SQLite). It predicts every call's
-//! result; `schedule.rs` generates the valid schedules from it, and the invariants are checked
-//! in `sut.rs` against what the store actually answered.
+//! ring (or in the legacy table), what the open batches hold, and which calls wait for which (the
+//! locking protocol of `store::dedup` on PostgreSQL, one writer at a time on SQLite). It predicts
+//! every call's result; `schedule.rs` generates the valid schedules from it, and the invariants
+//! are checked in `sut.rs` against what the store actually answered. How an insert decides is
+//! in [`insert`].
 //!
 //! Times are seconds of the model's clock, which moves only by time travel (`Travel`): the store's
 //! own clock barely moves during a case, and the test moves every timestamp of
@@ -10,31 +11,46 @@
 //! whole days, so no sum of fewer than 60 steps lands exactly on a window or a third of one: the
 //! few milliseconds the real clock moves never decide a comparison.
 
-use std::collections::BTreeSet;
+mod insert;
 
-use dedup_worker::store::dedup::{dedup_key, RING_SLOTS};
+use std::fmt;
+
+use dedup_worker::store::dedup::RING_SLOTS;
+
+pub use insert::Row;
 
 /// Connections that run batches.
 pub const BATCHES: usize = 3;
-/// Event ids in play (`evt_0` …): few, so that deliveries repeat and batches share them.
-pub const IDS: usize = 6;
+/// Changes in play: few, so that deliveries repeat and batches share them. Change `c` has two
+/// ids: its key now, `evt_c` (key `c`), and the id an earlier release gave one of its messages,
+/// `evt_c_old` (key `CHANGES + c`), which the copies of the change carry as their alias.
+pub const CHANGES: usize = 5;
+/// Ids in play: each change's two.
+pub const KEYS: usize = 2 * CHANGES;
 const SLOTS: usize = RING_SLOTS as usize;
 pub const HOUR: i64 = 3_600;
 pub const DAY: i64 = 86_400;
-/// A forged creation time is claimed this far ahead of the event's first delivery: by a producer
-/// that stamps `created` (without Stripe's signature of it), so the consumer's trust decision
-/// passes the store none and every generation is looked up. Two days and a minute: a later
-/// delivery finds the claim within the margin of its own clock, which is where the store of
-/// issue 26 item 2 trusted it (an event first delivered without a creation time, recorded, the
-/// generation sealed, delivered a day later claiming one a day past the seal, was recorded
-/// again).
-pub const FORGED_AHEAD: i64 = 2 * DAY + 60;
 
 /// The source of every event (the key space of `stripe`).
 pub const SOURCE: &str = "stripe";
 
-pub fn event_id(id: usize) -> String {
-    format!("evt_{id}")
+pub fn event_id(key: usize) -> String {
+    if key < CHANGES {
+        format!("evt_{key}")
+    } else {
+        format!("evt_{}_old", key - CHANGES)
+    }
+}
+
+/// The key of an id [`event_id`] made.
+pub fn key_of(id: &str) -> Option<usize> {
+    (0..KEYS).find(|key| event_id(*key) == id)
+}
+
+/// The alias a copy of change `key` carries (the id an earlier release recorded it under).
+pub fn alias_of(key: usize) -> usize {
+    debug_assert!(key < CHANGES);
+    key + CHANGES
 }
 
 /// One step of a schedule.
@@ -43,8 +59,13 @@ pub enum Step {
     Begin(usize),
     /// A batch records these deliveries (one `insert_processed_events` call).
     Insert(usize, Vec<Delivery>),
+    /// A batch undoes its record of one id it recorded (`delete_processed`): the event's
+    /// handler failed and the rest of the batch goes on to commit.
+    Undo(usize, usize),
     Commit(usize),
     Rollback(usize),
+    /// An earlier release recorded this id in the legacy table (committed at once).
+    Legacy(usize),
     /// `seal_dedup_generation(window)`.
     Seal,
     /// `maintain_dedup_generations(window)`: retention's pass.
@@ -55,21 +76,24 @@ pub enum Step {
     Travel(i64),
 }
 
-/// One delivery of an event.
-#[derive(Clone, Debug)]
+/// One delivery: a copy of change `key` (`key < CHANGES`), with or without its alias (a thin
+/// event or an EventBridge envelope carries the id an earlier release keyed it by; a snapshot
+/// event by webhook carries none), or an earlier release's delivery under the old id
+/// (`key >= CHANGES`, never with an alias).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
-    pub id: usize,
-    /// Whether this delivery carries the event's creation time (a source that signs it).
-    pub with_created: bool,
-    /// The event's creation time if this is its first delivery: so many minutes from the
-    /// moment (at most the margin ahead: an authentic event), or forged far ahead.
-    pub created: Created,
+    pub key: usize,
+    pub aliased: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Created {
-    MinutesFromNow(i64),
-    Forged,
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.aliased {
+            write!(f, "{}~{}", event_id(self.key), event_id(alias_of(self.key)))
+        } else {
+            write!(f, "{}", event_id(self.key))
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,13 +115,14 @@ pub enum Wait {
     Key { holder: usize },
 }
 
-/// An insert that has not finished: its ids in the store's order (by dedup key), how far it got,
-/// and the ids it recorded so far.
+/// An insert that has not finished: its rows in the store's order (by dedup key), how far it
+/// got, the ids it recorded so far, and the aliases its statement sees (fixed when it starts).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Insert {
-    pub ids: Vec<usize>,
+    pub rows: Vec<Row>,
     pub next: usize,
     pub accepted: Vec<usize>,
+    pub snapshot: Option<Vec<(usize, Place)>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -105,8 +130,11 @@ pub struct Batch {
     pub open: bool,
     /// PostgreSQL: holds the ring lock shared (from its first insert to its end).
     pub ring_lock: bool,
-    /// Ids it recorded, not yet committed.
+    /// Ids it recorded, not yet committed (what its commit records).
     pub held: Vec<usize>,
+    /// Ids it inserted, undone ones included: an undone row is still its uncommitted row
+    /// version, so another batch inserting the id waits for this one to end.
+    pub claimed: Vec<usize>,
     pub waiting: Option<Wait>,
     pub insert: Option<Insert>,
 }
@@ -134,6 +162,31 @@ pub enum Done {
     Maintenance(Rotated),
 }
 
+/// Where an insert found a delivery's alias recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Sealed,
+    Current,
+    Legacy,
+    /// Recorded earlier by the same batch, not yet committed.
+    Batch,
+}
+
+/// What the model decided in the last step that the coverage counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A change answered a duplicate because its alias is recorded there.
+    AliasDuplicate(Place),
+    /// A change recorded as new although another open batch holds its alias uncommitted (the
+    /// lookup sees committed records only: the interleaving an earlier release running beside
+    /// this one makes).
+    AliasUncommitted,
+    /// An insert of a copy carrying an alias waits for another batch's claim of the change.
+    AliasedClaimWaits,
+    /// An id recorded as new after a batch undid its record of it.
+    NewAgain,
+}
+
 #[derive(Clone, Debug)]
 pub struct State {
     pub postgres: bool,
@@ -144,15 +197,16 @@ pub struct State {
     epochs: u32,
     pub batches: [Batch; BATCHES],
     pub maintenance: Option<Maintenance>,
-    /// Where each id is recorded (committed): slot and epoch.
-    pub recorded: [Option<(usize, u32)>; IDS],
-    /// Each event's creation time (model seconds), fixed by its first delivery; a forged one is
-    /// [`FORGED_AHEAD`] past it.
-    pub created: [Option<i64>; IDS],
-    /// Whether each event's creation time is forged (fixed by its first delivery too).
-    pub forged: [bool; IDS],
+    /// Where each id is recorded (committed) in the ring: slot and epoch.
+    pub recorded: [Option<(usize, u32)>; KEYS],
+    /// The ids in the legacy table (retention's row purge is not part of the model: kept).
+    pub legacy: [bool; KEYS],
+    /// Ids a batch undid, not recorded as new since.
+    undone: [bool; KEYS],
     /// The calls that finished in the last step.
     pub done: Vec<Done>,
+    /// What the last step's inserts decided.
+    pub seen: Vec<Seen>,
 }
 
 impl State {
@@ -172,10 +226,11 @@ impl State {
             epochs: 1,
             batches: Default::default(),
             maintenance: None,
-            recorded: [None; IDS],
-            created: [None; IDS],
-            forged: [false; IDS],
+            recorded: [None; KEYS],
+            legacy: [false; KEYS],
+            undone: [false; KEYS],
             done: Vec::new(),
+            seen: Vec::new(),
         }
     }
 
@@ -185,73 +240,14 @@ impl State {
             + usize::from(self.maintenance.is_some())
     }
 
-    fn present(&self, id: usize) -> bool {
-        self.recorded[id].is_some()
+    /// Whether `key` is recorded and committed (in the ring or the legacy table).
+    pub fn present(&self, key: usize) -> bool {
+        self.recorded[key].is_some() || self.legacy[key]
     }
 
-    fn holder(&self, id: usize, except: usize) -> Option<usize> {
-        (0..BATCHES).find(|&b| b != except && self.batches[b].held.contains(&id))
-    }
-
-    /// The ids of a delivery list as the store inserts them: once each, by dedup key.
-    pub fn in_key_order(deliveries: &[Delivery]) -> Vec<usize> {
-        let ids: BTreeSet<usize> = deliveries.iter().map(|d| d.id).collect();
-        let mut ids: Vec<usize> = ids.into_iter().collect();
-        ids.sort_by_key(|id| dedup_key(SOURCE, &event_id(*id)));
-        ids
-    }
-
-    /// Runs batch `b`'s insert from where it stopped: each id is a duplicate if recorded or
-    /// already this batch's, waits if another open batch holds it, else is recorded.
-    pub(super) fn run_insert(&mut self, b: usize) {
-        let mut insert = self.batches[b]
-            .insert
-            .take()
-            .expect("an insert in progress");
-        while let Some(&id) = insert.ids.get(insert.next) {
-            if self.present(id) || self.batches[b].held.contains(&id) {
-                insert.next += 1;
-            } else if let Some(holder) = self.holder(id, b) {
-                self.batches[b].waiting = Some(Wait::Key { holder });
-                self.batches[b].insert = Some(insert);
-                return;
-            } else {
-                self.batches[b].held.push(id);
-                insert.accepted.push(id);
-                insert.next += 1;
-            }
-        }
-        self.batches[b].waiting = None;
-        let mut accepted = insert.accepted;
-        accepted.sort_unstable();
-        self.done.push(Done::Insert { batch: b, accepted });
-    }
-
-    /// Where batch `b`'s insert of `ids` would stop: `None` if it finishes, else why it waits and
-    /// the ids it has left.
-    pub(super) fn would_wait(&self, b: usize, ids: &[usize]) -> Option<(Wait, Vec<usize>)> {
-        if self.postgres && !self.batches[b].ring_lock && self.maintenance.is_some() {
-            return Some((Wait::Ring, ids.to_vec()));
-        }
-        let mut trial = self.clone();
-        trial.done.clear();
-        trial.batches[b].ring_lock = true;
-        trial.batches[b].insert = Some(Insert {
-            ids: ids.to_vec(),
-            ..Insert::default()
-        });
-        trial.run_insert(b);
-        let batch = &trial.batches[b];
-        let insert = batch.insert.as_ref()?;
-        Some((batch.waiting?, insert.ids[insert.next..].to_vec()))
-    }
-
-    /// The ids a waiting batch has left to insert.
-    pub(super) fn remaining(&self, b: usize) -> &[usize] {
-        match &self.batches[b].insert {
-            Some(insert) => &insert.ids[insert.next..],
-            None => &[],
-        }
+    /// The open batch other than `except` whose uncommitted row of `key` an insert waits for.
+    fn holder(&self, key: usize, except: usize) -> Option<usize> {
+        (0..BATCHES).find(|&b| b != except && self.batches[b].claimed.contains(&key))
     }
 
     /// What a maintenance pass with `window` decides, from the ring as it is.
@@ -339,11 +335,18 @@ impl State {
         let batch = std::mem::take(&mut self.batches[b]);
         if commit {
             let epoch = self.ring[self.current].expect("a current generation").epoch;
-            for id in batch.held {
-                self.recorded[id] = Some((self.current, epoch));
+            for key in batch.held {
+                self.recorded[key] = Some((self.current, epoch));
             }
         }
         self.release(b);
+    }
+
+    /// `delete_processed` of an id batch `b` recorded: its commit will not record it, and a
+    /// later delivery is new; the row version stays the batch's until it ends (others wait).
+    pub(super) fn undo(&mut self, b: usize, key: usize) {
+        self.batches[b].held.retain(|k| *k != key);
+        self.undone[key] = true;
     }
 
     pub(super) fn maintain(&mut self, seal_now: bool) {

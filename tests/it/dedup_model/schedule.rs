@@ -1,38 +1,56 @@
 //! The schedules: which steps are valid in a state of the model (so that the calls that go on
 //! together never race for a lock, and waits never form a cycle), and which are likely (those
 //! that reach the protocol's corners: seals while batches hold the ring lock, ids other batches
-//! hold, expiry under open batches).
+//! hold, expiry under open batches, a change claimed by several batches, an alias recorded or
+//! held elsewhere, a record undone).
 
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest_state_machine::ReferenceStateMachine;
 
-use super::model::{
-    Created, Delivery, Done, Insert, State, Step, Wait, BATCHES, DAY, FORGED_AHEAD, HOUR, IDS,
-};
+use super::model::{Delivery, Done, Insert, State, Step, Wait, BATCHES, CHANGES, DAY, HOUR, KEYS};
 
-/// A delivery of one of `ids` (the schedule's interesting ones: held by an open batch, or
-/// recorded) or of any id.
-fn delivery(ids: Vec<usize>) -> impl Strategy<Value = Delivery> {
-    let created = prop_oneof![
-        6 => (-3 * 24 * 60..=DAY / 60).prop_map(Created::MinutesFromNow),
-        1 => Just(Created::MinutesFromNow(DAY / 60)),
-        1 => Just(Created::Forged),
-    ];
-    let id = if ids.is_empty() {
-        (0..IDS).boxed()
+/// A delivery of one of `changes` (the schedule's interesting ones: one of whose ids is held by
+/// an open batch, or recorded) or of any change: most often a copy carrying the alias (a thin
+/// event, an EventBridge envelope), or one without (a snapshot event by webhook), sometimes an
+/// earlier release's delivery under the old id.
+fn delivery(changes: Vec<usize>) -> impl Strategy<Value = Delivery> {
+    let change = if changes.is_empty() {
+        (0..CHANGES).boxed()
     } else {
-        prop_oneof![1 => 0..IDS, 1 => prop::sample::select(ids)].boxed()
+        prop_oneof![1 => 0..CHANGES, 1 => prop::sample::select(changes)].boxed()
     };
-    (id, prop::bool::weighted(0.7), created).prop_map(|(id, with_created, created)| Delivery {
-        id,
-        with_created,
-        created,
+    let kind =
+        prop_oneof![5 => Just((0, true)), 3 => Just((0, false)), 2 => Just((CHANGES, false))];
+    (change, kind).prop_map(|(change, (old, aliased))| Delivery {
+        key: change + old,
+        aliased,
     })
 }
 
 /// The model for one store: `POSTGRES` or SQLite.
 pub struct DedupModel<const POSTGRES: bool>;
+
+impl<const POSTGRES: bool> DedupModel<POSTGRES> {
+    /// Whether an earlier release may record `key` in the legacy table now. On SQLite only
+    /// between batches (it takes the one writer). On PostgreSQL while no insert is under way
+    /// (an insert's lookups of the legacy table see the statement's snapshot, so a record made
+    /// while it waits for a key would not count) and no open batch holds the id (it was not
+    /// recorded when that batch recorded it: no double acceptance to report). No release running
+    /// beside this one writes the legacy table (it is what the upgrade found); records appear
+    /// during a case only so that they meet the ring in every state.
+    fn legacy_allowed(state: &State, key: usize) -> bool {
+        if state.postgres {
+            state
+                .batches
+                .iter()
+                .all(|b| b.insert.is_none() && !b.claimed.contains(&key))
+        } else {
+            state.maintenance.is_none()
+                && state.batches.iter().all(|b| !b.open && b.waiting.is_none())
+        }
+    }
+}
 
 impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
     type State = State;
@@ -76,17 +94,36 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                 prop::sample::select(closed).prop_map(Step::Begin).boxed(),
             ));
         }
+        // An earlier release's record in the legacy table, of an id no batch holds (see the
+        // preconditions): most often an old id, the alias of a change.
+        let legacy: Vec<usize> = (0..KEYS)
+            .filter(|&k| !state.legacy[k] && Self::legacy_allowed(state, k))
+            .collect();
+        if !legacy.is_empty() {
+            let old: Vec<usize> = legacy.iter().copied().filter(|&k| k >= CHANGES).collect();
+            let key = if old.is_empty() {
+                prop::sample::select(legacy).boxed()
+            } else {
+                prop_oneof![3 => prop::sample::select(old), 1 => prop::sample::select(legacy)]
+                    .boxed()
+            };
+            options.push((1, key.prop_map(Step::Legacy).boxed()));
+        }
         for &b in &ready {
-            // Ids recorded, and (while this batch holds none, so it may wait for them) those
-            // other batches hold or are inserting.
-            let interesting: Vec<usize> = (0..IDS)
-                .filter(|&id| {
-                    state.recorded[id].is_some()
-                        || (state.batches[b].held.is_empty()
-                            && state.batches.iter().any(|o| {
-                                o.held.contains(&id)
-                                    || o.insert.as_ref().is_some_and(|i| i.ids.contains(&id))
-                            }))
+            // Changes with an id recorded, and (while this batch claims none, so it may wait
+            // for them) those with an id other batches hold or are inserting.
+            let interesting: Vec<usize> = (0..CHANGES)
+                .filter(|&c| {
+                    [c, c + CHANGES].iter().any(|&k| {
+                        state.present(k)
+                            || (state.batches[b].claimed.is_empty()
+                                && state.batches.iter().any(|o| {
+                                    o.claimed.contains(&k)
+                                        || o.insert
+                                            .as_ref()
+                                            .is_some_and(|i| i.rows.iter().any(|r| r.key == k))
+                                }))
+                    })
                 })
                 .collect();
             options.push((
@@ -99,6 +136,42 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                     .prop_map(move |d| Step::Insert(b, d))
                     .boxed(),
             ));
+            // A copy carrying the alias of a change another open batch holds an id of: its key
+            // (the change claimed from two connections at once: this batch waits, so only while
+            // it claims nothing) or its old id (an earlier release's record, uncommitted, which
+            // the lookup does not see).
+            let may_wait = state.batches[b].claimed.is_empty();
+            let copies: Vec<usize> = (0..CHANGES)
+                .filter(|&c| {
+                    let others = || (0..BATCHES).filter(|&o| o != b).map(|o| &state.batches[o]);
+                    let claimed = others().any(|o| o.claimed.contains(&c));
+                    (claimed && may_wait)
+                        || (!claimed && others().any(|o| o.held.contains(&(c + CHANGES))))
+                })
+                .collect();
+            if !copies.is_empty() {
+                options.push((
+                    8,
+                    prop::sample::select(copies)
+                        .prop_map(move |c| {
+                            let copy = Delivery {
+                                key: c,
+                                aliased: true,
+                            };
+                            Step::Insert(b, vec![copy])
+                        })
+                        .boxed(),
+                ));
+            }
+            if !state.batches[b].held.is_empty() {
+                let held = state.batches[b].held.clone();
+                options.push((
+                    2,
+                    prop::sample::select(held)
+                        .prop_map(move |k| Step::Undo(b, k))
+                        .boxed(),
+                ));
+            }
             options.push((3, Just(Step::Commit(b)).boxed()));
             options.push((1, Just(Step::Rollback(b)).boxed()));
         }
@@ -127,8 +200,9 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                 if !batch.open || batch.waiting.is_some() || deliveries.is_empty() {
                     return false;
                 }
-                let ids = State::in_key_order(deliveries);
-                match state.would_wait(*b, &ids) {
+                let rows = State::in_key_order(deliveries);
+                let ids: Vec<usize> = rows.iter().map(|r| r.key).collect();
+                match state.would_wait(*b, &rows) {
                     None => true,
                     // Batches that go on together must not race for an id: those behind a seal
                     // insert disjoint ids, as do those waiting for keys.
@@ -140,7 +214,7 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                     // Only a batch holding nothing yet may wait for a key (batches insert in key
                     // order, so waits never form a cycle: PostgreSQL would abort one).
                     Some((Wait::Key { .. }, left)) => {
-                        batch.held.is_empty()
+                        batch.claimed.is_empty()
                             && (0..BATCHES).all(|o| {
                                 o == *b
                                     || !matches!(state.batches[o].waiting, Some(Wait::Key { .. }))
@@ -152,6 +226,14 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
             }
             Step::Commit(b) | Step::Rollback(b) => {
                 state.batches[*b].open && state.batches[*b].waiting.is_none()
+            }
+            // The consumer undoes only what the batch recorded, and only between its calls.
+            Step::Undo(b, key) => {
+                let batch = &state.batches[*b];
+                batch.open && batch.waiting.is_none() && batch.held.contains(key)
+            }
+            Step::Legacy(key) => {
+                *key < KEYS && !state.legacy[*key] && Self::legacy_allowed(state, *key)
             }
             Step::Seal | Step::Retention => {
                 state.maintenance.is_none()
@@ -170,6 +252,7 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
 
     fn apply(mut state: State, step: &Step) -> State {
         state.done.clear();
+        state.seen.clear();
         match step {
             Step::Begin(b) => {
                 let waits = !state.postgres
@@ -182,18 +265,8 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                 }
             }
             Step::Insert(b, deliveries) => {
-                for d in deliveries {
-                    if state.created[d.id].is_none() {
-                        state.forged[d.id] = d.created == Created::Forged;
-                        state.created[d.id] = Some(match d.created {
-                            Created::MinutesFromNow(m) => state.now + m * 60,
-                            Created::Forged => state.now + FORGED_AHEAD,
-                        });
-                    }
-                }
-                let ids = State::in_key_order(deliveries);
                 state.batches[*b].insert = Some(Insert {
-                    ids,
+                    rows: State::in_key_order(deliveries),
                     ..Insert::default()
                 });
                 if state.postgres && !state.batches[*b].ring_lock && state.maintenance.is_some() {
@@ -203,6 +276,8 @@ impl<const POSTGRES: bool> ReferenceStateMachine for DedupModel<POSTGRES> {
                     state.run_insert(*b);
                 }
             }
+            Step::Undo(b, key) => state.undo(*b, *key),
+            Step::Legacy(key) => state.legacy[*key] = true,
             Step::Commit(b) => state.end(*b, true),
             Step::Rollback(b) => state.end(*b, false),
             Step::Seal => state.maintain(true),

@@ -10,7 +10,9 @@ use dedup_worker::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::task::JoinHandle;
 
-use super::model::{event_id, Done, State, Step, BATCHES, IDS, SOURCE};
+use super::model::{
+    alias_of, event_id, key_of, Delivery, Done, State, Step, BATCHES, KEYS, SOURCE,
+};
 use super::schedule::DedupModel;
 use super::{with_context, Context, Leftover};
 
@@ -28,16 +30,38 @@ enum Conn {
     #[default]
     Closed,
     Beginning(JoinHandle<Result<StoreTx, StoreError>>),
+    /// The transaction, and the ids it recorded (undone ones taken out).
     Idle(StoreTx, BTreeSet<usize>),
-    Inserting(JoinHandle<Inserted>, BTreeSet<usize>, Vec<usize>),
+    Inserting(JoinHandle<Inserted>, BTreeSet<usize>, Call),
 }
 
-/// What the store answered so far: when each id was committed, and the shortest window in effect
-/// since.
+/// An insert call: its deliveries, and the ids committed less than the window before it was
+/// made (what its lookups must find whatever happens while it runs).
+pub(super) struct Call {
+    deliveries: Vec<Delivery>,
+    committed_before: BTreeSet<usize>,
+}
+
+impl Call {
+    pub(super) fn keys(&self) -> Vec<usize> {
+        let keys: BTreeSet<usize> = self.deliveries.iter().map(|d| d.key).collect();
+        keys.into_iter().collect()
+    }
+
+    /// The alias of `key`'s copies in this call, if every copy carries it.
+    pub(super) fn alias(&self, key: usize) -> Option<usize> {
+        let mut copies = self.deliveries.iter().filter(|d| d.key == key).peekable();
+        copies.peek()?;
+        copies.all(|d| d.aliased).then(|| alias_of(key))
+    }
+}
+
+/// What the store answered so far: when each id was committed (by a batch, or in the legacy
+/// table), and the shortest window in effect since.
 #[derive(Default)]
 struct History {
-    committed: [Option<(i64, i64)>; IDS],
-    ever: [bool; IDS],
+    committed: [Option<(i64, i64)>; KEYS],
+    ever: [bool; KEYS],
 }
 
 impl History {
@@ -67,11 +91,22 @@ impl Sut {
     }
 
     fn id_of(&self, event: &str) -> usize {
-        event
-            .strip_prefix("evt_")
-            .and_then(|n| n.parse().ok())
-            .filter(|n| *n < IDS)
+        key_of(event)
             .unwrap_or_else(|| self.fail(format!("the store answered an unknown id {event:?}")))
+    }
+
+    /// Runs `what` on batch `b`'s transaction to its answer (it waits for nothing).
+    fn end_call<T>(
+        &self,
+        ctx: &Context,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> T {
+        match ctx.rt.block_on(tokio::time::timeout(LIMIT, call)) {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => self.fail(format!("{what} failed: {e:?}")),
+            Err(_) => self.fail(format!("{what} did not answer within {LIMIT:?}")),
+        }
     }
 
     fn wait<T>(&self, ctx: &Context, what: &str, handle: JoinHandle<T>) -> T {
@@ -85,7 +120,11 @@ impl Sut {
     }
 
     fn apply_step(&mut self, ctx: &mut Context, state: &State, step: &Step) {
-        self.log.push(format!("{step:?}"));
+        self.log.push(match step {
+            Step::Undo(b, key) => format!("Undo({b}, {})", event_id(*key)),
+            Step::Legacy(key) => format!("Legacy({})", event_id(*key)),
+            _ => format!("{step:?}"),
+        });
         match step {
             Step::Begin(b) => {
                 let store = ctx.store.clone();
@@ -98,42 +137,61 @@ impl Sut {
                 let events: Vec<ProcessedEvent> = deliveries
                     .iter()
                     .map(|d| ProcessedEvent {
-                        id: event_id(d.id),
+                        id: event_id(d.key),
                         event_type: "test.event".into(),
+                        alias: d.aliased.then(|| event_id(alias_of(d.key))),
                         ..ProcessedEvent::default()
                     })
                     .collect();
-                let ids = deliveries.iter().map(|d| d.id).collect();
+                let call = Call {
+                    deliveries: deliveries.clone(),
+                    committed_before: (0..KEYS)
+                        .filter(|k| self.history.in_window(*k, state.now).is_some())
+                        .collect(),
+                };
                 let handle = ctx.rt.spawn(async move {
                     let result = tx.insert_processed_events(SOURCE, &events).await;
                     (tx, result)
                 });
-                self.conns[*b] = Conn::Inserting(handle, accepted, ids);
+                self.conns[*b] = Conn::Inserting(handle, accepted, call);
+            }
+            Step::Undo(b, key) => {
+                let Conn::Idle(mut tx, mut accepted) = std::mem::take(&mut self.conns[*b]) else {
+                    self.fail(format!("batch {b} is not open and idle"))
+                };
+                let id = event_id(*key);
+                self.end_call(
+                    ctx,
+                    &format!("batch {b}'s delete_processed of {id}"),
+                    tx.delete_processed(SOURCE, &id),
+                );
+                accepted.remove(key);
+                self.conns[*b] = Conn::Idle(tx, accepted);
+            }
+            Step::Legacy(key) => {
+                ctx.rt.block_on(ctx.record_legacy(&event_id(*key)));
+                self.history.committed[*key] = Some((state.now, state.window));
+                self.history.ever[*key] = true;
             }
             Step::Commit(b) | Step::Rollback(b) => {
                 let Conn::Idle(tx, accepted) = std::mem::take(&mut self.conns[*b]) else {
                     self.fail(format!("batch {b} is not open and idle"))
                 };
                 let commit = matches!(step, Step::Commit(_));
-                let ended = ctx.rt.block_on(tokio::time::timeout(LIMIT, async move {
+                self.end_call(ctx, &format!("batch {b}'s end"), async move {
                     if commit {
                         tx.commit().await
                     } else {
                         tx.rollback().await
                     }
-                }));
-                match ended {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => self.fail(format!("batch {b} failed to end: {e:?}")),
-                    Err(_) => self.fail(format!("batch {b}'s end did not answer")),
-                }
+                });
                 if commit {
                     for id in accepted {
                         if let Some((at, window)) = self.history.in_window(id, state.now) {
                             self.fail(format!(
-                                "ACCEPTED TWICE: batch {b} committed evt_{id}, which a batch \
-                                 committed at {at} s, less than the window ({window} s) before now \
-                                 ({} s)",
+                                "ACCEPTED TWICE: batch {b} committed {}, which was committed at \
+                                 {at} s, less than the window ({window} s) before now ({} s)",
+                                event_id(id),
                                 state.now
                             ));
                         }
@@ -180,23 +238,30 @@ impl Sut {
                     }
                 }
                 Done::Insert { batch, accepted } => {
-                    let Conn::Inserting(handle, mut all, ids) =
+                    let Conn::Inserting(handle, mut all, call) =
                         std::mem::take(&mut self.conns[*batch])
                     else {
                         self.fail(format!("batch {batch} was not inserting"))
                     };
                     let (tx, result) = self.wait(ctx, &format!("batch {batch}'s insert"), handle);
                     let answered = result.unwrap_or_else(|e| {
-                        self.fail(format!("batch {batch}'s insert of {ids:?} failed: {e:?}"))
+                        self.fail(format!(
+                            "batch {batch}'s insert of {:?} failed: {e:?}",
+                            call.deliveries
+                        ))
                     });
-                    let new = self.check_insert(state, *batch, &ids, &all, &answered);
+                    let new = self.check_insert(state, *batch, &call, &all, &answered);
                     if new.iter().copied().collect::<Vec<_>>() != *accepted {
                         self.fail(format!(
-                            "MODEL: batch {batch}'s insert of {ids:?} recorded {new:?}, the model \
-                             expected {accepted:?}"
+                            "MODEL: batch {batch}'s insert of {:?} recorded {:?}, the model \
+                             expected {:?}",
+                            call.deliveries,
+                            names(&new),
+                            names(accepted)
                         ));
                     }
-                    ctx.coverage.duplicates_in_sealed += ids
+                    ctx.coverage.duplicates_in_sealed += call
+                        .keys()
                         .iter()
                         .filter(|id| {
                             !new.contains(id)
@@ -331,6 +396,11 @@ impl Drop for Sut {
             super::leave(left);
         }
     }
+}
+
+/// The ids of `keys`, for the messages.
+pub(super) fn names<'k>(keys: impl IntoIterator<Item = &'k usize>) -> Vec<String> {
+    keys.into_iter().map(|k| event_id(*k)).collect()
 }
 
 /// The model and the store, for one backend.

@@ -4,42 +4,73 @@
 
 use std::collections::BTreeSet;
 
-use super::super::model::{event_id, Done, State, Step, Wait, IDS, SOURCE};
+use super::super::model::{event_id, Done, Place, Seen, State, Step, Wait, KEYS, SOURCE};
 use super::super::{Context, Coverage};
-use super::{Sut, LIMIT};
+use super::{names, Call, Sut, LIMIT};
 
 impl Sut {
     /// The checks of one insert's answer against the store's own history; returns its new ids.
+    /// `before` is what the batch recorded in its earlier calls (undone ones taken out).
     pub(super) fn check_insert(
         &self,
         state: &State,
         batch: usize,
-        ids: &[usize],
+        call: &Call,
         before: &BTreeSet<usize>,
         answered: &[String],
     ) -> BTreeSet<usize> {
+        let keys = call.keys();
+        let what = format!("batch {batch}'s insert of {:?}", call.deliveries);
         let mut new = BTreeSet::new();
         for event in answered {
             let id = self.id_of(event);
-            if !ids.contains(&id) || !new.insert(id) || before.contains(&id) {
+            if !keys.contains(&id) || !new.insert(id) || before.contains(&id) {
                 self.fail(format!(
-                    "ACCEPTED TWICE: batch {batch}'s insert of {ids:?} answered {answered:?} (it \
-                     had recorded {before:?})"
+                    "ACCEPTED TWICE: {what} answered {answered:?} (the batch had recorded {:?})",
+                    names(before)
                 ));
             }
             if let Some((at, window)) = self.history.in_window(id, state.now) {
                 self.fail(format!(
-                    "ACCEPTED TWICE: batch {batch} recorded evt_{id} as new, committed at {at} s, \
-                     less than the window ({window} s) before now ({} s)",
+                    "ACCEPTED TWICE: {what} recorded {event} as new, committed at {at} s, less \
+                     than the window ({window} s) before now ({} s)",
                     state.now
                 ));
             }
+            // Every copy carried the alias: the same message, which an earlier release recorded
+            // under the alias (committed before the call, or by this batch).
+            if let Some(alias) = call.alias(id) {
+                let recorded = if before.contains(&alias) {
+                    Some("by this batch".to_owned())
+                } else if call.committed_before.contains(&alias) {
+                    self.history.committed[alias]
+                        .map(|(at, window)| format!("committed at {at} s, window {window} s"))
+                } else {
+                    None
+                };
+                if let Some(recorded) = recorded {
+                    self.fail(format!(
+                        "ACCEPTED TWICE: {what} recorded {event} as new though its alias {} was \
+                         recorded before the call ({recorded})",
+                        event_id(alias)
+                    ));
+                }
+            }
         }
-        for id in ids {
-            if !new.contains(id) && !before.contains(id) && !self.history.ever[*id] {
+        for id in keys {
+            let alias_ever = call
+                .alias(id)
+                .is_some_and(|alias| self.history.ever[alias] || before.contains(&alias));
+            if !new.contains(&id) && !before.contains(&id) && !self.history.ever[id] && !alias_ever
+            {
                 self.fail(format!(
-                    "LOST: batch {batch} took evt_{id} for a duplicate though no batch ever \
-                     committed it"
+                    "LOST: {what} took {} for a duplicate though no batch ever committed it{}",
+                    event_id(id),
+                    if call.alias(id).is_some() {
+                        " nor its alias"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }
@@ -49,7 +80,7 @@ impl Sut {
     /// The invariants on what the store holds (read while no maintenance pass waits, which on
     /// PostgreSQL may hold a generation's table).
     pub(super) fn check_store(&self, ctx: &mut Context, state: &State) {
-        let all: Vec<String> = (0..IDS).map(event_id).collect();
+        let all: Vec<String> = (0..KEYS).map(event_id).collect();
         let among = ctx
             .rt
             .block_on(tokio::time::timeout(
@@ -62,16 +93,19 @@ impl Sut {
         for id in &held {
             if !self.history.ever[*id] {
                 self.fail(format!(
-                    "ROLLED BACK: evt_{id} is recorded though no batch that recorded it committed"
+                    "ROLLED BACK: {} is recorded though no batch that recorded it (and did not \
+                     undo it) committed",
+                    event_id(*id)
                 ));
             }
         }
-        for id in 0..IDS {
+        for id in 0..KEYS {
             if let Some((at, window)) = self.history.in_window(id, state.now) {
                 if !held.contains(&id) {
                     self.fail(format!(
-                        "LOST EARLY: evt_{id}, committed at {at} s, is no longer recorded at {} s, \
+                        "LOST EARLY: {}, committed at {at} s, is no longer recorded at {} s, \
                          inside the window ({window} s)",
+                        event_id(id),
                         state.now
                     ));
                 }
@@ -89,13 +123,14 @@ impl Sut {
                 "MODEL: the ring is {ring:?}, the model's {model_ring:?}"
             ));
         }
-        let expected: BTreeSet<usize> = (0..IDS)
-            .filter(|id| state.recorded[*id].is_some())
-            .collect();
+        let expected: BTreeSet<usize> = (0..KEYS).filter(|id| state.present(*id)).collect();
         if held != expected {
             self.fail(format!(
-                "MODEL: the store records {held:?}, the model {expected:?} ({:?})",
-                state.recorded
+                "MODEL: the store records {:?}, the model {:?} (ring {:?}, legacy {:?})",
+                names(&held),
+                names(&expected),
+                state.recorded,
+                state.legacy
             ));
         }
     }
@@ -106,11 +141,7 @@ pub(super) fn count(coverage: &mut Coverage, state: &State, step: &Step) {
     match step {
         Step::Insert(b, deliveries) => {
             coverage.inserts += 1;
-            coverage.with_created += deliveries.iter().filter(|d| d.with_created).count() as u32;
-            coverage.forged += deliveries
-                .iter()
-                .filter(|d| d.with_created && state.forged[d.id])
-                .count() as u32;
+            coverage.aliased += deliveries.iter().filter(|d| d.aliased).count() as u32;
             match state.batches[*b].waiting {
                 Some(Wait::Key { .. }) => coverage.waits_for_key += 1,
                 Some(Wait::Ring) => {
@@ -124,6 +155,8 @@ pub(super) fn count(coverage: &mut Coverage, state: &State, step: &Step) {
                 _ => {}
             }
         }
+        Step::Undo(..) => coverage.undone += 1,
+        Step::Legacy(_) => coverage.legacy_records += 1,
         Step::Begin(b) if state.batches[*b].waiting.is_some() => coverage.waits_for_begin += 1,
         Step::Seal | Step::Retention if state.maintenance.is_some() => {
             coverage.waits_of_maintenance += 1
@@ -139,5 +172,17 @@ pub(super) fn count(coverage: &mut Coverage, state: &State, step: &Step) {
             }
             Done::Insert { .. } | Done::Begin(_) => {}
         }
+    }
+    for seen in &state.seen {
+        let count = match seen {
+            Seen::AliasDuplicate(Place::Sealed) => &mut coverage.alias_in_sealed,
+            Seen::AliasDuplicate(Place::Current) => &mut coverage.alias_in_current,
+            Seen::AliasDuplicate(Place::Legacy) => &mut coverage.alias_in_legacy,
+            Seen::AliasDuplicate(Place::Batch) => &mut coverage.alias_in_batch,
+            Seen::AliasUncommitted => &mut coverage.alias_uncommitted,
+            Seen::AliasedClaimWaits => &mut coverage.aliased_waits_for_key,
+            Seen::NewAgain => &mut coverage.new_again,
+        };
+        *count += 1;
     }
 }
