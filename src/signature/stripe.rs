@@ -1,7 +1,8 @@
 //! `Stripe-Signature` verification, on the raw body bytes and before any parsing: the ingress
-//! checks a delivery with it ([`verify_delivery`], within the timestamp tolerance), and the
-//! consumer checks again the compact signature the ingress carried with the message
-//! ([`verify_authenticity`], with no tolerance) before it trusts the event's `created`.
+//! checks a delivery with it ([`verify_delivery`], within the timestamp tolerance), and carries
+//! the compact signature with the message; [`verify_authenticity`] checks such a signature again
+//! with no tolerance. (Since issue 36 the consumer no longer reads it: a signed `created` chose
+//! which dedup generations were looked up, and a holder of the secret could re-sign one.)
 //!
 //! Rules (see shared/conformance.md): comma-separated `key=value` items; `t` is integer Unix
 //! seconds; any number of `v1` (secret rotation); `v0` and unknown keys ignored. The signed

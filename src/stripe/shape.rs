@@ -95,19 +95,6 @@ impl<'a> StripeEventHead<'a> {
             _ => self.own_id(),
         }
     }
-
-    /// For a thin event that names its snapshot event, the other of its two ids than `key`:
-    /// the key it had (or would have) under the other rule. Releases before the thin-event
-    /// keying recorded a thin event under its own id; a message published then still carries
-    /// that id. `None` for any other event, or a `key` that is neither.
-    pub fn other_key(&self, key: &str) -> Option<&str> {
-        let snapshot = self.snapshot_event.as_deref().filter(|_| self.is_thin())?;
-        match key {
-            k if k == snapshot => Some(self.own_id()),
-            k if k == self.own_id() => Some(snapshot),
-            _ => None,
-        }
-    }
 }
 
 /// Why a body is not an EventBridge envelope of a Stripe event.
@@ -330,19 +317,21 @@ mod tests {
     }
 
     #[test]
-    fn a_thin_events_other_key_is_the_other_of_its_two_ids() {
+    fn a_change_is_keyed_by_its_snapshot_event_and_a_thin_events_own_id_is_the_other() {
         let thin = br#"{"id":"evt_thin","object":"v2.core.event","snapshot_event":"evt_A"}"#;
-        let head = StripeEventHead::read(thin).unwrap();
-        assert_eq!(head.other_key("evt_A"), Some("evt_thin"));
-        assert_eq!(head.other_key("evt_thin"), Some("evt_A"));
-        assert_eq!(head.other_key("evt_B"), None);
+        let change = stripe_change(thin, true).unwrap();
+        assert_eq!(
+            (change.key.as_str(), change.other.as_deref()),
+            ("evt_A", Some("evt_thin"))
+        );
         for one_id in [
             &br#"{"id":"evt_v2","object":"v2.core.event"}"#[..],
             br#"{"id":"evt_A","object":"event","snapshot_event":"evt_B"}"#,
         ] {
-            let head = StripeEventHead::read(one_id).unwrap();
-            assert_eq!(head.other_key(head.own_id()), None);
+            assert_eq!(stripe_change(one_id, true).unwrap().other, None);
         }
+        // Under another source only an envelope, which names Stripe itself, is a change.
+        assert_eq!(stripe_change(thin, false), None);
     }
 
     #[test]
