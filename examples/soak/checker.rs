@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::api_check::ApiFindings;
 use crate::history::{Outcome, Record};
 use crate::plan::Shape;
 use crate::workload::DirectKind;
@@ -221,7 +222,10 @@ pub fn check(
                     .or_default()
                     .push(idempotency_key.as_deref());
             }
-            Record::Publish { .. } | Record::Fault { .. } | Record::Phase { .. } => {}
+            Record::Publish { .. }
+            | Record::Fault { .. }
+            | Record::Phase { .. }
+            | Record::Api { .. } => {}
         }
     }
     for (key, keys) in &deliveries {
@@ -322,7 +326,7 @@ pub struct EndState {
 pub const MIN_ACCEPTED_SHARE: f64 = 0.90;
 
 /// Why the run fails, one reason a line; empty when it holds.
-pub fn verdict(found: &Findings, end: EndState) -> Vec<String> {
+pub fn verdict(found: &Findings, api: &ApiFindings, end: EndState) -> Vec<String> {
     let mut why = Vec::new();
     let mut count = |what: &str, n: usize| {
         if n > 0 {
@@ -342,6 +346,9 @@ pub fn verdict(found: &Findings, end: EndState) -> Vec<String> {
     count("sink_wrong_key", found.sink_wrong_key);
     count("dead_letter_unexpected", found.dead_letter_unexpected.len());
     count("dead_letter_missing", found.dead_letter_missing.len());
+    for (what, scopes) in api.violations() {
+        count(what, scopes.len());
+    }
     count("outbox_failed", end.outbox_failed);
     count("crashes", end.crashes);
     let sent = found.events_attempted;
@@ -349,6 +356,15 @@ pub fn verdict(found: &Findings, end: EndState) -> Vec<String> {
     if sent == 0 || (accepted as f64) < MIN_ACCEPTED_SHARE * sent as f64 {
         why.push(format!(
             "accepted {accepted} of {sent} events sent, fewer than {:.0} %",
+            MIN_ACCEPTED_SHARE * 100.0
+        ));
+    }
+    // The API's calls are held to the same share (a run with no API calls has none to judge).
+    if api.calls > 0 && (api.answered as f64) < MIN_ACCEPTED_SHARE * api.calls as f64 {
+        why.push(format!(
+            "answered {} of {} API calls, fewer than {:.0} %",
+            api.answered,
+            api.calls,
             MIN_ACCEPTED_SHARE * 100.0
         ));
     }

@@ -117,7 +117,7 @@ fn a_clean_drained_history_passes_the_verdict() {
         sink("a", "a"),
     ];
     let found = check(&records, &[effect("a", 0)], &[], 60);
-    assert_eq!(verdict(&found, ended(true)), Vec::<String>::new());
+    assert_eq!(verdict(&found, &no_api(), ended(true)), Vec::<String>::new());
 }
 
 #[test]
@@ -131,7 +131,7 @@ fn a_history_of_503s_fails_the_verdict() {
     }
     let found = check(&records, &[], &[], 60);
     assert!(found.holds(), "no violation of the promise as such");
-    let why = verdict(&found, ended(true));
+    let why = verdict(&found, &no_api(), ended(true));
     assert_eq!(why.len(), 1, "{why:?}");
     assert!(why[0].contains("accepted 0 of 3"), "{why:?}");
 }
@@ -154,8 +154,8 @@ fn fewer_than_nine_in_ten_accepted_fails_and_nine_in_ten_passes() {
         }
         check(&records, &effects, &[], 60)
     };
-    assert!(verdict(&history(9), ended(true)).is_empty());
-    let why = verdict(&history(8), ended(true));
+    assert!(verdict(&history(9), &no_api(), ended(true)).is_empty());
+    let why = verdict(&history(8), &no_api(), ended(true));
     assert!(
         why.iter().any(|w| w.contains("accepted 8 of 10")),
         "{why:?}"
@@ -170,7 +170,7 @@ fn an_unfinished_drain_fails_the_verdict() {
         sink("a", "a"),
     ];
     let found = check(&records, &[effect("a", 0)], &[], 60);
-    assert_eq!(verdict(&found, ended(false)), ["the drain did not finish"]);
+    assert_eq!(verdict(&found, &no_api(), ended(false)), ["the drain did not finish"]);
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn the_end_state_s_findings_fail_the_verdict() {
         outbox_failed: 2,
         crashes: 3,
     };
-    assert_eq!(verdict(&found, end), ["outbox_failed: 2", "crashes: 3"]);
+    assert_eq!(verdict(&found, &no_api(), end), ["outbox_failed: 2", "crashes: 3"]);
 }
 
 fn publish(key: &str, kind: DirectKind, keyed_as: Option<&str>) -> Record {
@@ -263,7 +263,7 @@ fn a_change_handled_on_each_of_two_channels_is_doubled_under_its_own_key() {
     assert_eq!(found.sink_redeliveries_other_key, 1);
     assert!(found.unexpected.is_empty(), "{found:?}");
     assert!(found.lost.is_empty() && found.missing_effect.is_empty());
-    let why = verdict(&found, ended(true));
+    let why = verdict(&found, &no_api(), ended(true));
     assert!(
         why.contains(&"doubled_two_channels: 1".to_owned()),
         "{why:?}"
@@ -299,4 +299,32 @@ fn foreign_messages_are_judged_like_events_and_id_less_ones_by_their_dead_letter
     assert_eq!(found.dead_letter_missing, ["f_none_missing"]);
     assert_eq!(found.dead_letter_unexpected, ["evt_other"]);
     assert!(found.doubled.is_empty(), "a second dead letter is allowed");
+}
+
+/// A run with no API calls: nothing of the layer to judge.
+fn no_api() -> ApiFindings {
+    ApiFindings::default()
+}
+
+#[test]
+fn the_apis_violations_and_unanswered_calls_fail_the_verdict() {
+    let found = check(&[invoke("evt_1"), complete("evt_1", Outcome::Ok, Some(200))], &[], &[], 60);
+    let mut api = ApiFindings {
+        calls: 10,
+        answered: 10,
+        ..ApiFindings::default()
+    };
+    api.session_leaks.push("tenant_0/k".into());
+    let why = verdict(&found, &api, ended(true));
+    assert!(why.contains(&"api_session_leaks: 1".to_owned()), "{why:?}");
+    let api = ApiFindings {
+        calls: 10,
+        answered: 8,
+        ..ApiFindings::default()
+    };
+    let why = verdict(&found, &api, ended(true));
+    assert!(
+        why.iter().any(|w| w.starts_with("answered 8 of 10 API calls")),
+        "{why:?}"
+    );
 }

@@ -22,6 +22,8 @@ pub enum Role {
     Ingest,
     Consume,
     Relay,
+    /// A synchronous API behind the Idempotency-Key layer (`soak_service api`).
+    Api,
 }
 
 /// Which transport a process uses.
@@ -43,10 +45,11 @@ const fn spec(name: &'static str, role: Role, lane: Lane) -> ProcessSpec {
     ProcessSpec { name, role, lane }
 }
 
-/// Two ingress and two consumers per transport, two relays (relays use the database
-/// transport: they never touch a queue). The ingress processes come first, in the order the
-/// plan's `ingress` indexes them.
-pub const LAYOUT: [ProcessSpec; 14] = [
+/// Two ingress and two consumers per transport, two API processes behind the Idempotency-Key
+/// layer, two relays (relays and the API use the database transport: they never touch a
+/// queue). The ingress processes come first, in the order the plan's `ingress` indexes them;
+/// a relay comes last (the first process started, it applies the migrations).
+pub const LAYOUT: [ProcessSpec; 16] = [
     spec("ingest-db-0", Role::Ingest, Lane::Database),
     spec("ingest-db-1", Role::Ingest, Lane::Database),
     spec("ingest-rabbit-0", Role::Ingest, Lane::Rabbitmq),
@@ -59,12 +62,17 @@ pub const LAYOUT: [ProcessSpec; 14] = [
     spec("consume-rabbit-1", Role::Consume, Lane::Rabbitmq),
     spec("consume-sqs-0", Role::Consume, Lane::Sqs),
     spec("consume-sqs-1", Role::Consume, Lane::Sqs),
+    spec("api-0", Role::Api, Lane::Database),
+    spec("api-1", Role::Api, Lane::Database),
     spec("relay-0", Role::Relay, Lane::Database),
     spec("relay-1", Role::Relay, Lane::Database),
 ];
 
 /// The ingress processes are `LAYOUT[0..INGRESS_COUNT]`.
 pub const INGRESS_COUNT: usize = 6;
+
+/// The API processes in [`LAYOUT`], in order (the plan's `ApiCall::process` indexes this).
+pub const API_PROCESSES: [usize; 2] = [12, 13];
 
 /// The settings a reload changes (a consumer's or a relay's batch, lease and parallelism).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -105,10 +113,12 @@ impl Tuning {
         let section = match role {
             Role::Relay => "OUTBOX",
             Role::Ingest | Role::Consume => "CONSUMER",
+            // The API reads none of them: a reload is a restart.
+            Role::Api => return Vec::new(),
         };
         let parallel = match role {
             Role::Relay => ("CONCURRENCY", self.workers * 8),
-            Role::Ingest | Role::Consume => ("WORKERS", self.workers),
+            Role::Ingest | Role::Consume | Role::Api => ("WORKERS", self.workers),
         };
         [
             ("BATCH_SIZE", self.batch_size.to_string()),
@@ -158,8 +168,9 @@ pub struct Cluster {
     lane_env: Vec<(Lane, Vec<(String, String)>)>,
     log_dir: PathBuf,
     slots: Vec<Mutex<Slot>>,
-    /// Where each ingress listens now (`None` while it is down), for the sender.
-    pub ingress: Arc<RwLock<Vec<Option<SocketAddr>>>>,
+    /// Where each process listens now (`None` while it is down), by its index in [`LAYOUT`]:
+    /// for the sender (the ingress processes) and the API client.
+    pub addresses: Arc<RwLock<Vec<Option<SocketAddr>>>>,
 }
 
 impl Cluster {
@@ -188,7 +199,7 @@ impl Cluster {
             lane_env,
             log_dir,
             slots,
-            ingress: Arc::new(RwLock::new(vec![None; INGRESS_COUNT])),
+            addresses: Arc::new(RwLock::new(vec![None; LAYOUT.len()])),
         }
     }
 
@@ -226,6 +237,7 @@ impl Cluster {
             Role::Ingest => "ingest",
             Role::Consume => "consume",
             Role::Relay => "relay",
+            Role::Api => "api",
         };
         command
             .arg(subcommand)
@@ -291,9 +303,7 @@ impl Cluster {
             self.kill(process);
             return Err(StartError::Unexpected(spec.name.into(), line));
         };
-        if process < INGRESS_COUNT {
-            self.ingress.write().expect("ingress lock")[process] = Some(addr);
-        }
+        self.addresses.write().expect("addresses lock")[process] = Some(addr);
         Ok(())
     }
 
@@ -314,9 +324,7 @@ impl Cluster {
     }
 
     fn forget_address(&self, process: usize) {
-        if process < INGRESS_COUNT {
-            self.ingress.write().expect("ingress lock")[process] = None;
-        }
+        self.addresses.write().expect("addresses lock")[process] = None;
     }
 
     /// SIGKILL (after SIGCONT if paused) and reaped; whether a process was running.

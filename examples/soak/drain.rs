@@ -17,6 +17,7 @@ use dedup_worker::store::Store;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::api_check::ApiEffectRow;
 use crate::checker::{DeadLetterRow, EffectRow};
 use crate::infra::{Infra, CALL_TIMEOUT};
 use crate::sink::SinkSeen;
@@ -118,6 +119,7 @@ async fn effect_count(store: &Store) -> anyhow::Result<i64> {
 /// What the store holds after the processes stopped.
 pub struct FinalState {
     pub effects: Vec<EffectRow>,
+    pub api_effects: Vec<ApiEffectRow>,
     pub dead_letters: Vec<DeadLetterRow>,
     pub outbox_failed: usize,
     pub outbox_pending: i64,
@@ -125,7 +127,8 @@ pub struct FinalState {
     pub left_in_queues: [i64; 3],
 }
 
-/// Reads the final state and writes it into `run_dir` (`effects.jsonl`, `dead_letters.txt`,
+/// Reads the final state and writes it into `run_dir` (`effects.jsonl`, `api_effects.jsonl`,
+/// `dead_letters.txt`,
 /// `outbox_failed.txt`).
 pub async fn read_final(
     store: &Store,
@@ -158,12 +161,31 @@ pub async fn read_final(
             },
         )
         .collect();
-    let mut file = std::io::BufWriter::new(std::fs::File::create(run_dir.join("effects.jsonl"))?);
-    for row in &effects {
-        serde_json::to_writer(&mut file, row)?;
-        file.write_all(b"\n")?;
-    }
-    file.flush()?;
+    write_jsonl(&run_dir.join("effects.jsonl"), &effects)?;
+    let api_rows: Vec<(i64, String, String, i64, String, String, i32)> = bounded(
+        "reading soak_api_effects",
+        sqlx::query_as(
+            "SELECT id, tenant, idem_key, amount, seen_tenant, process, backend_pid \
+             FROM public.soak_api_effects ORDER BY id",
+        )
+        .fetch_all(pool),
+    )
+    .await?;
+    let api_effects: Vec<ApiEffectRow> = api_rows
+        .into_iter()
+        .map(
+            |(id, tenant, idem_key, amount, seen_tenant, process, backend_pid)| ApiEffectRow {
+                id,
+                tenant,
+                idem_key,
+                amount,
+                seen_tenant,
+                process,
+                backend_pid,
+            },
+        )
+        .collect();
+    write_jsonl(&run_dir.join("api_effects.jsonl"), &api_effects)?;
 
     let dead_letters = bounded("reading dead letters", store.dead_letters(100_000)).await?;
     let failed = bounded("reading failed outbox rows", store.failed_outbox(100_000)).await?;
@@ -181,13 +203,7 @@ pub async fn read_final(
             error: dead.error,
         })
         .collect();
-    let mut file =
-        std::io::BufWriter::new(std::fs::File::create(run_dir.join("dead_letters.jsonl"))?);
-    for row in &dead_letters {
-        serde_json::to_writer(&mut file, row)?;
-        file.write_all(b"\n")?;
-    }
-    file.flush()?;
+    write_jsonl(&run_dir.join("dead_letters.jsonl"), &dead_letters)?;
     std::fs::write(run_dir.join("outbox_failed.txt"), format!("{failed:#?}\n"))?;
     let pending = bounded("counting the outbox", store.outbox_counts())
         .await?
@@ -195,11 +211,23 @@ pub async fn read_final(
     let left_in_queues = infra.queue_depths(store).await;
     Ok(FinalState {
         effects,
+        api_effects,
         dead_letters,
         outbox_failed: failed.len(),
         outbox_pending: pending,
         left_in_queues,
     })
+}
+
+/// One JSON object a line.
+fn write_jsonl<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for row in rows {
+        serde_json::to_writer(&mut file, row)?;
+        file.write_all(b"\n")?;
+    }
+    file.flush()?;
+    Ok(())
 }
 
 /// `call`, given up after six times [`CALL_TIMEOUT`] (these read whole tables).

@@ -91,6 +91,31 @@ pub enum Record {
     },
     /// The run's phases: `run`, `drain`, `stop`.
     Phase { t: u64, name: String },
+    /// One attempt of an API call behind the Idempotency-Key layer ([`crate::api`]) and its
+    /// answer: `status` none for a timeout or a lost connection.
+    Api {
+        t_sent: u64,
+        t: u64,
+        tenant: String,
+        /// The `Idempotency-Key`.
+        key: String,
+        /// Index into the plan's API calls.
+        call: usize,
+        /// 0 the first send, 1 its twin sent at once, 2… its replays.
+        stream: u32,
+        attempt: u32,
+        /// Index into [`crate::cluster::LAYOUT`].
+        process: usize,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        status: Option<u16>,
+        /// `Idempotent-Replayed: true`.
+        #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+        replayed: bool,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        body: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        error: Option<String>,
+    },
 }
 
 impl Record {
@@ -100,7 +125,8 @@ impl Record {
             Record::Invoke { key, .. }
             | Record::Complete { key, .. }
             | Record::Publish { key, .. }
-            | Record::Sink { key, .. } => Some(key),
+            | Record::Sink { key, .. }
+            | Record::Api { key, .. } => Some(key),
             Record::Fault { .. } | Record::Phase { .. } => None,
         }
     }

@@ -103,6 +103,8 @@
 //! `SOAK_SERVICE_FAULT=forget-dedup` or `drop-forward` makes the service wrong (see
 //! `examples/soak_service`), to see the checker fail.
 
+mod api;
+mod api_check;
 mod checker;
 mod cluster;
 mod drain;
@@ -143,6 +145,10 @@ struct Args {
     /// queue grows: a third of a high rate buries it under the first backlog).
     #[arg(long, env = "SOAK_SQS_RATE", default_value_t = 4)]
     sqs_rate: u32,
+    /// API calls a second behind the Idempotency-Key layer (default: a sixth of the rate,
+    /// rounded up; 0: none).
+    #[arg(long, env = "SOAK_API_RATE")]
+    api_rate: Option<u32>,
     /// The dedup window (`consumer.dedup_window_secs`).
     #[arg(long, env = "SOAK_WINDOW_SECS", default_value_t = 60)]
     window_secs: u64,
@@ -173,6 +179,7 @@ async fn main() -> ExitCode {
                 seed,
                 rate: args.rate,
                 sqs_rate: args.sqs_rate,
+                api_rate: args.api_rate.unwrap_or(args.rate.div_ceil(6)),
                 window_secs: args.window_secs,
                 parent_dir: args.dir.clone(),
                 service,

@@ -10,6 +10,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::api::ApiCall;
 use crate::cluster::{Lane, Tuning, INGRESS_COUNT, LAYOUT};
 pub use crate::faults::{
     consumer_processes, Dependency, Fault, FaultKind, Partition, DEPENDENCIES,
@@ -82,6 +83,10 @@ pub struct Plan {
     pub direct: Vec<Direct>,
     /// Sorted by `at_ms`.
     pub faults: Vec<Fault>,
+    /// The API clients' calls ([`crate::api`]), sorted by `at_ms`; none until [`Plan::with_api`].
+    pub api: Vec<ApiCall>,
+    /// Their rate, calls a second.
+    pub api_rate: u32,
 }
 
 /// One change, as Stripe would report it.
@@ -148,7 +153,17 @@ impl Plan {
             posts,
             direct,
             faults,
+            api: Vec::new(),
+            api_rate: 0,
         }
+    }
+
+    /// With `api_rate` API calls a second (from a stream of their own: the rest of the plan
+    /// stays as it is).
+    pub fn with_api(mut self, api_rate: u32) -> Plan {
+        self.api = crate::api::draw_calls(self.seed, self.seconds, api_rate);
+        self.api_rate = api_rate;
+        self
     }
 }
 

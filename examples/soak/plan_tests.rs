@@ -1,5 +1,7 @@
 //! The plan's draws: the same seed gives the same plan, and each draw has its share.
 
+use std::collections::{HashMap, HashSet};
+
 use super::*;
 use crate::workload::foreign_body;
 
@@ -279,4 +281,30 @@ fn the_workload_counts_name_every_kind() {
         counts["webhook_snapshot"] + counts["webhook_thin"] + counts["webhook_duplicate"],
         plan.posts.len() as u64
     );
+}
+
+#[test]
+fn api_calls_mix_tenants_twins_replays_and_shared_keys_on_the_api_processes() {
+    for process in crate::cluster::API_PROCESSES {
+        assert_eq!(LAYOUT[process].role, crate::cluster::Role::Api);
+    }
+    let plan = Plan::generate(14, 300, 20, 60, 4).with_api(5);
+    assert_eq!(plan.api.len(), 1_500);
+    assert!(plan.api.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+    let share = |n: usize| n as f64 / plan.api.len() as f64;
+    let at_once = share(plan.api.iter().filter(|c| c.at_once).count());
+    let resent = share(plan.api.iter().filter(|c| !c.resends_ms.is_empty()).count());
+    assert!((0.05..0.15).contains(&at_once), "{at_once}");
+    assert!((0.2..0.4).contains(&resent), "{resent}");
+    let tenants: HashSet<&str> = plan.api.iter().map(|c| c.tenant.as_str()).collect();
+    assert!(tenants.len() >= 4, "{tenants:?}");
+    let mut scopes_of_key: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for call in &plan.api {
+        scopes_of_key.entry(&call.key).or_default().insert(&call.tenant);
+    }
+    assert!(scopes_of_key.values().any(|tenants| tenants.len() > 1));
+    // The rest of the plan does not move with the API's calls.
+    let without = Plan::generate(14, 300, 20, 60, 4);
+    let faults = |p: &Plan| serde_json::to_string(&p.faults).expect("faults serialise");
+    assert_eq!(faults(&without), faults(&plan));
 }

@@ -9,6 +9,8 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::api::ApiTotals;
+use crate::api_check::{self, ApiEffectRow, ApiFindings};
 use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
 use crate::history;
 use crate::plan::{Isolation, Plan};
@@ -30,6 +32,8 @@ struct Summary<'a> {
     workload: BTreeMap<&'static str, u64>,
     lost: usize,
     doubled: usize,
+    /// The Idempotency-Key layer's calls and what its checker counted ([`ApiSummary`]).
+    api: ApiSummary,
     /// Of `doubled`, changes sent on two channels at once (issue 36, item 1), and by their
     /// second channel.
     doubled_two_channels: usize,
@@ -81,8 +85,10 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         &ran.last.dead_letters,
         plan.window_secs,
     );
+    let api = api_check::check(&records, &ran.last.api_effects);
     let why = checker::verdict(
         &found,
+        &api,
         EndState {
             drained: ran.drained.complete,
             outbox_failed: ran.last.outbox_failed,
@@ -98,6 +104,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         workload: crate::workload::counts(plan),
         lost: found.lost.len(),
         doubled: found.doubled.len(),
+        api: ApiSummary::new(&api, ran.api_totals, plan.api_rate),
         doubled_two_channels: found.doubled_two_channels.len(),
         doubled_two_channels_by_kind: &found.doubled_two_channels_by_kind,
         two_channel_changes: found.two_channel_changes,
@@ -135,7 +142,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         run_dir: run_dir.display().to_string(),
     };
     let full = serde_json::json!({
-        "summary": &summary, "findings": &found, "drain": &ran.drained, "crashes": &ran.crashes,
+        "summary": &summary, "findings": &found, "api_findings": &api, "drain": &ran.drained, "crashes": &ran.crashes,
         "faults_without_effect": &ran.faults_without_effect,
         "peak_memory_kb": &ran.peak_memory_kb,
     });
@@ -148,6 +155,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
     }
     if !holds {
         explain_failure(o, plan, run_dir, &found, &ran, &records, &summary.why);
+        explain_api_failure(&api, &records, &ran.last.api_effects);
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(holds)
@@ -211,6 +219,63 @@ fn explain_failure(
     }
 }
 
+/// The layer's violations, each scope's attempts and rows.
+fn explain_api_failure(api: &ApiFindings, records: &[history::Record], rows: &[ApiEffectRow]) {
+    for (what, scopes) in api.violations() {
+        for scope in scopes.iter().take(KEYS_SHOWN) {
+            eprintln!("soak: {what} {scope}:");
+            for line in api_check::scope_history(scope, records, rows) {
+                eprintln!("    {line}");
+            }
+        }
+    }
+}
+
+/// The API's part of the summary line: counts, no lists (those are in `summary.json`).
+#[derive(Serialize)]
+struct ApiSummary {
+    rate: u32,
+    calls: usize,
+    answered: usize,
+    calls_not_started: usize,
+    calls_abandoned: usize,
+    attempts: usize,
+    replays: usize,
+    conflicts: usize,
+    server_errors: usize,
+    no_answer: usize,
+    keys_shared_across_tenants: usize,
+    connection_reused_across_tenants: usize,
+    effect_rows: usize,
+    /// Each violation's count (all 0 when the layer's checks held).
+    violations: BTreeMap<&'static str, usize>,
+}
+
+impl ApiSummary {
+    fn new(api: &ApiFindings, totals: ApiTotals, rate: u32) -> ApiSummary {
+        ApiSummary {
+            rate,
+            calls: api.calls,
+            answered: api.answered,
+            calls_not_started: totals.calls_not_started,
+            calls_abandoned: totals.calls_abandoned,
+            attempts: api.attempts,
+            replays: api.replays,
+            conflicts: api.conflicts,
+            server_errors: api.server_errors,
+            no_answer: api.no_answer,
+            keys_shared_across_tenants: api.keys_shared_across_tenants,
+            connection_reused_across_tenants: api.connection_reused_across_tenants,
+            effect_rows: api.effect_rows,
+            violations: api
+                .violations()
+                .into_iter()
+                .map(|(what, scopes)| (what, scopes.len()))
+                .collect(),
+        }
+    }
+}
+
 pub fn replay_command(o: &Options) -> String {
     let mut command = format!("bench/soak.sh {} {}", o.seconds, o.seed);
     if o.rate != 60 {
@@ -218,6 +283,9 @@ pub fn replay_command(o: &Options) -> String {
     }
     if o.sqs_rate != 4 {
         command = format!("SOAK_SQS_RATE={} {command}", o.sqs_rate);
+    }
+    if o.api_rate != o.rate.div_ceil(6) {
+        command = format!("SOAK_API_RATE={} {command}", o.api_rate);
     }
     if o.window_secs != 60 {
         command = format!("SOAK_WINDOW_SECS={} {command}", o.window_secs);
@@ -250,6 +318,17 @@ pub fn check_again(dir: &Path) -> anyhow::Result<bool> {
             eprintln!("    {line}");
         }
     }
-    println!("{}", serde_json::to_string(&found)?);
-    Ok(found.holds())
+    // Runs before the API was in the soak have no API effects to judge.
+    let api_effects: Vec<ApiEffectRow> = std::fs::read_to_string(dir.join("api_effects.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let api = api_check::check(&records, &api_effects);
+    explain_api_failure(&api, &records, &api_effects);
+    println!(
+        "{}",
+        serde_json::json!({"findings": &found, "api_findings": &api})
+    );
+    Ok(found.holds() && api.holds())
 }

@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::{ApiClient, ApiTotals};
 use crate::cluster::{Cluster, LAYOUT};
 use crate::drain::{self, DrainWatch, Drained, FinalState};
 use crate::history::History;
@@ -29,6 +30,7 @@ pub struct Options {
     pub seed: u64,
     pub rate: u32,
     pub sqs_rate: u32,
+    pub api_rate: u32,
     pub window_secs: u64,
     pub parent_dir: PathBuf,
     pub service: PathBuf,
@@ -54,18 +56,15 @@ pub async fn soak(o: Options) -> anyhow::Result<bool> {
         replay_command(&o),
         run_dir.display()
     );
-    let plan = Arc::new(Plan::generate(
-        o.seed,
-        o.seconds,
-        o.rate,
-        o.window_secs,
-        o.sqs_rate,
-    ));
+    let plan = Arc::new(
+        Plan::generate(o.seed, o.seconds, o.rate, o.window_secs, o.sqs_rate).with_api(o.api_rate),
+    );
     let schedule = serde_json::json!({
         "seed": plan.seed, "seconds": plan.seconds, "rate": plan.rate,
         "window_secs": plan.window_secs, "sqs_rate": plan.sqs_rate,
         "isolation": plan.isolation, "workers": plan.workers,
         "events": plan.events.len(), "posts": plan.posts.len(), "direct": plan.direct.len(),
+        "api_rate": plan.api_rate, "api_calls": plan.api.len(),
         "faults": plan.faults,
     });
     std::fs::write(
@@ -138,6 +137,7 @@ pub struct Ran {
     pub peak_memory_kb: Vec<(&'static str, u64)>,
     pub crashes: Vec<String>,
     pub totals: SenderTotals,
+    pub api_totals: ApiTotals,
     pub direct_abandoned: usize,
     pub drained: Drained,
     pub last: FinalState,
@@ -182,12 +182,18 @@ async fn exercise(
     let sender = Sender {
         plan: plan.clone(),
         history: history.clone(),
-        ingress: cluster.ingress.clone(),
+        ingress: cluster.addresses.clone(),
         secret: SECRET.to_owned(),
         run_start_unix,
         accepted: accepted.clone(),
     };
     let sending = tokio::spawn(sender.run(stop_new.clone(), give_up.clone()));
+    let api_client = ApiClient {
+        calls: Arc::new(plan.api.clone()),
+        history: history.clone(),
+        addresses: cluster.addresses.clone(),
+    };
+    let calling = tokio::spawn(api_client.run(stop_new.clone(), give_up.clone()));
     let producer = Arc::new(Producer {
         plan: plan.clone(),
         history: history.clone(),
@@ -227,13 +233,16 @@ async fn exercise(
         store: &store,
         accepted: &accepted,
         seen,
-        sender_done: &|| sending.is_finished() && producing.is_finished(),
+        sender_done: &|| {
+            sending.is_finished() && producing.is_finished() && calling.is_finished()
+        },
         deadline: Duration::from_secs(180.max(plan.seconds / 2)),
     }
     .wait()
     .await;
     give_up.cancel();
     let totals = sending.await.context("the sender panicked")?;
+    let api_totals = calling.await.context("the API client panicked")?;
     let direct_abandoned = producing.await.context("the direct producer panicked")?;
     stop_watch.cancel();
     let _ = watch.await;
@@ -260,6 +269,7 @@ async fn exercise(
         peak_memory_kb,
         crashes,
         totals,
+        api_totals,
         direct_abandoned,
         drained,
         last,

@@ -3,7 +3,9 @@
 //! handler ([`handler::SoakEffects`]) writes one row per call into an effect table with no unique
 //! key (`soak_effects`, its own migration) and forwards the event to the sink, both in the
 //! consumer's batch transaction. One binary runs every role: `soak_service ingest`, `consume`,
-//! `relay` (or `serve`), with every setting from the environment as `dedup-worker` takes them.
+//! `relay` (or `serve`), with every setting from the environment as `dedup-worker` takes them;
+//! and `soak_service api` ([`api`]), a synchronous API behind the Idempotency-Key layer whose
+//! handler sets per-tenant session state and writes one row per execution (`soak_api_effects`).
 //!
 //! Environment of its own:
 //!
@@ -13,6 +15,7 @@
 //!   transaction (the effect commits without it: duplicates are handled again, "doubled"), and
 //!   `drop-forward` forwards nothing for about one event in fifty ("lost"). Unset: correct.
 
+mod api;
 mod handler;
 
 use std::process::ExitCode;
@@ -26,6 +29,9 @@ static POSTGRES: Migrator = sqlx::migrate!("examples/soak_service/migrations/pos
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("api") {
+        return api::run().await;
+    }
     let handler = match handler::SoakEffects::from_env() {
         Ok(handler) => handler,
         Err(refused) => {

@@ -168,3 +168,51 @@ async fn a_waiter_on_the_pool_gets_a_kept_connection() {
     pool.close().await;
     env.cleanup().await;
 }
+
+/// A connection that went back to the pool after a request (the store keeps none here: a pool
+/// of 3 keeps a quarter, 0) is lent to the next request as clean as a fresh one, although the
+/// pool has no `after_release` hook: the soak found a tenant's `app.tenant` seen by the next
+/// tenant's request that way (issue 36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_back_from_the_pool_is_as_clean_as_a_fresh_lend() {
+    let env = TestEnv::new().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(2))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute(&*format!("SET search_path = {HOOK_SEARCH_PATH}"))
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect(&env.url)
+        .await
+        .expect("pool");
+    let router = Router::new()
+        .route("/orders", routing::post(tenant_handler))
+        .layer(
+            layer_on(PgIdempotencyStore::new(pool.clone()))
+                .key_required(false)
+                .build(),
+        );
+    let addr = serve(router).await;
+    let c = http();
+    let fresh = post(&c, addr, None, None, "look").await;
+    assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
+    let dirty = post(&c, addr, None, None, "dirty").await;
+    assert_eq!(dirty.status, StatusCode::CREATED, "{}", dirty.body);
+    // The pool lends its idle connections in turn: within a few requests the dirty one's.
+    let mut reused = false;
+    for round in 0..6 {
+        let next = post(&c, addr, None, None, "look").await;
+        assert_eq!(next.status, StatusCode::CREATED, "{}", next.body);
+        reused |= next.body["pid"] == dirty.body["pid"];
+        let mut expected = fresh.body.clone();
+        expected["pid"] = next.body["pid"].clone();
+        assert_eq!(next.body, expected, "round {round}: the session as lent");
+    }
+    assert!(reused, "no request ran on the dirty request's connection");
+    pool.close().await;
+    env.cleanup().await;
+}

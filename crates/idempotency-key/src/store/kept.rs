@@ -7,7 +7,11 @@
 //!   (`SET app.tenant = 'a'`, the usual way to drive row-level security, `SET ROLE`, `LISTEN`,
 //!   a session advisory lock, a temporary table, a `WITH HOLD` cursor) would be seen by the next
 //!   request on it. Before a kept connection serves another transaction, its session is put back
-//!   to what the pool lent (see [`SessionReset`]);
+//!   to what the pool lent (see [`SessionReset`]). So is a connection from the pool: one given
+//!   back by this set (full, or needed by a waiter) carries its last handler's session, and a
+//!   pool without an `after_release` hook lends it so (the soak found a tenant's setting seen
+//!   by the next tenant's request that way, issue 36). Other users of the pool get such a
+//!   connection as any sqlx transaction leaves it: the pool's hooks are theirs to set;
 //! - **the pool's waiters.** While a connection is kept, the pool cannot lend it. A connection is
 //!   not kept while the pool has nothing to lend, and while any is kept a watcher looks at the
 //!   pool every [`watch_period`] (a quarter of the pool's acquire timeout, at most 100 ms): when
@@ -138,14 +142,23 @@ impl KeptConnections {
     /// The most recently kept connection still within [`KEEP_AT_MOST`], with the statement that
     /// resets its session and begins its next transaction; older ones go back.
     pub(super) fn take(&self) -> Option<(Kept, Cow<'static, str>)> {
-        let reset = self.reset.get()?;
+        let reset = self.reset_and_begin()?;
         let mut idle = self.idle();
         while let Some(kept) = idle.pop() {
             if kept.1.elapsed() < KEEP_AT_MOST {
-                return Some((kept, Cow::Owned(reset.begin.clone())));
+                return Some((kept, reset));
             }
         }
         None
+    }
+
+    /// The statement that puts a session back to the one the pool lent and begins a
+    /// transaction, once the session is known. Every request transaction begins with it, on a
+    /// kept connection and on one from the pool alike: a connection that went back to the pool
+    /// (the kept set was full, or a waiter needed it) carries what its last handler left in the
+    /// session, and a pool without an `after_release` hook lends it as it is.
+    pub(super) fn reset_and_begin(&self) -> Option<Cow<'static, str>> {
+        self.reset.get().map(|reset| Cow::Owned(reset.begin.clone()))
     }
 
     /// The pool could lend no connection now: none idle, and no room to open one.

@@ -21,7 +21,8 @@
 //!   and the transaction begins on a connection from the pool (and once more on another if that
 //!   one died idle in the pool, which lends without a ping when built so);
 //! - what [`KeptConnections`] guarantees of a kept connection: its session is reset to the one
-//!   the pool lent before it serves another transaction, no waiter on the pool goes without a
+//!   the pool lent before it serves another transaction (and so is a pool connection's, which
+//!   may have served a request before it went back), no waiter on the pool goes without a
 //!   connection while one is kept, and none is kept for more than a minute.
 
 use std::borrow::Cow;
@@ -72,8 +73,8 @@ impl RequestTx {
         }
     }
 
-    /// Begins on a connection from the pool; the first such connection of the store tells what
-    /// a kept connection's session goes back to.
+    /// Begins on a connection from the pool, its session reset as a kept one's is; the first such
+    /// connection of the store tells what every request transaction's session goes back to.
     async fn begin_fresh(pool: &PgPool, kept: &Arc<KeptConnections>) -> Result<Self, sqlx::Error> {
         let mut conn = pool.acquire().await?;
         if let Err(e) = kept.learn_session(&mut conn).await {
@@ -85,7 +86,9 @@ impl RequestTx {
                 "reading the session a pool connection is lent with failed; not keeping connections yet"
             );
         }
-        Self::begin_on((conn, Instant::now()), kept, None).await
+        // Reset like a kept one: it may have served a request before it went back to the pool.
+        let reset = kept.reset_and_begin();
+        Self::begin_on((conn, Instant::now()), kept, reset).await
     }
 
     async fn begin_on(
