@@ -20,7 +20,7 @@
 #                               release; CI uses debug, which `cargo test` has mostly built)
 #   SOAK_RATE (60 events/s), SOAK_SQS_RATE (4 of them to the SQS lane), SOAK_WINDOW_SECS (60),
 #   SOAK_DIR (target/soak): see the top of examples/soak/main.rs
-#   SOAK_SERVICE_FAULT=forget-dedup|drop-forward: a deliberately broken service (the checker
+#   SOAK_SERVICE_FAULT=forget-dedup|drop-forward|api-outside-tx: a deliberately broken service (the checker
 #                               must fail)
 #   AWS_ENDPOINT_URL            an SQS emulator already running; otherwise moto_server is started
 #                               on a free port for the run (installed with pip if missing)

@@ -48,6 +48,11 @@ pub struct ApiFindings {
     /// 409: the key was being worked on (a retry raced a running request, or a dead one's lease).
     pub conflicts: usize,
     pub server_errors: usize,
+    /// Of them, the handler's own drawn 500s (its writes rolled back, the key released).
+    pub handler_failures: usize,
+    /// Of them, 500s of the layer's own: a transaction it would not commit (a handler's
+    /// transaction left open on it, at depth 2).
+    pub commits_refused: usize,
     /// Timeouts, refused or lost connections, bodies cut off.
     pub no_answer: usize,
     /// Scopes that share their key with another tenant's.
@@ -141,7 +146,13 @@ pub fn check(records: &[Record], rows: &[ApiEffectRow]) -> ApiFindings {
                     .insert((*s, body.as_deref().unwrap_or_default()));
             }
             Some(409) => found.conflicts += 1,
-            Some(s) if *s >= 500 => found.server_errors += 1,
+            Some(s) if *s >= 500 => {
+                found.server_errors += 1;
+                let text = body.as_deref().unwrap_or_default();
+                found.handler_failures += usize::from(text.contains("drawn failure"));
+                found.commits_refused +=
+                    usize::from(*s == 500 && text.contains("\"Internal error\""));
+            }
             Some(408 | 429) => {}
             Some(_) => {
                 rejected.insert(this);
@@ -218,7 +229,9 @@ pub fn check(records: &[Record], rows: &[ApiEffectRow]) -> ApiFindings {
 pub fn scope_history(scope_name: &str, records: &[Record], rows: &[ApiEffectRow]) -> Vec<String> {
     let mut lines: Vec<String> = records
         .iter()
-        .filter(|r| matches!(r, Record::Api { tenant, key, .. } if scope(tenant, key) == scope_name))
+        .filter(
+            |r| matches!(r, Record::Api { tenant, key, .. } if scope(tenant, key) == scope_name),
+        )
         .map(|r| serde_json::to_string(r).unwrap_or_default())
         .collect();
     lines.extend(

@@ -45,11 +45,30 @@ fn clean() -> (Vec<Record>, Vec<ApiEffectRow>) {
     let records = vec![
         attempt("tenant_0", "k1", None, false, ""),
         attempt("tenant_0", "k1", Some(409), false, "{}"),
-        attempt("tenant_0", "k1", Some(500), false, r#"{"seen_tenant":""}"#),
+        attempt(
+            "tenant_0",
+            "k1",
+            Some(500),
+            false,
+            r#"{"error":"drawn failure","seen_tenant":""}"#,
+        ),
+        attempt(
+            "tenant_0",
+            "k1",
+            Some(500),
+            false,
+            r#"{"title":"Internal error"}"#,
+        ),
         attempt("tenant_0", "k1", Some(201), false, &first),
         attempt("tenant_0", "k1", Some(201), true, &first),
         // The same key under another tenant: its own operation.
-        attempt("tenant_1", "k1", Some(201), false, &answer(2, "tenant_1", "", "n2")),
+        attempt(
+            "tenant_1",
+            "k1",
+            Some(201),
+            false,
+            &answer(2, "tenant_1", "", "n2"),
+        ),
     ];
     (
         records,
@@ -62,8 +81,12 @@ fn a_clean_history_holds_and_is_counted() {
     let (records, rows) = clean();
     let found = check(&records, &rows);
     assert!(found.holds(), "{found:?}");
-    assert_eq!((found.calls, found.answered, found.attempts), (2, 2, 6));
-    assert_eq!((found.replays, found.conflicts, found.server_errors), (1, 1, 1));
+    assert_eq!((found.calls, found.answered, found.attempts), (2, 2, 7));
+    assert_eq!(
+        (found.replays, found.conflicts, found.server_errors),
+        (1, 1, 2)
+    );
+    assert_eq!((found.handler_failures, found.commits_refused), (1, 1));
     assert_eq!(found.no_answer, 1);
     assert_eq!(found.keys_shared_across_tenants, 2);
     assert_eq!(found.connection_reused_across_tenants, 1);

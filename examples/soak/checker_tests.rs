@@ -117,7 +117,10 @@ fn a_clean_drained_history_passes_the_verdict() {
         sink("a", "a"),
     ];
     let found = check(&records, &[effect("a", 0)], &[], 60);
-    assert_eq!(verdict(&found, &no_api(), ended(true)), Vec::<String>::new());
+    assert_eq!(
+        verdict(&found, &no_api(), ended(true)),
+        Vec::<String>::new()
+    );
 }
 
 #[test]
@@ -170,7 +173,10 @@ fn an_unfinished_drain_fails_the_verdict() {
         sink("a", "a"),
     ];
     let found = check(&records, &[effect("a", 0)], &[], 60);
-    assert_eq!(verdict(&found, &no_api(), ended(false)), ["the drain did not finish"]);
+    assert_eq!(
+        verdict(&found, &no_api(), ended(false)),
+        ["the drain did not finish"]
+    );
 }
 
 #[test]
@@ -186,7 +192,10 @@ fn the_end_state_s_findings_fail_the_verdict() {
         outbox_failed: 2,
         crashes: 3,
     };
-    assert_eq!(verdict(&found, &no_api(), end), ["outbox_failed: 2", "crashes: 3"]);
+    assert_eq!(
+        verdict(&found, &no_api(), end),
+        ["outbox_failed: 2", "crashes: 3"]
+    );
 }
 
 fn publish(key: &str, kind: DirectKind, keyed_as: Option<&str>) -> Record {
@@ -308,7 +317,12 @@ fn no_api() -> ApiFindings {
 
 #[test]
 fn the_apis_violations_and_unanswered_calls_fail_the_verdict() {
-    let found = check(&[invoke("evt_1"), complete("evt_1", Outcome::Ok, Some(200))], &[], &[], 60);
+    let found = check(
+        &[invoke("evt_1"), complete("evt_1", Outcome::Ok, Some(200))],
+        &[],
+        &[],
+        60,
+    );
     let mut api = ApiFindings {
         calls: 10,
         answered: 10,
@@ -324,7 +338,8 @@ fn the_apis_violations_and_unanswered_calls_fail_the_verdict() {
     };
     let why = verdict(&found, &api, ended(true));
     assert!(
-        why.iter().any(|w| w.starts_with("answered 8 of 10 API calls")),
+        why.iter()
+            .any(|w| w.starts_with("answered 8 of 10 API calls")),
         "{why:?}"
     );
 }

@@ -100,7 +100,7 @@
 //!
 //! # Broken on purpose
 //!
-//! `SOAK_SERVICE_FAULT=forget-dedup` or `drop-forward` makes the service wrong (see
+//! `SOAK_SERVICE_FAULT=forget-dedup`, `drop-forward` or `api-outside-tx` makes the service wrong (see
 //! `examples/soak_service`), to see the checker fail.
 
 mod api;

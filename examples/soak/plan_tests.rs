@@ -300,7 +300,10 @@ fn api_calls_mix_tenants_twins_replays_and_shared_keys_on_the_api_processes() {
     assert!(tenants.len() >= 4, "{tenants:?}");
     let mut scopes_of_key: HashMap<&str, HashSet<&str>> = HashMap::new();
     for call in &plan.api {
-        scopes_of_key.entry(&call.key).or_default().insert(&call.tenant);
+        scopes_of_key
+            .entry(&call.key)
+            .or_default()
+            .insert(&call.tenant);
     }
     assert!(scopes_of_key.values().any(|tenants| tenants.len() > 1));
     // The rest of the plan does not move with the API's calls.

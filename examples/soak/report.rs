@@ -12,8 +12,9 @@ use serde::Serialize;
 use crate::api::ApiTotals;
 use crate::api_check::{self, ApiEffectRow, ApiFindings};
 use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
+use crate::cluster::API_PROCESSES;
 use crate::history;
-use crate::plan::{Isolation, Plan};
+use crate::plan::{FaultKind, Isolation, Plan};
 use crate::run::{Options, Ran};
 
 /// Violating keys whose history a failure prints (all of them are in `summary.json`).
@@ -104,7 +105,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         workload: crate::workload::counts(plan),
         lost: found.lost.len(),
         doubled: found.doubled.len(),
-        api: ApiSummary::new(&api, ran.api_totals, plan.api_rate),
+        api: ApiSummary::new(&api, ran.api_totals, plan),
         doubled_two_channels: found.doubled_two_channels.len(),
         doubled_two_channels_by_kind: &found.doubled_two_channels_by_kind,
         two_channel_changes: found.two_channel_changes,
@@ -243,7 +244,11 @@ struct ApiSummary {
     replays: usize,
     conflicts: usize,
     server_errors: usize,
+    handler_failures: usize,
+    commits_refused: usize,
     no_answer: usize,
+    /// Faults the nemesis planned on the API processes, by kind (`kill`, `pause`, `reload`).
+    process_faults: BTreeMap<&'static str, usize>,
     keys_shared_across_tenants: usize,
     connection_reused_across_tenants: usize,
     effect_rows: usize,
@@ -252,9 +257,21 @@ struct ApiSummary {
 }
 
 impl ApiSummary {
-    fn new(api: &ApiFindings, totals: ApiTotals, rate: u32) -> ApiSummary {
+    fn new(api: &ApiFindings, totals: ApiTotals, plan: &Plan) -> ApiSummary {
+        let mut process_faults = BTreeMap::new();
+        for fault in &plan.faults {
+            let process = match &fault.kind {
+                FaultKind::Kill { process, .. }
+                | FaultKind::Pause { process, .. }
+                | FaultKind::Reload { process, .. } => *process,
+                _ => continue,
+            };
+            if API_PROCESSES.contains(&process) {
+                *process_faults.entry(fault.kind.name()).or_default() += 1;
+            }
+        }
         ApiSummary {
-            rate,
+            rate: plan.api_rate,
             calls: api.calls,
             answered: api.answered,
             calls_not_started: totals.calls_not_started,
@@ -263,7 +280,10 @@ impl ApiSummary {
             replays: api.replays,
             conflicts: api.conflicts,
             server_errors: api.server_errors,
+            handler_failures: api.handler_failures,
+            commits_refused: api.commits_refused,
             no_answer: api.no_answer,
+            process_faults,
             keys_shared_across_tenants: api.keys_shared_across_tenants,
             connection_reused_across_tenants: api.connection_reused_across_tenants,
             effect_rows: api.effect_rows,

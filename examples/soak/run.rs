@@ -233,9 +233,7 @@ async fn exercise(
         store: &store,
         accepted: &accepted,
         seen,
-        sender_done: &|| {
-            sending.is_finished() && producing.is_finished() && calling.is_finished()
-        },
+        sender_done: &|| sending.is_finished() && producing.is_finished() && calling.is_finished(),
         deadline: Duration::from_secs(180.max(plan.seconds / 2)),
     }
     .wait()

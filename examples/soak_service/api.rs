@@ -52,6 +52,10 @@ const DRAIN: Duration = Duration::from_secs(10);
 struct Api {
     /// `SOAK_PROCESS`, written into each row and answer.
     process: String,
+    /// `SOAK_SERVICE_FAULT=api-outside-tx`: the row is written on a connection of the pool's,
+    /// committed at once (a handler that does not use the layer's transaction; the checker
+    /// must fail).
+    outside_tx: Option<sqlx::PgPool>,
 }
 
 #[derive(serde::Deserialize)]
@@ -77,8 +81,11 @@ async fn serve() -> anyhow::Result<()> {
         .connect(&url)
         .await?;
     idempotency_key::migrate(&pool).await?;
+    let fault = crate::handler::ServiceFault::from_env()?;
     let api = Api {
         process: std::env::var("SOAK_PROCESS").unwrap_or_else(|_| "unnamed".to_owned()),
+        outside_tx: (fault == Some(crate::handler::ServiceFault::ApiOutsideTx))
+            .then(|| pool.clone()),
     };
     let layer = IdempotencyLayer::builder(PgIdempotencyStore::new(pool.clone()))
         .account(|parts| {
@@ -93,7 +100,10 @@ async fn serve() -> anyhow::Result<()> {
         .layer(layer.clone());
     let listen = std::env::var("DEDUP_LISTEN").unwrap_or_else(|_| "127.0.0.1:0".to_owned());
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    println!("dedup-worker listening on http://{}", listener.local_addr()?);
+    println!(
+        "dedup-worker listening on http://{}",
+        listener.local_addr()?
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(terminated())
         .await?;
@@ -178,7 +188,7 @@ async fn execute(
         .bind(tenant)
         .execute(&mut **tx)
         .await?;
-    let id: i64 = sqlx::query_scalar(
+    let insert = sqlx::query_scalar(
         "INSERT INTO public.soak_api_effects (tenant, idem_key, amount, seen_tenant, process) \
          VALUES ($1, $2, $3, $4, $5) RETURNING id",
     )
@@ -186,9 +196,11 @@ async fn execute(
     .bind(key)
     .bind(amount)
     .bind(&seen_tenant)
-    .bind(&api.process)
-    .fetch_one(&mut **tx)
-    .await?;
+    .bind(&api.process);
+    let id: i64 = match &api.outside_tx {
+        Some(pool) => insert.fetch_one(pool).await?,
+        None => insert.fetch_one(&mut **tx).await?,
+    };
     if let Some(hold) = hold {
         tokio::time::sleep(hold).await;
     }

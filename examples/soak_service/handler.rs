@@ -16,11 +16,28 @@ pub enum ServiceFault {
     /// Forwards nothing for about one event in fifty (chosen by the id, so every process
     /// agrees): the event is handled, and never reaches the sink.
     DropForward,
+    /// The API role's handler writes its row on a connection of its own, committed at once,
+    /// not in the layer's transaction (`soak_service api`): a request that fails after it, or
+    /// whose process dies before the layer stores the answer, leaves the row, and the retry
+    /// writes another. The pipeline's handler is correct under it.
+    ApiOutsideTx,
+}
+
+impl ServiceFault {
+    /// `SOAK_SERVICE_FAULT`, if set.
+    pub fn from_env() -> Result<Option<Self>, UnknownFault> {
+        match std::env::var("SOAK_SERVICE_FAULT") {
+            Ok(value) if !value.is_empty() => Ok(Some(value.parse()?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 /// Why `SOAK_SERVICE_FAULT` is refused.
 #[derive(Debug, thiserror::Error)]
-#[error("SOAK_SERVICE_FAULT={0:?} is not one of: forget-dedup, drop-forward (or unset)")]
+#[error(
+    "SOAK_SERVICE_FAULT={0:?} is not one of: forget-dedup, drop-forward, api-outside-tx (or unset)"
+)]
 pub struct UnknownFault(String);
 
 impl std::str::FromStr for ServiceFault {
@@ -30,6 +47,7 @@ impl std::str::FromStr for ServiceFault {
         match value {
             "forget-dedup" => Ok(ServiceFault::ForgetDedup),
             "drop-forward" => Ok(ServiceFault::DropForward),
+            "api-outside-tx" => Ok(ServiceFault::ApiOutsideTx),
             other => Err(UnknownFault(other.to_owned())),
         }
     }
@@ -45,10 +63,7 @@ pub struct SoakEffects {
 impl SoakEffects {
     /// From `SOAK_PROCESS` and `SOAK_SERVICE_FAULT`.
     pub fn from_env() -> Result<Self, UnknownFault> {
-        let fault = match std::env::var("SOAK_SERVICE_FAULT") {
-            Ok(value) if !value.is_empty() => Some(value.parse()?),
-            _ => None,
-        };
+        let fault = ServiceFault::from_env()?;
         Ok(SoakEffects {
             process: std::env::var("SOAK_PROCESS").unwrap_or_else(|_| "unnamed".to_owned()),
             fault,

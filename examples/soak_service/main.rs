@@ -13,7 +13,9 @@
 //! * `SOAK_SERVICE_FAULT`: a deliberately broken service, to show that the soak's checker
 //!   catches what it claims to: `forget-dedup` deletes the event's dedup record in the handler's
 //!   transaction (the effect commits without it: duplicates are handled again, "doubled"), and
-//!   `drop-forward` forwards nothing for about one event in fifty ("lost"). Unset: correct.
+//!   `drop-forward` forwards nothing for about one event in fifty ("lost"), and
+//!   `api-outside-tx` makes the API role's handler write its row outside the layer's
+//!   transaction (a retry after a failure writes another: "api_doubled"). Unset: correct.
 
 mod api;
 mod handler;

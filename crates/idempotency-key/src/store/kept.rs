@@ -158,7 +158,9 @@ impl KeptConnections {
     /// (the kept set was full, or a waiter needed it) carries what its last handler left in the
     /// session, and a pool without an `after_release` hook lends it as it is.
     pub(super) fn reset_and_begin(&self) -> Option<Cow<'static, str>> {
-        self.reset.get().map(|reset| Cow::Owned(reset.begin.clone()))
+        self.reset
+            .get()
+            .map(|reset| Cow::Owned(reset.begin.clone()))
     }
 
     /// The pool could lend no connection now: none idle, and no room to open one.
