@@ -222,7 +222,7 @@ async fn execute(
         Drawn::LeakTransaction => {
             // A transaction of the handler's own, never finished: the layer then commits at
             // depth 2, where COMMIT would only release a savepoint.
-            let nested = (&mut **tx).begin().await?;
+            let nested = (**tx).begin().await?;
             std::mem::forget(nested);
         }
         Drawn::SwallowError => {
