@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The fault soak (issues 26 and 36): fourteen processes of examples/soak_service (per transport,
+# The fault soak (issues 26 and 36): sixteen processes of examples/soak_service (per transport,
 # the database queue, RabbitMQ and SQS on moto_server, two ingress and two consumers with 1-4
-# workers; two relays) on a PostgreSQL server of the run's own (initdb + pg_ctl in a temporary
+# workers; two relays; two API processes behind the Idempotency-Key layer, whose clients retry
+# keyed requests per tenant) on a PostgreSQL server of the run's own (initdb + pg_ctl in a temporary
 # directory, its default_transaction_isolation drawn per run, removed at the end), a Stripe-like
 # sender, a direct producer (a change's second channel at the same moment: an EventBridge copy
 # on SQS or a thin event under its own id; a foreign producer's messages with and without ids on
@@ -9,7 +10,9 @@
 # black-holing, refusing, cutting or slowing PostgreSQL, RabbitMQ, the emulator and the sink,
 # PostgreSQL itself SIGKILLed and restarted, SQS receives duplicated, seals and retention of a
 # 60-s dedup window, restarts with another configuration), then a drain and a checker: every
-# event answered 2xx at the sink at least once and in the effect table exactly once. What it does and how it judges
+# event answered 2xx at the sink at least once and in the effect table exactly once, and every
+# keyed API operation's effect once, its replays byte-identical, no request seeing another's
+# session. What it does and how it judges
 # is written at the top of examples/soak/main.rs; RELIABILITY.md has the faults and results.
 #
 # Usage: bench/soak.sh SECONDS [SEED]
@@ -18,7 +21,8 @@
 # Environment:
 #   SOAK_PROFILE=release|debug  the build profile of the driver and the service (default
 #                               release; CI uses debug, which `cargo test` has mostly built)
-#   SOAK_RATE (60 events/s), SOAK_SQS_RATE (4 of them to the SQS lane), SOAK_WINDOW_SECS (60),
+#   SOAK_RATE (60 events/s), SOAK_SQS_RATE (4 of them to the SQS lane), SOAK_API_RATE (a sixth
+#   of SOAK_RATE, API calls/s), SOAK_WINDOW_SECS (60),
 #   SOAK_DIR (target/soak): see the top of examples/soak/main.rs
 #   SOAK_SERVICE_FAULT=forget-dedup|drop-forward|api-outside-tx: a deliberately broken service (the checker
 #                               must fail)
@@ -28,9 +32,9 @@
 #                               the newest /usr/lib/postgresql/*/bin); as root they run as postgres
 #   AMQP_URL                    RabbitMQ (default the local one, as the test suite)
 # The last line on stdout is one JSON object (seed, seconds, events_accepted, faults, workload,
-# lost, doubled, …, verdict, why). Exit status 0 if the promise held; 1 on a violation, on fewer
-# than 90 % of the events sent accepted, or on a drain that did not finish (the seed, the
-# schedule and the violating keys' history on stderr);
+# lost, doubled, api, …, verdict, why). Exit status 0 if the promise held; 1 on a violation, on
+# fewer than 90 % of the events sent accepted (or of the API calls answered), or on a drain that
+# did not finish (the seed, the schedule and the violating keys' history on stderr);
 # 2 if the soak itself could not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

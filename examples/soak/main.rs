@@ -8,17 +8,27 @@
 //!
 //! The service under test is `examples/soak_service`: a service on the library whose handler
 //! inserts one row per call into `soak_effects`, a table with no unique key, and forwards the
-//! event to the sink, both in the consumer's batch transaction. Fourteen processes of it run on
+//! event to the sink, both in the consumer's batch transaction. Sixteen processes of it run on
 //! a PostgreSQL server of the run's own ([`postgres`]: `initdb` and `pg_ctl` in a temporary
 //! directory, on a free port, its `default_transaction_isolation` drawn per run, stopped and
 //! removed at the end) ([`cluster::LAYOUT`]): per transport (the database queue, RabbitMQ, SQS
 //! on the emulator, whose consumers unwrap EventBridge envelopes) two `ingest` and two
-//! `consume` processes with 1–4 workers each (drawn per run, 4 half the time), and two `relay`
-//! processes. Every process reaches PostgreSQL, RabbitMQ, the emulator and the sink through a
-//! fault proxy of the driver's ([`dedup_worker::testing::fault_proxy`]), one per dependency; the
-//! emulator also through a duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window_secs`, 60 s by default,
-//! `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so generations are sealed
-//! and emptied many times in a run.
+//! `consume` processes with 1–4 workers each (drawn per run, 4 half the time), two `relay`
+//! processes, and two `api` processes: a synchronous API behind the Idempotency-Key layer
+//! (`soak_service api`) whose handler, in the layer's transaction, reads and then sets the
+//! session's `app.tenant` (as row-level security is driven) and writes one row per execution
+//! into `soak_api_effects` (no unique key). Every process reaches PostgreSQL, RabbitMQ, the
+//! emulator and the sink through a fault proxy of the driver's
+//! ([`dedup_worker::testing::fault_proxy`]), one per dependency; the emulator also through a
+//! duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window_secs`,
+//! 60 s by default, `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so
+//! generations are sealed and emptied many times in a run.
+//!
+//! Time is compressed, not travelled: a window of days and one of 60 s take the same code (the
+//! seal and the expiry compare the database's `now()` with the ring's own timestamps), and since
+//! issue 36 nothing a message carries (its signed `created`) chooses which generations are
+//! looked up, so no mechanism needs generations sealed days apart in wall-clock time. The
+//! property test (`tests/it/dedup_model`) moves the ring's timestamps by days ("time travel").
 //!
 //! # The plan (replayable)
 //!
@@ -41,6 +51,14 @@
 //!   of the rate, to each queue): half with the transport's id, three in ten with only an `id`
 //!   in the body, two in ten with no id at all (no event: a dead letter is the promise), a fifth
 //!   published twice;
+//! * the API clients' calls ([`api`], `SOAK_API_RATE` a second, default a sixth of the rate):
+//!   one operation of one of six tenants under one `Idempotency-Key`, retried with the same key
+//!   and body after a timeout, a lost connection, a 409, a 429 or a 5xx, to either API process;
+//!   a tenth also sent to the other process at the same moment, three in ten sent again after
+//!   their answer (replays), 3 % reusing an earlier call's key under another tenant. The
+//!   handler draws per execution a 500 after its insert (1 in 20), a transaction of its own left
+//!   open (1 in 40: the layer's commit at depth 2), a swallowed failed statement (1 in 40), and
+//!   holds the transaction 50–400 ms one time in five;
 //! * the fault schedule: one fault every 2–6 s, never two on one process or one proxy at once:
 //!   SIGKILL and a restart; SIGSTOP longer than any lease, then SIGCONT; a proxy black-holing or
 //!   refusing PostgreSQL, RabbitMQ, the emulator or the sink for 2–10 s; every connection of
@@ -70,7 +88,7 @@
 //! until every accepted event is at the sink and the three queues and the outbox are empty
 //! (three polls in a row), or nothing moved for 60 s, or its deadline (180 s, or half the run if
 //! longer). Then every process gets SIGTERM, and the effect table, the dead letters and the
-//! outbox's failed rows are read.
+//! outbox's failed rows and `soak_api_effects` are read.
 //!
 //! # The checker
 //!
@@ -84,8 +102,13 @@
 //! `Idempotency-Key`, each foreign message with no id dead-lettered (at least once) and no
 //! other dead letter, no failed outbox row, no crash. The verdict also fails when fewer than
 //! 90 % of the events sent were accepted, or the drain did not finish: a run that says nothing
-//! about the pipeline does not pass. The last line printed is one JSON object:
-//! `{"seed", "seconds", "events_accepted", "faults", "workload", "lost", "doubled", …,
+//! about the pipeline does not pass. The API's attempts are judged by [`api_check`] against
+//! `soak_api_effects`: per `(tenant, key)`, at most one effect row, exactly one with the
+//! answered charge for every operation answered 2xx, every 2xx byte-identical (each execution's
+//! answer carries a fresh nonce, so a second execution never looks like a replay), no execution
+//! that found another request's `app.tenant` in its session, no refusal of the valid request;
+//! and 90 % of the operations answered. The last line printed is one JSON object:
+//! `{"seed", "seconds", "events_accepted", "faults", "workload", "lost", "doubled", "api", …,
 //! "verdict", "why"}`. On a violation the driver prints the seed, the replay command, the
 //! schedule and the history of the violating keys, and exits 1; the run's directory keeps what
 //! a post-mortem reads (the server itself is removed).
@@ -93,7 +116,8 @@
 //! # The run's directory
 //!
 //! `target/soak/<run>/` (`SOAK_DIR` for another parent): `schedule.json` (the plan's
-//! parameters and faults), `history.jsonl`, `effects.jsonl`, `dead_letters.txt` and
+//! parameters and faults), `history.jsonl`, `effects.jsonl`, `api_effects.jsonl`,
+//! `dead_letters.txt` and
 //! `dead_letters.jsonl`,
 //! `outbox_failed.txt`, `summary.json`, and `logs/<process>.log` (each process's stderr,
 //! across its restarts). `soak --check DIR` judges a kept run again.
