@@ -64,15 +64,16 @@ pub fn draw_calls(seed: u64, seconds: u64, rate: u32) -> Vec<ApiCall> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xa91_1de4_0001);
     let count = seconds * u64::from(rate);
     let mut calls: Vec<ApiCall> = Vec::with_capacity(count as usize);
+    // Every (tenant, key) once: a second call in one scope with another amount is another
+    // request under a used key, which the layer refuses (422) as it should.
+    let mut scopes = std::collections::HashSet::new();
     for i in 0..count {
-        let tenant_no = rng.gen_range(0..TENANTS);
+        let tenant = format!("tenant_{}", rng.gen_range(0..TENANTS));
         let reused = (!calls.is_empty() && rng.gen_bool(KEY_REUSED))
-            .then(|| calls[rng.gen_range(0..calls.len())].clone())
-            .filter(|earlier| earlier.tenant != format!("tenant_{tenant_no}"));
-        let key = match &reused {
-            Some(earlier) => earlier.key.clone(),
-            None => format!("soak-{seed:x}-{i:07}"),
-        };
+            .then(|| calls[rng.gen_range(0..calls.len())].key.clone())
+            .filter(|key| !scopes.contains(&(tenant.clone(), key.clone())));
+        let key = reused.unwrap_or_else(|| format!("soak-{seed:x}-{i:07}"));
+        scopes.insert((tenant.clone(), key.clone()));
         let resends_ms = if rng.gen_bool(RESENT) {
             (0..rng.gen_range(1..=2))
                 .map(|_| rng.gen_range(0..10_000))
@@ -82,7 +83,7 @@ pub fn draw_calls(seed: u64, seconds: u64, rate: u32) -> Vec<ApiCall> {
         };
         calls.push(ApiCall {
             at_ms: i * 1_000 / u64::from(rate.max(1)) + rng.gen_range(0..500),
-            tenant: format!("tenant_{tenant_no}"),
+            tenant,
             key,
             amount: rng.gen_range(100..100_000),
             process: rng.gen_range(0..API_PROCESSES.len()),

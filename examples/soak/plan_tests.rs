@@ -306,6 +306,9 @@ fn api_calls_mix_tenants_twins_replays_and_shared_keys_on_the_api_processes() {
             .insert(&call.tenant);
     }
     assert!(scopes_of_key.values().any(|tenants| tenants.len() > 1));
+    // Each operation's scope once: a second call there would be a 422 by right.
+    let scopes: HashSet<(&str, &str)> = plan.api.iter().map(|c| (&*c.tenant, &*c.key)).collect();
+    assert_eq!(scopes.len(), plan.api.len());
     // The rest of the plan does not move with the API's calls.
     let without = Plan::generate(14, 300, 20, 60, 4);
     let faults = |p: &Plan| serde_json::to_string(&p.faults).expect("faults serialise");
