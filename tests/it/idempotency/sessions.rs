@@ -25,8 +25,13 @@ const HOOK_SEARCH_PATH: &str = "public, dedup_worker";
 /// A pool of 4 (the store keeps at most one connection), no ping before a lend, and an
 /// `after_connect` hook that sets the search path.
 async fn hooked_pool(url: &str) -> PgPool {
+    hooked_pool_of(url, 4).await
+}
+
+/// [`hooked_pool`] of `size` connections (the store keeps a quarter of them).
+async fn hooked_pool_of(url: &str, size: u32) -> PgPool {
     PgPoolOptions::new()
-        .max_connections(4)
+        .max_connections(size)
         .acquire_timeout(Duration::from_secs(2))
         .test_before_acquire(false)
         .after_connect(|conn, _| {
@@ -39,6 +44,17 @@ async fn hooked_pool(url: &str) -> PgPool {
         .connect(url)
         .await
         .expect("pool")
+}
+
+/// `POST /orders` on [`tenant_handler`], behind the layer on `pool` (keys optional).
+fn tenant_router(pool: &PgPool) -> Router {
+    Router::new()
+        .route("/orders", routing::post(tenant_handler))
+        .layer(
+            layer_on(PgIdempotencyStore::new(pool.clone()))
+                .key_required(false)
+                .build(),
+        )
 }
 
 /// The session as a request's transaction sees it.
@@ -95,14 +111,7 @@ async fn tenant_handler(mut tx: IdempotentTx, body: Bytes) -> Response {
 async fn a_kept_connection_is_as_clean_as_a_fresh_lend() {
     let env = TestEnv::new().await;
     let pool = hooked_pool(&env.url).await;
-    let router = Router::new()
-        .route("/orders", routing::post(tenant_handler))
-        .layer(
-            layer_on(PgIdempotencyStore::new(pool.clone()))
-                .key_required(false)
-                .build(),
-        );
-    let addr = serve(router).await;
+    let addr = serve(tenant_router(&pool)).await;
     let c = http();
     let fresh = post(&c, addr, None, None, "dirty").await;
     assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
@@ -131,14 +140,7 @@ async fn a_kept_connection_is_as_clean_as_a_fresh_lend() {
 async fn a_waiter_on_the_pool_gets_a_kept_connection() {
     let env = TestEnv::new().await;
     let pool = hooked_pool(&env.url).await;
-    let router = Router::new()
-        .route("/orders", routing::post(tenant_handler))
-        .layer(
-            layer_on(PgIdempotencyStore::new(pool.clone()))
-                .key_required(false)
-                .build(),
-        );
-    let addr = serve(router).await;
+    let addr = serve(tenant_router(&pool)).await;
     let r = post(&http(), addr, None, None, "look").await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     // The request's connection is kept: out of the pool, not idle in it.
@@ -176,27 +178,8 @@ async fn a_waiter_on_the_pool_gets_a_kept_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_back_from_the_pool_is_as_clean_as_a_fresh_lend() {
     let env = TestEnv::new().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(3)
-        .acquire_timeout(Duration::from_secs(2))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute(&*format!("SET search_path = {HOOK_SEARCH_PATH}"))
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .connect(&env.url)
-        .await
-        .expect("pool");
-    let router = Router::new()
-        .route("/orders", routing::post(tenant_handler))
-        .layer(
-            layer_on(PgIdempotencyStore::new(pool.clone()))
-                .key_required(false)
-                .build(),
-        );
-    let addr = serve(router).await;
+    let pool = hooked_pool_of(&env.url, 3).await;
+    let addr = serve(tenant_router(&pool)).await;
     let c = http();
     let fresh = post(&c, addr, None, None, "look").await;
     assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
