@@ -1,0 +1,132 @@
+//! The real binary, its sources configured from the environment (`DEDUP_SOURCES__NAME__…`):
+//! comma-separated secrets each verify, the metrics count under the source's name, and a
+//! source that cannot work (an empty secret, a taken name, an unknown scheme) stops the start
+//! naming its key.
+
+use super::{post, Delivery};
+use crate::helpers::senders::github_sign;
+use crate::helpers::{dedup_command, Backend, RunningBinary, TestDb};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_from_the_environment_each_verify_and_metrics_name_the_source() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let bin = RunningBinary::start(
+        &[
+            ("DATABASE_URL", db.url.clone()),
+            ("STRIPE_WEBHOOK_SECRET", "whsec_test_secret".into()),
+            ("DEDUP_SOURCES__GITHUB__SCHEME", "github".into()),
+            (
+                "DEDUP_SOURCES__GITHUB__SECRETS",
+                "old-gh-secret, new-gh-secret".into(),
+            ),
+            ("DEDUP_ROLES__CONSUMER", "false".into()),
+            ("DEDUP_ROLES__RELAY", "false".into()),
+        ],
+        work.path(),
+    );
+    let body = r#"{"zen":"Keep it logically awesome.","hook_id":7}"#;
+    let signed = [
+        github_sign("old-gh-secret", &[body]).remove(0),
+        github_sign("new-gh-secret", &[body]).remove(0),
+        github_sign("old-gh-secret,new-gh-secret", &[body]).remove(0),
+    ];
+    let delivery = |id: &str, signature: &str| {
+        Delivery::new(
+            &[
+                ("X-GitHub-Delivery", id),
+                ("X-GitHub-Event", "ping"),
+                ("X-Hub-Signature-256", signature),
+            ],
+            body,
+        )
+    };
+    for (id, signature) in [("d-old", &signed[0]), ("d-new", &signed[1])] {
+        let (status, answer) = post(&bin.url(""), "github", &delivery(id, signature)).await;
+        assert_eq!(status, 200, "{answer}\n{}", bin.stderr());
+    }
+    // The variable is a list, not one secret with a comma in it.
+    let (status, _) = post(&bin.url(""), "github", &delivery("d-3", &signed[2])).await;
+    assert_eq!(status, 400);
+    let (status, problem) = post(&bin.url(""), "gitlab", &delivery("d-4", &signed[0])).await;
+    assert_eq!(status, 404, "an unconfigured name: {problem}");
+
+    let metrics = reqwest::get(bin.url("/metrics"))
+        .await
+        .expect("/metrics")
+        .text()
+        .await
+        .expect("text");
+    for line in [
+        r#"dedup_webhooks_total{source="github",outcome="accepted"} 2"#,
+        r#"dedup_webhooks_total{source="github",outcome="rejected"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains("gitlab"), "unknown names are not labels");
+
+    let store = db.store().await;
+    let queued = super::queued(&store).await;
+    let ids: Vec<_> = queued.iter().map(|m| m.message_id.as_deref()).collect();
+    assert_eq!(ids, [Some("d-old"), Some("d-new")]);
+}
+
+#[test]
+fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let database = format!("sqlite://{}", work.path().join("never.db").display());
+    for (env, key) in [
+        (
+            &[
+                ("DEDUP_SOURCES__GITHUB__SCHEME", "github"),
+                ("DEDUP_SOURCES__GITHUB__SECRETS", ""),
+            ][..],
+            "sources.github.secrets",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__GITHUB__SCHEME", "github"),
+                ("DEDUP_SOURCES__GITHUB__SECRETS", " , "),
+            ][..],
+            "sources.github.secrets",
+        ),
+        (
+            &[("DEDUP_SOURCES__SLACK__SCHEME", "slack")][..],
+            "sources.slack.secrets",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__STRIPE__SCHEME", "github"),
+                ("DEDUP_SOURCES__STRIPE__SECRETS", "x"),
+            ][..],
+            "sources.stripe",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__GITHUB__SCHEME", "gitlab"),
+                ("DEDUP_SOURCES__GITHUB__SECRETS", "x"),
+            ][..],
+            "sources.github.scheme",
+        ),
+    ] {
+        let mut vars = vec![
+            ("DATABASE_URL", database.clone()),
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x".to_owned()),
+        ];
+        vars.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        let out = dedup_command(&vars)
+            .arg("serve")
+            .output()
+            .expect("run the binary");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{env:?} started");
+        assert!(
+            stderr.contains(&format!("`{key}`")),
+            "{env:?}: the error names {key}: {stderr}"
+        );
+    }
+    assert!(
+        !work.path().join("never.db").exists(),
+        "refused before the database is touched"
+    );
+}
