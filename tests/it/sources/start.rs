@@ -3,6 +3,10 @@
 //! source that cannot work (an empty secret, a taken name, an unknown scheme) stops the start
 //! naming its key.
 
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
 use super::{post, Delivery};
 use crate::helpers::senders::github_sign;
 use crate::helpers::{dedup_command, Backend, RunningBinary, TestDb};
@@ -71,6 +75,35 @@ async fn secrets_from_the_environment_each_verify_and_metrics_name_the_source() 
     assert_eq!(ids, [Some("d-old"), Some("d-new")]);
 }
 
+/// Runs `serve` with `vars` and waits for it to stop, at most 30 s (a start that was not refused
+/// would serve forever: it is killed and the test fails); its exit status and stderr.
+fn refused_start(vars: &[(&str, String)], work: &Path) -> (ExitStatus, String) {
+    let log = work.join("stderr.log");
+    let mut child = dedup_command(vars)
+        .env("DEDUP_LISTEN", "127.0.0.1:0")
+        .arg("serve")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("run the binary");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{vars:?}: still serving after 30 s, not refused: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 #[test]
 fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
     let work = tempfile::tempdir().expect("tempdir");
@@ -114,12 +147,8 @@ fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
             ("STRIPE_WEBHOOK_SECRET", "whsec_x".to_owned()),
         ];
         vars.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let out = dedup_command(&vars)
-            .arg("serve")
-            .output()
-            .expect("run the binary");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{env:?} started");
+        let (status, stderr) = refused_start(&vars, work.path());
+        assert!(!status.success(), "{env:?} started");
         assert!(
             stderr.contains(&format!("`{key}`")),
             "{env:?}: the error names {key}: {stderr}"
