@@ -1,13 +1,13 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, shopify.rs, slack.rs) implementing [`Scheme`]: check
+//! A scheme is one file here (github.rs, shopify.rs, slack.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
 //! of the dedup key and the `source` label of the metrics, a forgery is a 400 problem with
 //! nothing enqueued, and a 2xx is answered only once the event is durable.
 //!
-//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in [`scheme`].
+//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
