@@ -129,24 +129,29 @@ async fn signed_by_octokit_accepted_and_forgeries_refused_with_nothing_enqueued(
 }
 
 /// A redelivery (the same `X-GitHub-Delivery`, asked for in GitHub's UI or API) is handled
-/// once; another delivery of the same hook is another event.
+/// once; another delivery of the same hook is another event. On both stores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_delivery_is_handled_once() {
     let body = r#"{"ref":"refs/heads/main","after":"6dcb09b5b57875f334f61aebed695e2e4193db5e"}"#;
     let other = r#"{"ref":"refs/heads/main","after":"0000000000000000000000000000000000000001"}"#;
     let signatures = github_sign(SECRET, &[body, other]);
-    let push = delivery("guid-1", "push", &signatures[0], body);
-    let runs = handler_runs_after(
-        Backend::Sqlite,
-        sources(&[("github", "github", &[SECRET])]),
-        "github",
-        &[
-            delivery("guid-1", "push", &signatures[0], body),
-            push,
-            delivery("guid-2", "push", &signatures[1], other),
-            delivery("guid-1", "push", &signatures[0], body),
-        ],
-    )
-    .await;
-    assert_eq!(runs, once_each("github", &["guid-1", "guid-2"]));
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let runs = handler_runs_after(
+            backend,
+            sources(&[("github", "github", &[SECRET])]),
+            "github",
+            &[
+                delivery("guid-1", "push", &signatures[0], body),
+                delivery("guid-1", "push", &signatures[0], body),
+                delivery("guid-2", "push", &signatures[1], other),
+                delivery("guid-1", "push", &signatures[0], body),
+            ],
+        )
+        .await;
+        assert_eq!(
+            runs,
+            once_each("github", &["guid-1", "guid-2"]),
+            "{backend:?}"
+        );
+    }
 }
