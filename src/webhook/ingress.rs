@@ -1,5 +1,7 @@
-//! `POST /webhooks/stripe` and `POST /webhooks/standard` (the operational routes are
-//! [`crate::http::ops`]'s).
+//! `POST /webhooks/stripe` and `POST /webhooks/standard`, and the router that adds the named
+//! sources' `POST /webhooks/{name}` ([`super::sources`]) beside them; what every route does
+//! around its own verification is [`super::deliver`]'s, the operational routes
+//! [`crate::http::ops`]'s.
 //!
 //! Order of work per request: size limit (413), signature on the raw bytes (400), then parse
 //! only what is needed (Stripe: `id`, `type`, and for a thin event `snapshot_event`, its dedup

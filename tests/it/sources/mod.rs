@@ -6,7 +6,8 @@
 //! binary configured from the environment: comma-separated secrets, an empty secret refused at
 //! start naming its key, the `source` label of the metrics.
 //!
-//! Each test has a database of its own (the embedded SQLite default, the database queue).
+//! Each test has a database of its own: the embedded SQLite default and the database queue (the
+//! GitHub redelivery test on PostgreSQL too).
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{post, Delivery};
 use crate::helpers::senders::github_sign;
-use crate::helpers::{dedup_command, Backend, RunningBinary, TestDb};
+use crate::helpers::{dedup_command, post_signed, stripe_event, Backend, RunningBinary, TestDb};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_from_the_environment_each_verify_and_metrics_name_the_source() {
@@ -54,6 +54,16 @@ async fn secrets_from_the_environment_each_verify_and_metrics_name_the_source() 
     assert_eq!(status, 400);
     let (status, problem) = post(&bin.url(""), "gitlab", &delivery("d-4", &signed[0])).await;
     assert_eq!(status, 404, "an unconfigured name: {problem}");
+    // Stripe's route is as it was beside `/webhooks/{name}`.
+    let stripe = post_signed(
+        &reqwest::Client::new(),
+        &bin.url("/webhooks/stripe"),
+        "whsec_test_secret",
+        stripe_event("evt_beside_sources", "invoice.paid"),
+    )
+    .await
+    .expect("the ingress answers");
+    assert_eq!(stripe.status(), 200);
 
     let metrics = reqwest::get(bin.url("/metrics"))
         .await
@@ -72,7 +82,10 @@ async fn secrets_from_the_environment_each_verify_and_metrics_name_the_source() 
     let store = db.store().await;
     let queued = super::queued(&store).await;
     let ids: Vec<_> = queued.iter().map(|m| m.message_id.as_deref()).collect();
-    assert_eq!(ids, [Some("d-old"), Some("d-new")]);
+    assert_eq!(
+        ids,
+        [Some("d-old"), Some("d-new"), Some("evt_beside_sources")]
+    );
 }
 
 /// Runs `serve` with `vars` and waits for it to stop, at most 30 s (a start that was not refused
