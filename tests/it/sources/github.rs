@@ -97,6 +97,16 @@ async fn signed_by_octokit_accepted_and_forgeries_refused_with_nothing_enqueued(
     )
     .await;
 
+    // Over http.body_limit_bytes (1 MiB by default): 413 before any verification work.
+    let huge = "x".repeat(1024 * 1024 + 1);
+    let (status, problem) = post(
+        &app.url(""),
+        "github",
+        &delivery("f4", "issues", &signed, &huge),
+    )
+    .await;
+    assert_eq!(status, 413, "{problem}");
+
     let queued = queued(&app.store).await;
     let seen: Vec<_> = queued
         .iter()
