@@ -2,7 +2,9 @@
 """Checks the book's configuration reference against config/default.toml, key by key.
 
 config/default.toml holds every key the settings struct reads, set or, for a key unset by
-default, as a commented-out example (`# dedup_window_secs = 60`); it is loaded into `Settings`,
+default, as a commented-out example (`# dedup_window_secs = 60`), and a table of named tables
+(`[sources.NAME]`) as a commented-out example table (`# [sources.github]`, its keys commented
+out below it), whose keys the reference names `sources.NAME.key`; it is loaded into `Settings`,
 whose sections deny unknown fields, on every start and in the tests. So a key it has and the
 reference's table lacks is an undocumented setting, and a key the table names that it lacks is
 a documented one that does nothing. The table's first column names keys as `section.key`, with
@@ -35,12 +37,17 @@ def toml_keys(table, prefix=""):
 
 
 def commented_keys(text):
-    """Keys shown as commented-out examples under their `[section]`: `# key = value`."""
+    """Keys shown as commented-out examples under their `[section]`: `# key = value`; under a
+    commented-out example of a named table (`# [sources.github]`), as `sources.NAME.key`."""
     keys, section = set(), ""
     for line in text.splitlines():
         header = re.match(r"^\[([a-z_.]+)\]\s*$", line)
         if header:
             section = header.group(1)
+            continue
+        named = re.match(r"^#\s?\[([a-z_]+)\.[a-z0-9_-]+\]\s*$", line)
+        if named:
+            section = f"{named.group(1)}.NAME"
             continue
         example = re.match(r"^#\s?([a-z_]+) = \S", line)
         if example:
@@ -90,6 +97,11 @@ def self_test():
     assert commented_keys("# top = 1\n[consumer]\n# the window, see below\n# window_secs = 60\n") == {
         "top",
         "consumer.window_secs",
+    }
+    assert commented_keys("[a]\n# x = 1\n# [sources.github]\n# scheme = \"github\"\n[b]\n# y = 2\n") == {
+        "a.x",
+        "sources.NAME.scheme",
+        "b.y",
     }
     print("check_config_reference: self-test passed")
 

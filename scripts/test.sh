@@ -3,8 +3,9 @@
 # standard local ports (started if they are installed but stopped); the Python packages the
 # tests use (the official `stripe` library as an independent signer, the official `standardwebhooks`
 # library as an independent verifier of what the HTTP sink signs, `cryptography` as an independent
-# ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator) are
-# installed, moto_server is started on a free port for the run and stopped after (through
+# ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator,
+# `slack_sdk` as Slack's signer) and the npm packages of GitHub's and Shopify's signers (under
+# target/sender-sdks) are installed, moto_server is started on a free port for the run and stopped after (through
 # scripts/moto_server.py, which closes a race of moto's that loses a sent message); Debian's
 # prometheus and docker-compose are installed when missing (tests/it/operations/), and chromium
 # with its chromedriver (tests/it/console/).
@@ -142,7 +143,25 @@ PYTHON=${PYTHON:-python3}
 export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
-  'pyyaml>=6' 'kubernetes-validate>=1.33,<2'
+  'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4'
+
+# --- Node packages ----------------------------------------------------------------------------
+# The senders' own libraries sign the deliveries of tests/it/sources/ where they are JavaScript:
+# GitHub's @octokit/webhooks-methods (`sign`) and Shopify's @shopify/shopify-api (its test helper
+# `getHmac`), pinned (shopify-api 15 wants node 22; 13.1 is the last for node 20), installed once
+# into the build's own directory and skipped while the pins are what is installed. The tests find
+# them through NODE_PATH (and run node from beside it, since ESM imports ignore NODE_PATH).
+SENDER_SDKS="${CARGO_TARGET_DIR:-$PWD/target}/sender-sdks"
+sender_pins='@octokit/webhooks-methods@6.0.0 @shopify/shopify-api@13.1.0'
+if [ "$(cat "$SENDER_SDKS/.pins" 2>/dev/null)" != "$sender_pins" ]; then
+  log "installing $sender_pins into $SENDER_SDKS"
+  mkdir -p "$SENDER_SDKS"
+  [ -f "$SENDER_SDKS/package.json" ] || printf '{"private": true}\n' >"$SENDER_SDKS/package.json"
+  # shellcheck disable=SC2086 # the pins are words
+  (cd "$SENDER_SDKS" && npm install --no-audit --no-fund --silent --save-exact $sender_pins)
+  printf '%s' "$sender_pins" >"$SENDER_SDKS/.pins"
+fi
+export NODE_PATH="$SENDER_SDKS/node_modules"
 
 MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PYTHON" scripts/moto_server.py -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/moto-$MOTO_PORT.log" 2>&1 &

@@ -22,6 +22,7 @@ mod admin;
 mod bounds;
 mod secrets;
 mod sink;
+mod sources;
 mod validate;
 
 pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
@@ -30,6 +31,10 @@ pub use secrets::{
     redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };
 pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
+pub use sources::{
+    SchemeKind, SourceSettings, Sources, DEFAULT_TOLERANCE_SECS, MAX_SOURCE_NAME_CHARS,
+    RESERVED_SOURCE_NAMES,
+};
 
 /// The defaults, compiled in so the binary runs from any directory.
 pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
@@ -67,6 +72,28 @@ pub enum ConfigError {
     /// A value was read but is not acceptable.
     #[error("configuration key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+    /// As `Invalid`, for a key whose path is only known at run time (`sources.NAME.secrets`).
+    #[error("configuration key `{key}`: {reason}")]
+    InvalidAt { key: String, reason: String },
+}
+
+impl ConfigError {
+    /// An [`ConfigError::InvalidAt`]: a refused value under a key built from the configuration.
+    pub fn invalid_at(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::InvalidAt {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The dotted key a refused value is about; `None` for a load error (its text names them).
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Load(_) => None,
+            ConfigError::Invalid { key, .. } => Some(key),
+            ConfigError::InvalidAt { key, .. } => Some(key),
+        }
+    }
 }
 
 /// One line per problem: the dotted key as written in the TOML file, what is wrong, and where
@@ -124,6 +151,9 @@ pub struct Settings {
     pub log: LogSettings,
     /// The operator console (off unless `admin.listen` is set).
     pub admin: AdminSettings,
+    /// Named senders (`[sources.NAME]`), each served at `POST /webhooks/NAME`; none by default.
+    #[serde(default)]
+    pub sources: Sources,
 }
 
 /// `[log]`: how the process logs (read before the rest, by [`Settings::log_settings`]).

@@ -1,9 +1,10 @@
 //! The checks that need more than one value's type: values that parse but cannot work. Each
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
+use super::sources::check_source;
 use super::{
     invalid, stripe_key_material, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS,
-    MIN_LEASE_SECS, STRIPE_SECRET_WARN_CHARS,
+    MIN_LEASE_SECS, RESERVED_SOURCE_NAMES, STRIPE_SECRET_WARN_CHARS,
 };
 use crate::event::{check_event_field, EventField};
 use crate::signature::ed25519::MAX_PUBLIC_KEYS;
@@ -14,6 +15,7 @@ impl Settings {
         self.check_upper_bounds()?;
         self.check_database_url()?;
         self.check_signature_keys()?;
+        self.check_sources()?;
         self.check_transport()?;
         self.check_counts()?;
         self.check_leases_and_dedup_window()?;
@@ -60,6 +62,16 @@ impl Settings {
         ] {
             check_event_field(EventField::Source, source)
                 .map_err(|e| invalid(key, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Each `[sources.NAME]`: its name, that it has a secret, its tolerance.
+    fn check_sources(&self) -> Result<(), ConfigError> {
+        let mut taken: Vec<&str> = RESERVED_SOURCE_NAMES.to_vec();
+        taken.push(&self.standard_webhooks.source);
+        for (name, source) in &self.sources {
+            check_source(name, source, &taken, self.roles.ingress)?;
         }
         Ok(())
     }

@@ -95,7 +95,8 @@ pub struct EventQuery {
 pub struct ListOptions {
     /// Each read's bound (`database.statement_timeout_ms`).
     pub statement_timeout: Duration,
-    /// The sources an id is looked up under (Stripe's, Standard Webhooks', the consumer's).
+    /// The sources an id is looked up under (Stripe's, Standard Webhooks', the consumer's, each
+    /// `[sources.NAME]`).
     pub sources: Vec<String>,
     /// The source of a queued message that names none (`consumer.source`).
     pub default_source: String,
@@ -112,6 +113,7 @@ impl ListOptions {
             settings.standard_webhooks.source.clone(),
             settings.consumer.source.clone(),
         ];
+        sources.extend(settings.sources.keys().cloned());
         sources.sort();
         sources.dedup();
         ListOptions {

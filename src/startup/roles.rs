@@ -70,6 +70,7 @@ impl Roles<'_> {
                 transport: self.transport.clone(),
                 stripe: StripeProvider::from_settings(&settings.stripe),
                 standard: StandardProvider::from_settings(&settings.standard_webhooks),
+                sources: crate::webhook::sources::from_settings(&settings.sources),
                 publish_timeout: check_timeout,
                 clock,
             };

@@ -88,6 +88,10 @@
 //!   leased while it waits;
 //! * [`stale`]: the stale-event guard: an older `updated` event of an object handled after a
 //!   newer one is held back and listed; off, every update arrives;
+//! * [`sources`]: named senders (`[sources.NAME]`): GitHub, Shopify and Slack deliveries signed
+//!   by the senders' own libraries accepted, forgeries refused with nothing enqueued, retries
+//!   handled once, Slack's `url_verification` answered; the binary configured from the
+//!   environment, and refusing a source that cannot work, naming its key;
 //! * [`standard_ingress`]: Standard Webhooks: the official vector, failed checks, `webhook-id`
 //!   dedup under its own source;
 //! * [`store_contract`]: one contract for both stores (dedup, outbox, queue leases, retention);
@@ -150,6 +154,7 @@ mod relay;
 mod settings_refused;
 mod sink_urls;
 mod sinks;
+mod sources;
 mod sqs_slow;
 mod stale;
 mod standard_ingress;

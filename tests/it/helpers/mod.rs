@@ -11,6 +11,8 @@
 //! * [`signing`]: Stripe events, signed with our code or with the official `stripe` library;
 //!   Standard Webhooks deliveries checked by the official library, ed25519 by Python's
 //!   `cryptography`;
+//! * [`senders`]: GitHub, Shopify and Slack deliveries signed by the senders' own libraries
+//!   (`@octokit/webhooks-methods`, `@shopify/shopify-api`, `slack_sdk`);
 //! * [`stripe_channels`]: thin events, EventBridge envelopes, the official library's reading of
 //!   them, and a stand-in for Stripe's `GET /v2/core/events/{id}`;
 //! * [`receiver`]: an HTTP sink target that records every delivery, and the file sink's ids;
@@ -35,6 +37,7 @@ pub use dedup_worker::testing::fault_proxy;
 pub mod idempotency;
 pub mod queue;
 pub mod receiver;
+pub mod senders;
 pub mod signing;
 pub mod sqs_calls;
 pub mod stripe_channels;

@@ -1,0 +1,328 @@
+//! `[sources.NAME]`: named senders, each served at `POST /webhooks/NAME` and verified by its
+//! scheme (`crate::webhook::sources`). NAME is the source half of the dedup key of their events,
+//! and the `source` label of their metrics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer};
+
+use super::{ConfigError, Secret};
+
+/// Routes that exist whatever the configuration says: a source of that name would be shadowed
+/// by them (axum matches a fixed path before `/webhooks/{name}`), and its events would share a
+/// key space with theirs.
+pub const RESERVED_SOURCE_NAMES: &[&str] = &["stripe", "standard"];
+
+/// Longest source name: it is a path segment, a metrics label and the source half of every key.
+pub const MAX_SOURCE_NAME_CHARS: usize = 64;
+
+/// The default `tolerance_secs` of a scheme whose sender signs a timestamp (Slack's five
+/// minutes, as its SDK checks).
+pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
+
+/// The largest `tolerance_secs`, as `stripe.tolerance_secs`'s.
+pub const MAX_TOLERANCE_SECS: u64 = 3_600;
+
+/// A sender's signature scheme. Adding one is a variant here and a file in
+/// `crate::webhook::sources`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemeKind {
+    /// `X-Hub-Signature-256: sha256=<hex>` over the raw body; id `X-GitHub-Delivery`.
+    Github,
+    /// `X-Shopify-Hmac-Sha256: <base64>` over the raw body; id `X-Shopify-Event-Id`.
+    Shopify,
+    /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
+    Slack,
+}
+
+impl SchemeKind {
+    /// The name `scheme` takes in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            SchemeKind::Github => "github",
+            SchemeKind::Shopify => "shopify",
+            SchemeKind::Slack => "slack",
+        }
+    }
+
+    /// Whether the sender signs a timestamp, so `tolerance_secs` means something.
+    pub fn signs_a_timestamp(self) -> bool {
+        matches!(self, SchemeKind::Slack)
+    }
+}
+
+/// One `[sources.NAME]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSettings {
+    /// How the sender signs and identifies its deliveries.
+    pub scheme: SchemeKind,
+    /// Signing secrets, each tried (rotation): a list, or one comma-separated string
+    /// (`DEDUP_SOURCES__NAME__SECRETS=a,b`). Kept out of `Debug` output by [`Secret`]. At least
+    /// one is required.
+    #[serde(default, deserialize_with = "comma_separated_source_secrets")]
+    pub secrets: Vec<Secret>,
+    /// Accepted clock difference in both directions, for schemes that sign a timestamp;
+    /// [`DEFAULT_TOLERANCE_SECS`] when unset. Refused for schemes that sign none (it would
+    /// promise a check that is not made).
+    #[serde(default)]
+    pub tolerance_secs: Option<u64>,
+}
+
+impl SourceSettings {
+    /// The tolerance the scheme applies.
+    pub fn tolerance_secs(&self) -> u64 {
+        self.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS)
+    }
+}
+
+/// Every configured source, by name (sorted, so routes, logs and listings come in one order).
+pub type Sources = BTreeMap<String, SourceSettings>;
+
+/// A source's secrets: as `stripe.secrets`, a list or one comma-separated string, blanks
+/// dropped. A value the environment layer read as a number or a boolean (figment parses
+/// `DEDUP_…=12345` as an integer) is refused rather than turned back into text: `007` would come
+/// back as `7`, a key that verifies nothing the sender signs.
+fn comma_separated_source_secrets<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        One(String),
+        Many(Vec<String>),
+        Other(serde::de::IgnoredAny),
+    }
+    let items = match Given::deserialize(d)? {
+        Given::One(s) => s.split(',').map(str::to_owned).collect(),
+        Given::Many(v) => v,
+        Given::Other(_) => {
+            return Err(serde::de::Error::custom(
+                "must be a list of strings or one comma-separated string; a secret that reads \
+                 as a number or true/false must be quoted (in the environment too: \
+                 DEDUP_SOURCES__NAME__SECRETS='\"0123\"')",
+            ))
+        }
+    };
+    Ok(items
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .map(Secret)
+        .collect())
+}
+
+/// Why a source's settings cannot work, with the dotted key they are about
+/// (`sources.github.secrets`). `taken`: names other routes or key spaces own. Its secrets are
+/// required where the ingress verifies with them (`ingress`), as `stripe.secrets` are; its name
+/// everywhere, since every role files or lists its events under it.
+pub(super) fn check_source(
+    name: &str,
+    source: &SourceSettings,
+    taken: &[&str],
+    ingress: bool,
+) -> Result<(), ConfigError> {
+    let key = |field: &str| {
+        if field.is_empty() {
+            format!("sources.{name}")
+        } else {
+            format!("sources.{name}.{field}")
+        }
+    };
+    let name_ok = (1..=MAX_SOURCE_NAME_CHARS).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !name_ok {
+        // The name is shown escaped and cut: it may be anything the file held.
+        return Err(ConfigError::invalid_at(
+            format!("sources.{}", crate::event::printable(name, 80)),
+            format!(
+                "a source's name is 1 to {MAX_SOURCE_NAME_CHARS} of a-z, 0-9, _ and -: it is the \
+                 path of POST /webhooks/NAME, a metrics label and the source half of its events' \
+                 dedup key"
+            ),
+        ));
+    }
+    if let Some(other) = taken.iter().find(|t| **t == name) {
+        return Err(ConfigError::invalid_at(
+            key(""),
+            format!(
+                "the name `{other}` is taken: POST /webhooks/stripe and /webhooks/standard are \
+                 served whatever the configuration says, and the Standard Webhooks route files \
+                 its events under standard_webhooks.source; choose another name"
+            ),
+        ));
+    }
+    if ingress && source.secrets.is_empty() {
+        return Err(ConfigError::invalid_at(
+            key("secrets"),
+            format!(
+                "no secret configured for this {} source (an unset variable in a template?): \
+                 set its signing secret, several comma-separated during a rotation \
+                 (env DEDUP_SOURCES__{}__SECRETS)",
+                source.scheme.name(),
+                name.to_ascii_uppercase()
+            ),
+        ));
+    }
+    match source.tolerance_secs {
+        Some(_) if !source.scheme.signs_a_timestamp() => Err(ConfigError::invalid_at(
+            key("tolerance_secs"),
+            format!(
+                "the {} scheme signs no timestamp, so there is nothing to hold it to; remove it",
+                source.scheme.name()
+            ),
+        )),
+        Some(0) => Err(ConfigError::invalid_at(
+            key("tolerance_secs"),
+            "must be greater than zero",
+        )),
+        Some(secs) if secs > MAX_TOLERANCE_SECS => Err(ConfigError::invalid_at(
+            key("tolerance_secs"),
+            format!(
+                "is {secs}, more than {MAX_TOLERANCE_SECS}, the most it accepts (as \
+                 stripe.tolerance_secs: a replayed delivery is accepted for that long)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::providers::{Format, Serialized, Toml};
+    use figment::Figment;
+
+    use crate::config::{ConfigError, SchemeKind, Settings, DEFAULT_TOML};
+
+    fn load(extra: &str) -> Result<Settings, ConfigError> {
+        Settings::from_figment(
+            Figment::from(Toml::string(DEFAULT_TOML))
+                .merge(Serialized::default("stripe.secrets", "whsec_test"))
+                .merge(Toml::string(extra)),
+        )
+    }
+
+    fn refused(extra: &str) -> String {
+        load(extra).expect_err(extra).to_string()
+    }
+
+    #[test]
+    fn sources_load_with_their_secrets_kept_out_of_debug() {
+        let s = load(
+            "[sources.github]\nscheme = \"github\"\nsecrets = \"s3cret-one, s3cret-two\"\n\
+             [sources.slack]\nscheme = \"slack\"\nsecrets = [\"s3cret-three\"]\n\
+             [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n",
+        )
+        .expect("valid");
+        let names: Vec<&str> = s.sources.keys().map(String::as_str).collect();
+        assert_eq!(names, ["github", "shop-1", "slack"]);
+        let github = &s.sources["github"];
+        assert_eq!(github.scheme, SchemeKind::Github);
+        assert_eq!(github.secrets.len(), 2);
+        assert_eq!(github.secrets[1].expose(), "s3cret-two");
+        assert_eq!(s.sources["slack"].tolerance_secs(), 300);
+        assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn no_sources_by_default() {
+        assert!(load("").expect("valid").sources.is_empty());
+    }
+
+    #[test]
+    fn each_refusal_names_the_key() {
+        for (toml, key, why) in [
+            (
+                "[sources.github]\nscheme = \"github\"\n",
+                "`sources.github.secrets`",
+                "no secret",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = \" , \"\n",
+                "`sources.github.secrets`",
+                "no secret",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = []\n",
+                "`sources.github.secrets`",
+                "no secret",
+            ),
+            (
+                "[sources.stripe]\nscheme = \"github\"\nsecrets = \"x\"\n",
+                "`sources.stripe`",
+                "taken",
+            ),
+            (
+                "[sources.standard]\nscheme = \"slack\"\nsecrets = \"x\"\n",
+                "`sources.standard`",
+                "taken",
+            ),
+            (
+                "[sources.GitHub]\nscheme = \"github\"\nsecrets = \"x\"\n",
+                "`sources.GitHub`",
+                "a-z, 0-9",
+            ),
+            (
+                "[sources.\"a/b\"]\nscheme = \"github\"\nsecrets = \"x\"\n",
+                "`sources.a/b`",
+                "a-z, 0-9",
+            ),
+            (
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 0\n",
+                "`sources.slack.tolerance_secs`",
+                "greater than zero",
+            ),
+            (
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 3601\n",
+                "`sources.slack.tolerance_secs`",
+                "more than 3600",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\ntolerance_secs = 60\n",
+                "`sources.github.tolerance_secs`",
+                "signs no timestamp",
+            ),
+            (
+                "[sources.github]\nscheme = \"gitlab\"\nsecrets = \"x\"\n",
+                "`sources.github.scheme`",
+                "unknown variant",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = 12345\n",
+                "`sources.github.secrets`",
+                "must be quoted",
+            ),
+        ] {
+            let text = refused(toml);
+            assert!(text.contains(key) && text.contains(why), "{toml}: {text}");
+        }
+        let long = "a".repeat(65);
+        let text = refused(&format!(
+            "[sources.{long}]\nscheme = \"github\"\nsecrets = \"x\"\n"
+        ));
+        assert!(text.contains("a-z, 0-9"), "{text}");
+        assert!(load(&format!(
+            "[sources.{}]\nscheme = \"github\"\nsecrets = \"x\"\n",
+            "a".repeat(64)
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn a_name_standard_webhooks_files_its_events_under_is_taken() {
+        let text = refused(
+            "[standard_webhooks]\nsource = \"github\"\n\
+             [sources.github]\nscheme = \"github\"\nsecrets = \"x\"\n",
+        );
+        assert!(text.contains("`sources.github`"), "{text}");
+    }
+
+    #[test]
+    fn secrets_are_needed_only_where_the_ingress_verifies() {
+        load("[roles]\ningress = false\n[sources.github]\nscheme = \"github\"\n")
+            .expect("a consume-only process needs no secret");
+    }
+}

@@ -1,0 +1,271 @@
+//! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
+//!
+//! A scheme is one file here (github.rs, shopify.rs, slack.rs) implementing `Scheme`: check
+//! the raw body and headers against the source's secrets in constant time, then say what the
+//! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
+//! for every sender and lives here or in `super::deliver`: the source's name is the source half
+//! of the dedup key and the `source` label of the metrics, a forgery is a 400 problem with
+//! nothing enqueued, and a 2xx is answered only once the event is durable.
+//!
+//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tracing::Instrument;
+
+use crate::config::{SchemeKind, SourceSettings};
+use crate::event::EventField;
+use crate::http::problem::Problem;
+use crate::queue::{OutgoingMessage, Transport};
+use crate::webhook::deliver::{
+    answer, checked, header_text, invalid_signature, publish, read_body, receive_span,
+    record_event, Accepted, Clock,
+};
+
+mod github;
+mod shopify;
+mod slack;
+
+/// The route's path template: the `route` label of the request histogram for every source.
+const ROUTE: &str = "/webhooks/{name}";
+
+/// One configured sender, ready to verify its deliveries.
+pub struct Source {
+    /// The configured name: the route's `{name}`, the dedup key's source half, the metrics label.
+    pub name: String,
+    /// Which sender's rules apply.
+    pub kind: SchemeKind,
+    /// The signing secrets' bytes, each tried (rotation). Never logged: `Source` has no `Debug`.
+    secrets: Vec<Vec<u8>>,
+    /// Accepted clock difference, both ways, for schemes that sign a timestamp.
+    tolerance_secs: u64,
+}
+
+/// Every configured source by name; shared by the route's clones.
+pub type Sources = Arc<BTreeMap<String, Source>>;
+
+/// The sources of `settings` (`Settings::sources`, validated), ready to serve.
+pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
+    Arc::new(
+        settings
+            .iter()
+            .map(|(name, source)| {
+                let ready = Source {
+                    name: name.clone(),
+                    kind: source.scheme,
+                    secrets: source
+                        .secrets
+                        .iter()
+                        .map(|s| s.expose().as_bytes().to_vec())
+                        .collect(),
+                    tolerance_secs: source.tolerance_secs(),
+                };
+                (name.clone(), ready)
+            })
+            .collect(),
+    )
+}
+
+/// A delivery as received: what every scheme reads.
+pub(super) struct Delivery<'a> {
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The raw body, byte for byte as signed.
+    pub body: &'a [u8],
+}
+
+/// The source's keys and clock, for [`Scheme::verify`].
+pub(super) struct Keys<'a> {
+    /// Each tried in turn; one that verifies is enough.
+    pub secrets: &'a [Vec<u8>],
+    /// Accepted clock difference, both ways (schemes that sign a timestamp).
+    pub tolerance_secs: u64,
+    /// Now, in Unix seconds (the ingress's injectable clock).
+    pub now: i64,
+}
+
+/// What a verified delivery is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Identified {
+    /// An event, to be deduplicated on `id`.
+    Event {
+        /// The sender's id for the event, the same on every retry: the dedup key's id half.
+        id: String,
+        /// The sender's name for what happened, if it says.
+        event_type: Option<String>,
+    },
+    /// A handshake the sender expects answered with this value; nothing is enqueued.
+    Challenge(String),
+}
+
+/// One sender's rules.
+pub(super) trait Scheme: Send + Sync {
+    /// Whether one of `keys.secrets` signed this delivery (compared in constant time), and, for
+    /// a scheme that signs a timestamp, whether it is within the tolerance. A 400 problem
+    /// naming the failed check otherwise.
+    fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem>;
+
+    /// What the delivery is; called only once it verified, so a forger learns nothing of the
+    /// rules on ids.
+    fn identify(&self, delivery: &Delivery<'_>) -> Result<Identified, Problem>;
+}
+
+/// The rules of `kind`.
+fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
+    match kind {
+        SchemeKind::Github => &github::Github,
+        SchemeKind::Shopify => &shopify::Shopify,
+        SchemeKind::Slack => &slack::Slack,
+    }
+}
+
+/// What the `/webhooks/{name}` route needs.
+#[derive(Clone)]
+pub struct SourcesState {
+    /// Where verified events are published.
+    pub transport: Arc<dyn Transport>,
+    /// The configured sources.
+    pub sources: Sources,
+    /// The longest a publish may wait on the transport before the sender is told to retry.
+    pub publish_timeout: Duration,
+    /// Now, for the schemes that sign a timestamp.
+    pub clock: Clock,
+}
+
+/// `POST /webhooks/{name}`, or no route at all when no source is configured.
+pub fn router(state: SourcesState, body_limit: usize) -> Router {
+    if state.sources.is_empty() {
+        return Router::new();
+    }
+    Router::new()
+        .route(
+            ROUTE,
+            post(receive).layer(DefaultBodyLimit::max(body_limit)),
+        )
+        .with_state(state)
+}
+
+async fn receive(
+    State(state): State<SourcesState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    // An unknown name is not counted: the metrics' `source` label takes configured names only.
+    let Some(source) = state.sources.get(&name) else {
+        return Problem::new(
+            StatusCode::NOT_FOUND,
+            "urn:dedup-worker:problem:not-configured",
+            "Not configured",
+            "no source of this name is configured",
+        )
+        .into_response();
+    };
+    let span = receive_span(&source.name, &headers);
+    let started = Instant::now();
+    let outcome = receive_from(&state, source, &headers, body)
+        .instrument(span)
+        .await;
+    answer(&source.name, ROUTE, started, outcome)
+}
+
+/// Verify, identify, publish durably: the event's id once it is, or the challenge.
+async fn receive_from(
+    state: &SourcesState,
+    source: &Source,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Accepted, Problem> {
+    let body = read_body(body)?;
+    let delivery = Delivery {
+        headers,
+        body: &body,
+    };
+    let scheme = scheme(source.kind);
+    scheme.verify(
+        &delivery,
+        &Keys {
+            secrets: &source.secrets,
+            tolerance_secs: source.tolerance_secs,
+            now: (state.clock)(),
+        },
+    )?;
+    let (id, event_type) = match scheme.identify(&delivery)? {
+        Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),
+        Identified::Event { id, event_type } => (id, event_type),
+    };
+    checked(EventField::Id, &id, "event_id")?;
+    if let Some(event_type) = &event_type {
+        checked(EventField::Type, event_type, "event_type")?;
+    }
+    record_event(&id, event_type.as_deref());
+    let message = OutgoingMessage {
+        source: Some(source.name.clone()),
+        message_id: Some(id.clone()),
+        message_type: event_type,
+        payload: body,
+        traceparent: None,
+        stripe_signature: None,
+    };
+    publish(state.transport.as_ref(), state.publish_timeout, message).await?;
+    Ok(Accepted::Received(id))
+}
+
+/// A header every delivery of the scheme carries; its absence is the `missing_header` check.
+pub(super) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, Problem> {
+    header_text(headers, name)?
+        .ok_or_else(|| invalid_signature(format!("the {name} header is missing"), "missing_header"))
+}
+
+/// Whether one of `secrets` gives `signature` as the HMAC-SHA256 of `parts` (concatenated),
+/// compared in constant time (`verify_slice`); every secret is tried, each with one pass over
+/// the body.
+pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signature: &[u8]) -> bool {
+    secrets.iter().any(|secret| {
+        // HMAC takes keys of any length; new_from_slice cannot fail for it.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
+            return false;
+        };
+        for part in parts {
+            mac.update(part);
+        }
+        mac.verify_slice(signature).is_ok()
+    })
+}
+
+/// The 400 for a signature no secret made.
+pub(super) fn mismatch(header: &str) -> Problem {
+    invalid_signature(
+        format!(
+            "the {header} header matches no signature of the payload under the source's secrets"
+        ),
+        "signature_mismatch",
+    )
+}
+
+/// The 400 for a signature header that is not in the scheme's form.
+pub(super) fn malformed(header: &str, form: &str) -> Problem {
+    invalid_signature(
+        format!("the {header} header is not of the form {form}"),
+        "malformed_header",
+    )
+}
+
+/// The 400 for a verified delivery without the id it is deduplicated on.
+pub(super) fn missing_id(where_: &str) -> Problem {
+    crate::webhook::deliver::invalid_payload(
+        format!("the delivery has no {where_}, which its events are deduplicated on"),
+        "missing_id",
+    )
+}

@@ -1,0 +1,122 @@
+//! Deliveries signed by the senders' own libraries, for `tests/it/sources/`: GitHub's
+//! `@octokit/webhooks-methods` (`sign`), Shopify's `@shopify/shopify-api` (its test helper
+//! `getHmac`, which Shopify's own tests sign webhooks with; the Python `ShopifyAPI` has no
+//! webhook signer), and Slack's `slack_sdk` (`SignatureVerifier.generate_signature`). One
+//! node or python process signs every item of a call. scripts/test.sh installs them (the npm
+//! packages under target/sender-sdks, found through `NODE_PATH`).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use super::signing::run_python;
+
+/// The `node_modules` folder holding the senders' npm packages: the first entry of `NODE_PATH`
+/// that has them, else scripts/test.sh's folder under target/.
+fn sender_modules() -> PathBuf {
+    let has_them = |dir: &PathBuf| dir.join("@octokit/webhooks-methods").is_dir();
+    let from_env = std::env::var_os("NODE_PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .find(has_them);
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sender-sdks/node_modules");
+    let dir = from_env.unwrap_or(default);
+    assert!(
+        has_them(&dir),
+        "the senders' npm packages are missing from {} (scripts/test.sh installs them, and \
+         exports NODE_PATH)",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs the ES module `script` with `request` as JSON on its stdin; its stdout. Node runs from
+/// the folder above [`sender_modules`]: an ES module's imports are resolved from where it is,
+/// never through `NODE_PATH`.
+fn run_node(script: &str, request: &serde_json::Value, what: &str) -> Vec<u8> {
+    let modules = sender_modules();
+    let mut child = Command::new("node")
+        .args(["--input-type=module", "-e", script])
+        .current_dir(modules.parent().expect("node_modules has a parent"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node must be installed");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(request.to_string().as_bytes())
+            .expect("write");
+    }
+    let output = child.wait_with_output().expect("node");
+    assert!(
+        output.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// The JSON request every signer reads: the secret and the payloads (UTF-8 text, as the
+/// libraries take them).
+fn request(secret: &str, bodies: &[&str]) -> serde_json::Value {
+    serde_json::json!({ "secret": secret, "bodies": bodies })
+}
+
+/// Reads the stdin of a node script into `req`.
+const READ_STDIN: &str = r#"
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const req = JSON.parse(input);
+"#;
+
+/// `X-Hub-Signature-256` values (`sha256=<hex>`) of each body under `secret`, from
+/// `@octokit/webhooks-methods`'s `sign(secret, payload)`.
+pub fn github_sign(secret: &str, bodies: &[&str]) -> Vec<String> {
+    let script = format!(
+        r#"import {{ sign }} from "@octokit/webhooks-methods";
+{READ_STDIN}
+const out = [];
+for (const body of req.bodies) out.push(await sign(req.secret, body));
+process.stdout.write(JSON.stringify(out));"#
+    );
+    let out = run_node(
+        &script,
+        &request(secret, bodies),
+        "@octokit/webhooks-methods signing",
+    );
+    serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `X-Shopify-Hmac-Sha256` values (base64) of each body under `secret`, from
+/// `@shopify/shopify-api/test-helpers`'s `getHmac(body, secret)`.
+pub fn shopify_sign(secret: &str, bodies: &[&str]) -> Vec<String> {
+    let script = format!(
+        r#"import {{ createRequire }} from "node:module";
+const require = createRequire(process.cwd() + "/");
+const {{ getHmac }} = require("@shopify/shopify-api/test-helpers");
+{READ_STDIN}
+process.stdout.write(JSON.stringify(req.bodies.map((body) => getHmac(body, req.secret))));"#
+    );
+    let out = run_node(
+        &script,
+        &request(secret, bodies),
+        "@shopify/shopify-api signing",
+    );
+    serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `X-Slack-Signature` values (`v0=<hex>`) of each (timestamp, body) under `secret`, from
+/// `slack_sdk`'s `SignatureVerifier(secret).generate_signature(timestamp=, body=)`.
+pub fn slack_sign(secret: &str, items: &[(i64, &str)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+from slack_sdk.signature import SignatureVerifier
+req = json.load(sys.stdin)
+verifier = SignatureVerifier(req["secret"])
+json.dump([verifier.generate_signature(timestamp=str(t), body=body) for t, body in req["items"]], sys.stdout)
+"#;
+    let request = serde_json::json!({ "secret": secret, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "slack_sdk signing")).expect("signatures")
+}
