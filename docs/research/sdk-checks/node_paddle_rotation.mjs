@@ -1,0 +1,11 @@
+import crypto from 'node:crypto';
+import { createRequire } from 'node:module';
+const require = createRequire(import.meta.url);
+const { Paddle, Environment } = require('@paddle/paddle-node-sdk');
+const paddle = new Paddle('pdl_sdbx_apikey_dummy', { environment: Environment.sandbox });
+const S='shhh', BODY='{"event_id":"evt_1","event_type":"transaction.completed","occurred_at":"2024-01-01T00:00:00Z","notification_id":"ntf_1","data":{}}';
+const ts = Math.floor(Date.now()/1000);
+const h1 = crypto.createHmac('sha256',S).update(`${ts}:${BODY}`).digest('hex');
+console.log('isSignatureValid', await paddle.webhooks.isSignatureValid(BODY, S, `ts=${ts};h1=${h1}`));
+console.log('rotation right-first', await paddle.webhooks.isSignatureValid(BODY, S, `ts=${ts};h1=${h1};h1=${'0'.repeat(64)}`));
+console.log('rotation right-last', await paddle.webhooks.isSignatureValid(BODY, S, `ts=${ts};h1=${'0'.repeat(64)};h1=${h1}`));
