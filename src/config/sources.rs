@@ -17,7 +17,8 @@ pub const RESERVED_SOURCE_NAMES: &[&str] = &["stripe", "standard"];
 pub const MAX_SOURCE_NAME_CHARS: usize = 64;
 
 /// The default `tolerance_secs` of a scheme whose sender signs a timestamp (Slack's five
-/// minutes, as its SDK checks).
+/// minutes, as its SDK checks; Paddle's SDKs check five seconds, too tight for a clock the
+/// ingress does not control).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
 /// The largest `tolerance_secs`, as `stripe.tolerance_secs`'s.
@@ -30,6 +31,8 @@ pub const MAX_TOLERANCE_SECS: u64 = 3_600;
 pub enum SchemeKind {
     /// `X-Hub-Signature-256: sha256=<hex>` over the raw body; id `X-GitHub-Delivery`.
     Github,
+    /// `Paddle-Signature: ts=<unix>;h1=<hex>` over `{ts}:{body}`; id the body's `event_id`.
+    Paddle,
     /// `X-Shopify-Hmac-Sha256: <base64>` over the raw body; id `X-Shopify-Event-Id`.
     Shopify,
     /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
@@ -41,6 +44,7 @@ impl SchemeKind {
     pub fn name(self) -> &'static str {
         match self {
             SchemeKind::Github => "github",
+            SchemeKind::Paddle => "paddle",
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
         }
@@ -48,7 +52,7 @@ impl SchemeKind {
 
     /// Whether the sender signs a timestamp, so `tolerance_secs` means something.
     pub fn signs_a_timestamp(self) -> bool {
-        matches!(self, SchemeKind::Slack)
+        matches!(self, SchemeKind::Paddle | SchemeKind::Slack)
     }
 }
 
@@ -214,11 +218,14 @@ mod tests {
         let s = load(
             "[sources.github]\nscheme = \"github\"\nsecrets = \"s3cret-one, s3cret-two\"\n\
              [sources.slack]\nscheme = \"slack\"\nsecrets = [\"s3cret-three\"]\n\
-             [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n",
+             [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n\
+             [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance_secs = 30\n",
         )
         .expect("valid");
         let names: Vec<&str> = s.sources.keys().map(String::as_str).collect();
-        assert_eq!(names, ["github", "shop-1", "slack"]);
+        assert_eq!(names, ["github", "paddle", "shop-1", "slack"]);
+        assert_eq!(s.sources["paddle"].scheme, SchemeKind::Paddle);
+        assert_eq!(s.sources["paddle"].tolerance_secs(), 30);
         let github = &s.sources["github"];
         assert_eq!(github.scheme, SchemeKind::Github);
         assert_eq!(github.secrets.len(), 2);

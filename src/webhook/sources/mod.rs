@@ -1,6 +1,6 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, shopify.rs, slack.rs) implementing `Scheme`: check
+//! A scheme is one file here (github.rs, paddle.rs, shopify.rs, slack.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
@@ -34,6 +34,7 @@ use crate::webhook::deliver::{
 };
 
 mod github;
+mod paddle;
 mod shopify;
 mod slack;
 
@@ -125,6 +126,7 @@ pub(super) trait Scheme: Send + Sync {
 fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
     match kind {
         SchemeKind::Github => &github::Github,
+        SchemeKind::Paddle => &paddle::Paddle,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
     }
@@ -232,6 +234,17 @@ pub(super) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str
 /// compared in constant time (`verify_slice`); every secret is tried, each with one pass over
 /// the body.
 pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signature: &[u8]) -> bool {
+    hmac_sha256_matches_any(secrets, parts, &[signature])
+}
+
+/// Whether one of `secrets` gives one of `signatures` (a header carrying several, as Paddle's
+/// during a rotation) as the HMAC-SHA256 of `parts`: one pass over the body per secret, each
+/// signature compared in constant time.
+pub(super) fn hmac_sha256_matches_any(
+    secrets: &[Vec<u8>],
+    parts: &[&[u8]],
+    signatures: &[&[u8]],
+) -> bool {
     secrets.iter().any(|secret| {
         // HMAC takes keys of any length; new_from_slice cannot fail for it.
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
@@ -240,8 +253,28 @@ pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signatur
         for part in parts {
             mac.update(part);
         }
-        mac.verify_slice(signature).is_ok()
+        signatures
+            .iter()
+            .any(|signature| mac.clone().verify_slice(signature).is_ok())
     })
+}
+
+/// Whether `at` (Unix seconds, as signed) is within `keys.tolerance_secs` of now, either way;
+/// the `timestamp_tolerance` 400 otherwise.
+pub(super) fn within_tolerance(at: i64, keys: &Keys<'_>) -> Result<(), Problem> {
+    let skew = keys.now.saturating_sub(at);
+    if skew.unsigned_abs() > keys.tolerance_secs {
+        return Err(invalid_signature(
+            format!(
+                "timestamp outside the tolerance zone: {} s in the {} (tolerance {} s)",
+                skew.unsigned_abs(),
+                if skew >= 0 { "past" } else { "future" },
+                keys.tolerance_secs
+            ),
+            "timestamp_tolerance",
+        ));
+    }
+    Ok(())
 }
 
 /// The 400 for a signature no secret made.

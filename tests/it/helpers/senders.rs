@@ -1,8 +1,9 @@
 //! Deliveries signed by the senders' own libraries, for `tests/it/sources/`: GitHub's
 //! `@octokit/webhooks-methods` (`sign`), Shopify's `@shopify/shopify-api` (its test helper
 //! `getHmac`, which Shopify's own tests sign webhooks with; the Python `ShopifyAPI` has no
-//! webhook signer), and Slack's `slack_sdk` (`SignatureVerifier.generate_signature`). One
-//! node or python process signs every item of a call. scripts/test.sh installs them (the npm
+//! webhook signer), Slack's `slack_sdk` (`SignatureVerifier.generate_signature`) and Paddle's
+//! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). One node or python process signs
+//! every item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -119,4 +120,27 @@ json.dump([verifier.generate_signature(timestamp=str(t), body=body) for t, body 
 "#;
     let request = serde_json::json!({ "secret": secret, "items": items });
     serde_json::from_slice(&run_python(script, &request, "slack_sdk signing")).expect("signatures")
+}
+
+/// `Paddle-Signature` values (`ts=<t>;h1=<hex>`, one `h1` per secret of `secrets`, as during a
+/// rotation) of each (timestamp, body), from `paddle-python-sdk`'s
+/// `PaddleSignature.calculate_hmac(secret, b"{ts}:{body}")`; each is checked by the SDK's own
+/// `PaddleSignature().verify(header, body, [Secret…])` before it is returned.
+pub fn paddle_sign(secrets: &[&str], items: &[(i64, &str)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+from paddle_billing.Notifications.PaddleSignature import PaddleSignature
+from paddle_billing.Notifications.Secret import Secret
+req = json.load(sys.stdin)
+out = []
+for t, body in req["items"]:
+    h1 = [PaddleSignature.calculate_hmac(s, f"{t}:{body}".encode()).hexdigest() for s in req["secrets"]]
+    header = f"ts={t};" + ";".join(f"h1={h}" for h in h1)
+    assert PaddleSignature().verify(header, body, [Secret(s) for s in req["secrets"]])
+    out.append(header)
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "secrets": secrets, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "paddle-python-sdk signing"))
+        .expect("signatures")
 }
