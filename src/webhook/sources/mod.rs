@@ -1,6 +1,7 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, paddle.rs, shopify.rs, slack.rs) implementing `Scheme`: check
+//! A scheme is one file here (github.rs, linear.rs, paddle.rs, shopify.rs,
+//! slack.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
@@ -34,6 +35,7 @@ use crate::webhook::deliver::{
 };
 
 mod github;
+mod linear;
 mod paddle;
 mod shopify;
 mod slack;
@@ -126,6 +128,7 @@ pub(super) trait Scheme: Send + Sync {
 fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
     match kind {
         SchemeKind::Github => &github::Github,
+        SchemeKind::Linear => &linear::Linear,
         SchemeKind::Paddle => &paddle::Paddle,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,

@@ -2,8 +2,10 @@
 //! `@octokit/webhooks-methods` (`sign`), Shopify's `@shopify/shopify-api` (its test helper
 //! `getHmac`, which Shopify's own tests sign webhooks with; the Python `ShopifyAPI` has no
 //! webhook signer), Slack's `slack_sdk` (`SignatureVerifier.generate_signature`) and Paddle's
-//! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). One node or python process signs
-//! every item of a call. scripts/test.sh installs them (the npm
+//! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). Linear's `@linear/sdk` only
+//! verifies: its deliveries are signed by a plain HMAC and each one that is within its window
+//! is checked by the SDK's `LinearWebhookClient.verify`. One node or python process signs every
+//! item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -14,7 +16,9 @@ use super::signing::run_python;
 /// The `node_modules` folder holding the senders' npm packages: the first entry of `NODE_PATH`
 /// that has them, else scripts/test.sh's folder under target/.
 fn sender_modules() -> PathBuf {
-    let has_them = |dir: &PathBuf| dir.join("@octokit/webhooks-methods").is_dir();
+    let has_them = |dir: &PathBuf| {
+        dir.join("@octokit/webhooks-methods").is_dir() && dir.join("@linear/sdk").is_dir()
+    };
     let from_env = std::env::var_os("NODE_PATH")
         .into_iter()
         .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
@@ -143,4 +147,28 @@ json.dump(out, sys.stdout)
     let request = serde_json::json!({ "secrets": secrets, "items": items });
     serde_json::from_slice(&run_python(script, &request, "paddle-python-sdk signing"))
         .expect("signatures")
+}
+
+/// `Linear-Signature` values (hex HMAC-SHA256 of the raw body, as Linear signs) of each body
+/// under `secret`; each body whose `webhookTimestamp` is within the SDK's 60 s of now must also
+/// pass `@linear/sdk/webhooks`'s `new LinearWebhookClient(secret).verify(body, signature)`, so
+/// the test sends what Linear's own verifier accepts.
+pub fn linear_sign(secret: &str, bodies: &[&str]) -> Vec<String> {
+    let script = format!(
+        r#"import crypto from "node:crypto";
+import {{ LinearWebhookClient }} from "@linear/sdk/webhooks";
+{READ_STDIN}
+const client = new LinearWebhookClient(req.secret);
+const out = [];
+for (const body of req.bodies) {{
+  const signature = crypto.createHmac("sha256", req.secret).update(body).digest("hex");
+  const ts = JSON.parse(body).webhookTimestamp;
+  if (Math.abs(Date.now() - ts) < 50000 && client.verify(Buffer.from(body), signature) !== true)
+    throw new Error("@linear/sdk refused " + body);
+  out.push(signature);
+}}
+process.stdout.write(JSON.stringify(out));"#
+    );
+    let out = run_node(&script, &request(secret, bodies), "@linear/sdk checking");
+    serde_json::from_slice(&out).expect("signatures")
 }

@@ -17,6 +17,7 @@ use dedup_worker::Service;
 use serde_json::{json, Value};
 
 mod github;
+mod linear;
 mod paddle;
 mod shopify;
 mod slack;
