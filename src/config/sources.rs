@@ -40,6 +40,9 @@ pub enum SchemeKind {
     Shopify,
     /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
     Slack,
+    /// `x-zm-signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's event, time and
+    /// object; `endpoint.url_validation` answered.
+    Zoom,
 }
 
 impl SchemeKind {
@@ -51,6 +54,7 @@ impl SchemeKind {
             SchemeKind::Paddle => "paddle",
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
+            SchemeKind::Zoom => "zoom",
         }
     }
 
@@ -58,7 +62,7 @@ impl SchemeKind {
     pub fn signs_a_timestamp(self) -> bool {
         matches!(
             self,
-            SchemeKind::Linear | SchemeKind::Paddle | SchemeKind::Slack
+            SchemeKind::Linear | SchemeKind::Paddle | SchemeKind::Slack | SchemeKind::Zoom
         )
     }
 

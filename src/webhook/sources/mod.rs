@@ -1,7 +1,7 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
 //! A scheme is one file here (github.rs, linear.rs, paddle.rs, shopify.rs,
-//! slack.rs) implementing `Scheme`: check
+//! slack.rs, zoom.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
@@ -39,6 +39,7 @@ mod linear;
 mod paddle;
 mod shopify;
 mod slack;
+mod zoom;
 
 /// The route's path template: the `route` label of the request histogram for every source.
 const ROUTE: &str = "/webhooks/{name}";
@@ -108,8 +109,8 @@ pub(super) enum Identified {
         /// The sender's name for what happened, if it says.
         event_type: Option<String>,
     },
-    /// A handshake the sender expects answered with this value; nothing is enqueued.
-    Challenge(String),
+    /// A handshake the sender expects answered with this JSON body; nothing is enqueued.
+    Challenge(serde_json::Value),
 }
 
 /// One sender's rules.
@@ -122,6 +123,16 @@ pub(super) trait Scheme: Send + Sync {
     /// What the delivery is; called only once it verified, so a forger learns nothing of the
     /// rules on ids.
     fn identify(&self, delivery: &Delivery<'_>) -> Result<Identified, Problem>;
+
+    /// [`Scheme::identify`] given the keys, for a scheme whose handshake answer is keyed (Zoom's
+    /// `encryptedToken`); called only once the delivery verified under `keys`.
+    fn identify_keyed(
+        &self,
+        delivery: &Delivery<'_>,
+        _keys: &Keys<'_>,
+    ) -> Result<Identified, Problem> {
+        self.identify(delivery)
+    }
 }
 
 /// The rules of `kind`.
@@ -132,6 +143,7 @@ fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
         SchemeKind::Paddle => &paddle::Paddle,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
+        SchemeKind::Zoom => &zoom::Zoom,
     }
 }
 
@@ -198,15 +210,13 @@ async fn receive_from(
         body: &body,
     };
     let scheme = scheme(source.kind);
-    scheme.verify(
-        &delivery,
-        &Keys {
-            secrets: &source.secrets,
-            tolerance_secs: source.tolerance_secs,
-            now: (state.clock)(),
-        },
-    )?;
-    let (id, event_type) = match scheme.identify(&delivery)? {
+    let keys = Keys {
+        secrets: &source.secrets,
+        tolerance_secs: source.tolerance_secs,
+        now: (state.clock)(),
+    };
+    scheme.verify(&delivery, &keys)?;
+    let (id, event_type) = match scheme.identify_keyed(&delivery, &keys)? {
         Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),
         Identified::Event { id, event_type } => (id, event_type),
     };

@@ -83,7 +83,9 @@ impl Scheme for Slack {
                     "payload_challenge",
                 )
             })?;
-            return Ok(Identified::Challenge(challenge.into_owned()));
+            return Ok(Identified::Challenge(
+                serde_json::json!({ "challenge": challenge }),
+            ));
         }
         let id = envelope
             .event_id
@@ -130,7 +132,7 @@ mod tests {
         );
         assert_eq!(
             identify(r#"{"token":"t","challenge":"3eZbrw1aB","type":"url_verification"}"#).unwrap(),
-            Identified::Challenge("3eZbrw1aB".into())
+            Identified::Challenge(serde_json::json!({"challenge": "3eZbrw1aB"}))
         );
         for (body, check) in [
             (r#"{"type":"app_rate_limited"}"#, "missing_id"),

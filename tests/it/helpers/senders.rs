@@ -4,8 +4,9 @@
 //! webhook signer), Slack's `slack_sdk` (`SignatureVerifier.generate_signature`) and Paddle's
 //! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). Linear's `@linear/sdk` only
 //! verifies: its deliveries are signed by a plain HMAC and each one that is within its window
-//! is checked by the SDK's `LinearWebhookClient.verify`. One node or python process signs every
-//! item of a call. scripts/test.sh installs them (the npm
+//! is checked by the SDK's `LinearWebhookClient.verify`; so are Zoom's, by `@zoom/rivet`'s
+//! `AwsLambdaReceiver`, which also gives its answer to a url_validation. One node or python
+//! process signs every item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -17,7 +18,9 @@ use super::signing::run_python;
 /// that has them, else scripts/test.sh's folder under target/.
 fn sender_modules() -> PathBuf {
     let has_them = |dir: &PathBuf| {
-        dir.join("@octokit/webhooks-methods").is_dir() && dir.join("@linear/sdk").is_dir()
+        ["@octokit/webhooks-methods", "@linear/sdk", "@zoom/rivet"]
+            .iter()
+            .all(|package| dir.join(package).is_dir())
     };
     let from_env = std::env::var_os("NODE_PATH")
         .into_iter()
@@ -170,5 +173,38 @@ for (const body of req.bodies) {{
 process.stdout.write(JSON.stringify(out));"#
     );
     let out = run_node(&script, &request(secret, bodies), "@linear/sdk checking");
+    serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `x-zm-signature` values (`v0=<hex>` of `v0:{timestamp}:{body}`, a plain HMAC, as Zoom signs)
+/// of each (timestamp, body) under `secret`, each with what `@zoom/rivet`'s
+/// `AwsLambdaReceiver({webhooksSecretToken})` answers it: every one must be a 200 (Rivet checks
+/// no timestamp, so stale ones too), and the answer's body is returned (for a url_validation,
+/// its `{plainToken, encryptedToken}`). Rivet signs `JSON.stringify(JSON.parse(body))`, so the
+/// bodies must be compact JSON.
+pub fn zoom_sign(secret: &str, items: &[(i64, &str)]) -> Vec<(String, serde_json::Value)> {
+    let script = format!(
+        r#"import crypto from "node:crypto";
+import {{ createRequire }} from "node:module";
+// Rivet logs each event on stdout (console.debug): to stderr, keeping stdout for the answer.
+for (const level of ["log", "info", "debug"]) console[level] = (...args) => console.error(...args);
+const require = createRequire(process.cwd() + "/");
+const {{ AwsLambdaReceiver }} = require("@zoom/rivet/meetings");
+{READ_STDIN}
+const receiver = new AwsLambdaReceiver({{ webhooksSecretToken: req.secret }});
+receiver.init({{ eventEmitter: {{ emit: async () => {{}} }} }});
+const handle = receiver.start();
+const out = [];
+for (const [t, body] of req.items) {{
+  const ts = String(t);
+  const signature = "v0=" + crypto.createHmac("sha256", req.secret).update(`v0:${{ts}}:${{body}}`).digest("hex");
+  const answer = await handle({{ body, headers: {{ "x-zm-signature": signature, "x-zm-request-timestamp": ts }} }}, {{}});
+  if (answer.statusCode !== 200) throw new Error("@zoom/rivet refused " + body + ": " + JSON.stringify(answer));
+  out.push([signature, JSON.parse(answer.body)]);
+}}
+process.stdout.write(JSON.stringify(out));"#
+    );
+    let request = serde_json::json!({ "secret": secret, "items": items });
+    let out = run_node(&script, &request, "@zoom/rivet checking");
     serde_json::from_slice(&out).expect("signatures")
 }

@@ -22,6 +22,7 @@ mod paddle;
 mod shopify;
 mod slack;
 mod start;
+mod zoom;
 
 /// A delivery: its headers and raw body.
 pub(super) struct Delivery {
