@@ -40,6 +40,9 @@ pub enum SchemeKind {
     Shopify,
     /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
     Slack,
+    /// `x-square-hmacsha256-signature: <base64>` over `{public_url}{body}`; id the body's
+    /// `event_id`.
+    Square,
     /// `x-zm-signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's event, time and
     /// object; `endpoint.url_validation` answered.
     Zoom,
@@ -54,6 +57,7 @@ impl SchemeKind {
             SchemeKind::Paddle => "paddle",
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
+            SchemeKind::Square => "square",
             SchemeKind::Zoom => "zoom",
         }
     }
@@ -64,6 +68,11 @@ impl SchemeKind {
             self,
             SchemeKind::Linear | SchemeKind::Paddle | SchemeKind::Slack | SchemeKind::Zoom
         )
+    }
+
+    /// Whether the sender signs the URL it posts to, so `public_url` is required.
+    pub fn signs_the_url(self) -> bool {
+        matches!(self, SchemeKind::Square)
     }
 
     /// The tolerance when `tolerance_secs` is unset: [`DEFAULT_TOLERANCE_SECS`], but Linear's
@@ -96,6 +105,11 @@ pub struct SourceSettings {
     /// schemes that sign none (it would promise a check that is not made).
     #[serde(default)]
     pub tolerance_secs: Option<u64>,
+    /// The URL the sender posts to, exactly as given to it (Square signs it with the body): an
+    /// absolute `http`/`https` URL, required for the schemes that sign it and refused for the
+    /// others. Behind a proxy, the public one, not the one this process sees.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 impl SourceSettings {
@@ -196,6 +210,36 @@ pub(super) fn check_source(
             ),
         ));
     }
+    match (&source.public_url, source.scheme.signs_the_url()) {
+        // Required where the ingress verifies with it, as the secrets are.
+        (None, true) if ingress => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                format!(
+                    "the {} scheme signs the URL it posts to: set it, exactly as configured at \
+                     the sender (https://<your host>/webhooks/{name})",
+                    source.scheme.name()
+                ),
+            ))
+        }
+        (Some(_), false) => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                format!(
+                    "the {} scheme signs no URL, so it would not be checked; remove it",
+                    source.scheme.name()
+                ),
+            ))
+        }
+        (Some(url), true) if !absolute_http_url(url) => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                "must be an absolute http:// or https:// URL with a host, as the sender was \
+                 given it",
+            ))
+        }
+        _ => {}
+    }
     match source.tolerance_secs {
         Some(_) if !source.scheme.signs_a_timestamp() => Err(ConfigError::invalid_at(
             key("tolerance_secs"),
@@ -216,6 +260,20 @@ pub(super) fn check_source(
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Whether `url` is an absolute `http`/`https` URL naming a host, with nothing around it.
+fn absolute_http_url(url: &str) -> bool {
+    if url.trim() != url || url.is_empty() {
+        return false;
+    }
+    match url.parse::<http::Uri>() {
+        Ok(uri) => {
+            matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.host().is_some_and(|h| !h.is_empty())
+        }
+        Err(_) => false,
     }
 }
 
@@ -245,11 +303,20 @@ mod tests {
              [sources.slack]\nscheme = \"slack\"\nsecrets = [\"s3cret-three\"]\n\
              [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n\
              [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance_secs = 30\n\
-             [sources.linear]\nscheme = \"linear\"\nsecrets = [\"lin_wh_s3cret\"]\n",
+             [sources.linear]\nscheme = \"linear\"\nsecrets = [\"lin_wh_s3cret\"]\n\
+             [sources.square]\nscheme = \"square\"\nsecrets = [\"sq\"]\n\
+             public_url = \"https://hooks.example.com/webhooks/square\"\n",
         )
         .expect("valid");
         let names: Vec<&str> = s.sources.keys().map(String::as_str).collect();
-        assert_eq!(names, ["github", "linear", "paddle", "shop-1", "slack"]);
+        assert_eq!(
+            names,
+            ["github", "linear", "paddle", "shop-1", "slack", "square"]
+        );
+        assert_eq!(
+            s.sources["square"].public_url.as_deref(),
+            Some("https://hooks.example.com/webhooks/square")
+        );
         assert_eq!(s.sources["linear"].tolerance_secs(), 60);
         assert_eq!(s.sources["paddle"].scheme, SchemeKind::Paddle);
         assert_eq!(s.sources["paddle"].tolerance_secs(), 30);
@@ -320,6 +387,26 @@ mod tests {
                 "signs no timestamp",
             ),
             (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\n",
+                "`sources.square.public_url`",
+                "signs the URL",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\npublic_url = \"https://h/x\"\n",
+                "`sources.github.public_url`",
+                "signs no URL",
+            ),
+            (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\npublic_url = \"/webhooks/square\"\n",
+                "`sources.square.public_url`",
+                "absolute http",
+            ),
+            (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\npublic_url = \"ftp://h/x\"\n",
+                "`sources.square.public_url`",
+                "absolute http",
+            ),
+            (
                 "[sources.github]\nscheme = \"gitlab\"\nsecrets = \"x\"\n",
                 "`sources.github.scheme`",
                 "unknown variant",
@@ -358,5 +445,7 @@ mod tests {
     fn secrets_are_needed_only_where_the_ingress_verifies() {
         load("[roles]\ningress = false\n[sources.github]\nscheme = \"github\"\n")
             .expect("a consume-only process needs no secret");
+        load("[roles]\ningress = false\n[sources.square]\nscheme = \"square\"\n")
+            .expect("nor a public_url");
     }
 }

@@ -111,6 +111,7 @@ mod tests {
                     secrets: &secrets,
                     tolerance_secs: 60,
                     now,
+                    public_url: None,
                 },
             )
         };

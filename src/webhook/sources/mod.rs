@@ -1,7 +1,7 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
 //! A scheme is one file here (github.rs, linear.rs, paddle.rs, shopify.rs,
-//! slack.rs, zoom.rs) implementing `Scheme`: check
+//! slack.rs, square.rs, zoom.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
@@ -39,6 +39,7 @@ mod linear;
 mod paddle;
 mod shopify;
 mod slack;
+mod square;
 mod zoom;
 
 /// The route's path template: the `route` label of the request histogram for every source.
@@ -54,6 +55,8 @@ pub struct Source {
     secrets: Vec<Vec<u8>>,
     /// Accepted clock difference, both ways, for schemes that sign a timestamp.
     tolerance_secs: u64,
+    /// The URL the sender posts to, for schemes that sign it (Square).
+    public_url: Option<String>,
 }
 
 /// Every configured source by name; shared by the route's clones.
@@ -74,6 +77,7 @@ pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
                         .map(|s| s.expose().as_bytes().to_vec())
                         .collect(),
                     tolerance_secs: source.tolerance_secs(),
+                    public_url: source.public_url.clone(),
                 };
                 (name.clone(), ready)
             })
@@ -97,6 +101,8 @@ pub(super) struct Keys<'a> {
     pub tolerance_secs: u64,
     /// Now, in Unix seconds (the ingress's injectable clock).
     pub now: i64,
+    /// The URL the sender was given, as configured (`public_url`), for schemes that sign it.
+    pub public_url: Option<&'a str>,
 }
 
 /// What a verified delivery is.
@@ -143,6 +149,7 @@ fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
         SchemeKind::Paddle => &paddle::Paddle,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
+        SchemeKind::Square => &square::Square,
         SchemeKind::Zoom => &zoom::Zoom,
     }
 }
@@ -214,6 +221,7 @@ async fn receive_from(
         secrets: &source.secrets,
         tolerance_secs: source.tolerance_secs,
         now: (state.clock)(),
+        public_url: source.public_url.as_deref(),
     };
     scheme.verify(&delivery, &keys)?;
     let (id, event_type) = match scheme.identify_keyed(&delivery, &keys)? {

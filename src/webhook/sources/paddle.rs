@@ -168,6 +168,7 @@ mod tests {
                     secrets: &secrets,
                     tolerance_secs: 300,
                     now,
+                    public_url: None,
                 },
             )
         };

@@ -167,6 +167,7 @@ mod tests {
                     secrets: &secrets,
                     tolerance_secs: 300,
                     now,
+                    public_url: None,
                 },
             )
         };

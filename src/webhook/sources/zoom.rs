@@ -94,6 +94,7 @@ impl Scheme for Zoom {
                 secrets: &[],
                 tolerance_secs: 0,
                 now: 0,
+                public_url: None,
             },
         )
     }
@@ -237,6 +238,7 @@ mod tests {
             secrets: &secrets,
             tolerance_secs: 300,
             now: 1_654_503_849,
+            public_url: None,
         };
         let delivery = Delivery {
             headers: &headers,

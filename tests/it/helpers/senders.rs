@@ -5,8 +5,8 @@
 //! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). Linear's `@linear/sdk` only
 //! verifies: its deliveries are signed by a plain HMAC and each one that is within its window
 //! is checked by the SDK's `LinearWebhookClient.verify`; so are Zoom's, by `@zoom/rivet`'s
-//! `AwsLambdaReceiver`, which also gives its answer to a url_validation. One node or python
-//! process signs every item of a call. scripts/test.sh installs them (the npm
+//! `AwsLambdaReceiver`, which also gives its answer to a url_validation; and Square's, by the
+//! pip `squareup`'s `verify_signature`. One node or python process signs every item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -207,4 +207,25 @@ process.stdout.write(JSON.stringify(out));"#
     let request = serde_json::json!({ "secret": secret, "items": items });
     let out = run_node(&script, &request, "@zoom/rivet checking");
     serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `x-square-hmacsha256-signature` values (base64 HMAC-SHA256 of `{url}{body}`, as Square signs;
+/// its SDKs only verify) of each (notification URL, body) under `key`; each must pass the pip
+/// `squareup`'s `square.utils.webhooks_helper.verify_signature` for that URL, and fail it for
+/// another, before it is returned.
+pub fn square_sign(key: &str, items: &[(&str, &str)]) -> Vec<String> {
+    let script = r#"
+import base64, hashlib, hmac, json, sys
+from square.utils.webhooks_helper import verify_signature
+req = json.load(sys.stdin)
+out = []
+for url, body in req["items"]:
+    sig = base64.b64encode(hmac.new(req["key"].encode(), (url + body).encode(), hashlib.sha256).digest()).decode()
+    assert verify_signature(request_body=body, signature_header=sig, signature_key=req["key"], notification_url=url)
+    assert not verify_signature(request_body=body, signature_header=sig, signature_key=req["key"], notification_url=url + "x")
+    out.append(sig)
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "key": key, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "squareup checking")).expect("signatures")
 }

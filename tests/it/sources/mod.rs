@@ -21,6 +21,7 @@ mod linear;
 mod paddle;
 mod shopify;
 mod slack;
+mod square;
 mod start;
 mod zoom;
 
