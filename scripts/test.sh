@@ -143,16 +143,19 @@ PYTHON=${PYTHON:-python3}
 export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
-  'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4'
+  'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4' 'paddle-python-sdk==1.16.1' \
+  'squareup==46.0.0.20260916'
 
 # --- Node packages ----------------------------------------------------------------------------
 # The senders' own libraries sign the deliveries of tests/it/sources/ where they are JavaScript:
 # GitHub's @octokit/webhooks-methods (`sign`) and Shopify's @shopify/shopify-api (its test helper
-# `getHmac`), pinned (shopify-api 15 wants node 22; 13.1 is the last for node 20), installed once
-# into the build's own directory and skipped while the pins are what is installed. The tests find
-# them through NODE_PATH (and run node from beside it, since ESM imports ignore NODE_PATH).
+# `getHmac`); Linear's @linear/sdk and Zoom's @zoom/rivet, which only verify, check what their
+# tests sign (`LinearWebhookClient.verify`, `AwsLambdaReceiver`). Pinned (shopify-api 15 wants node 22; 13.1 is the last for
+# node 20), installed once into the build's own directory and skipped while the pins are what is
+# installed. The tests find them through NODE_PATH (and run node from beside it, since ESM
+# imports ignore NODE_PATH).
 SENDER_SDKS="${CARGO_TARGET_DIR:-$PWD/target}/sender-sdks"
-sender_pins='@octokit/webhooks-methods@6.0.0 @shopify/shopify-api@13.1.0'
+sender_pins='@octokit/webhooks-methods@6.0.0 @shopify/shopify-api@13.1.0 @linear/sdk@98.0.0 @zoom/rivet@0.4.0'
 if [ "$(cat "$SENDER_SDKS/.pins" 2>/dev/null)" != "$sender_pins" ]; then
   log "installing $sender_pins into $SENDER_SDKS"
   mkdir -p "$SENDER_SDKS"

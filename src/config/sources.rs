@@ -17,7 +17,8 @@ pub const RESERVED_SOURCE_NAMES: &[&str] = &["stripe", "standard"];
 pub const MAX_SOURCE_NAME_CHARS: usize = 64;
 
 /// The default `tolerance_secs` of a scheme whose sender signs a timestamp (Slack's five
-/// minutes, as its SDK checks).
+/// minutes, as its SDK checks; Paddle's SDKs check five seconds, too tight for a clock the
+/// ingress does not control).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
 /// The largest `tolerance_secs`, as `stripe.tolerance_secs`'s.
@@ -30,10 +31,21 @@ pub const MAX_TOLERANCE_SECS: u64 = 3_600;
 pub enum SchemeKind {
     /// `X-Hub-Signature-256: sha256=<hex>` over the raw body; id `X-GitHub-Delivery`.
     Github,
+    /// `Linear-Signature: <hex>` over the body, its `webhookTimestamp` held to the tolerance; id
+    /// `Linear-Delivery`.
+    Linear,
+    /// `Paddle-Signature: ts=<unix>;h1=<hex>` over `{ts}:{body}`; id the body's `event_id`.
+    Paddle,
     /// `X-Shopify-Hmac-Sha256: <base64>` over the raw body; id `X-Shopify-Event-Id`.
     Shopify,
     /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
     Slack,
+    /// `x-square-hmacsha256-signature: <base64>` over `{public_url}{body}`; id the body's
+    /// `event_id`.
+    Square,
+    /// `x-zm-signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's event, time and
+    /// object; `endpoint.url_validation` answered.
+    Zoom,
 }
 
 impl SchemeKind {
@@ -41,16 +53,41 @@ impl SchemeKind {
     pub fn name(self) -> &'static str {
         match self {
             SchemeKind::Github => "github",
+            SchemeKind::Linear => "linear",
+            SchemeKind::Paddle => "paddle",
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
+            SchemeKind::Square => "square",
+            SchemeKind::Zoom => "zoom",
         }
     }
 
     /// Whether the sender signs a timestamp, so `tolerance_secs` means something.
     pub fn signs_a_timestamp(self) -> bool {
-        matches!(self, SchemeKind::Slack)
+        matches!(
+            self,
+            SchemeKind::Linear | SchemeKind::Paddle | SchemeKind::Slack | SchemeKind::Zoom
+        )
+    }
+
+    /// Whether the sender signs the URL it posts to, so `public_url` is required.
+    pub fn signs_the_url(self) -> bool {
+        matches!(self, SchemeKind::Square)
+    }
+
+    /// The tolerance when `tolerance_secs` is unset: [`DEFAULT_TOLERANCE_SECS`], but Linear's
+    /// 60 s, as its SDK checks (which works for retries only if Linear stamps each attempt's
+    /// `webhookTimestamp` anew: not confirmed from Linear's pages).
+    pub fn default_tolerance_secs(self) -> u64 {
+        match self {
+            SchemeKind::Linear => LINEAR_TOLERANCE_SECS,
+            _ => DEFAULT_TOLERANCE_SECS,
+        }
     }
 }
+
+/// Linear's default `tolerance_secs`: `@linear/sdk`'s `LinearWebhookClient.verify` window.
+pub const LINEAR_TOLERANCE_SECS: u64 = 60;
 
 /// One `[sources.NAME]` table.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,16 +101,22 @@ pub struct SourceSettings {
     #[serde(default, deserialize_with = "comma_separated_source_secrets")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions, for schemes that sign a timestamp;
-    /// [`DEFAULT_TOLERANCE_SECS`] when unset. Refused for schemes that sign none (it would
-    /// promise a check that is not made).
+    /// the scheme's default when unset ([`SchemeKind::default_tolerance_secs`]). Refused for
+    /// schemes that sign none (it would promise a check that is not made).
     #[serde(default)]
     pub tolerance_secs: Option<u64>,
+    /// The URL the sender posts to, exactly as given to it (Square signs it with the body): an
+    /// absolute `http`/`https` URL, required for the schemes that sign it and refused for the
+    /// others. Behind a proxy, the public one, not the one this process sees.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 impl SourceSettings {
     /// The tolerance the scheme applies.
     pub fn tolerance_secs(&self) -> u64 {
-        self.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS)
+        self.tolerance_secs
+            .unwrap_or_else(|| self.scheme.default_tolerance_secs())
     }
 }
 
@@ -167,6 +210,36 @@ pub(super) fn check_source(
             ),
         ));
     }
+    match (&source.public_url, source.scheme.signs_the_url()) {
+        // Required where the ingress verifies with it, as the secrets are.
+        (None, true) if ingress => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                format!(
+                    "the {} scheme signs the URL it posts to: set it, exactly as configured at \
+                     the sender (https://<your host>/webhooks/{name})",
+                    source.scheme.name()
+                ),
+            ))
+        }
+        (Some(_), false) => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                format!(
+                    "the {} scheme signs no URL, so it would not be checked; remove it",
+                    source.scheme.name()
+                ),
+            ))
+        }
+        (Some(url), true) if !absolute_http_url(url) => {
+            return Err(ConfigError::invalid_at(
+                key("public_url"),
+                "must be an absolute http:// or https:// URL with a host, as the sender was \
+                 given it",
+            ))
+        }
+        _ => {}
+    }
     match source.tolerance_secs {
         Some(_) if !source.scheme.signs_a_timestamp() => Err(ConfigError::invalid_at(
             key("tolerance_secs"),
@@ -187,6 +260,20 @@ pub(super) fn check_source(
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Whether `url` is an absolute `http`/`https` URL naming a host, with nothing around it.
+fn absolute_http_url(url: &str) -> bool {
+    if url.trim() != url || url.is_empty() {
+        return false;
+    }
+    match url.parse::<http::Uri>() {
+        Ok(uri) => {
+            matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.host().is_some_and(|h| !h.is_empty())
+        }
+        Err(_) => false,
     }
 }
 
@@ -214,11 +301,25 @@ mod tests {
         let s = load(
             "[sources.github]\nscheme = \"github\"\nsecrets = \"s3cret-one, s3cret-two\"\n\
              [sources.slack]\nscheme = \"slack\"\nsecrets = [\"s3cret-three\"]\n\
-             [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n",
+             [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n\
+             [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance_secs = 30\n\
+             [sources.linear]\nscheme = \"linear\"\nsecrets = [\"lin_wh_s3cret\"]\n\
+             [sources.square]\nscheme = \"square\"\nsecrets = [\"sq\"]\n\
+             public_url = \"https://hooks.example.com/webhooks/square\"\n",
         )
         .expect("valid");
         let names: Vec<&str> = s.sources.keys().map(String::as_str).collect();
-        assert_eq!(names, ["github", "shop-1", "slack"]);
+        assert_eq!(
+            names,
+            ["github", "linear", "paddle", "shop-1", "slack", "square"]
+        );
+        assert_eq!(
+            s.sources["square"].public_url.as_deref(),
+            Some("https://hooks.example.com/webhooks/square")
+        );
+        assert_eq!(s.sources["linear"].tolerance_secs(), 60);
+        assert_eq!(s.sources["paddle"].scheme, SchemeKind::Paddle);
+        assert_eq!(s.sources["paddle"].tolerance_secs(), 30);
         let github = &s.sources["github"];
         assert_eq!(github.scheme, SchemeKind::Github);
         assert_eq!(github.secrets.len(), 2);
@@ -286,6 +387,26 @@ mod tests {
                 "signs no timestamp",
             ),
             (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\n",
+                "`sources.square.public_url`",
+                "signs the URL",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\npublic_url = \"https://h/x\"\n",
+                "`sources.github.public_url`",
+                "signs no URL",
+            ),
+            (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\npublic_url = \"/webhooks/square\"\n",
+                "`sources.square.public_url`",
+                "absolute http",
+            ),
+            (
+                "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\npublic_url = \"ftp://h/x\"\n",
+                "`sources.square.public_url`",
+                "absolute http",
+            ),
+            (
                 "[sources.github]\nscheme = \"gitlab\"\nsecrets = \"x\"\n",
                 "`sources.github.scheme`",
                 "unknown variant",
@@ -324,5 +445,7 @@ mod tests {
     fn secrets_are_needed_only_where_the_ingress_verifies() {
         load("[roles]\ningress = false\n[sources.github]\nscheme = \"github\"\n")
             .expect("a consume-only process needs no secret");
+        load("[roles]\ningress = false\n[sources.square]\nscheme = \"square\"\n")
+            .expect("nor a public_url");
     }
 }

@@ -27,9 +27,9 @@ pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 pub enum Accepted {
     /// The event is durable under this id: `{"received": true, "id": …}`.
     Received(String),
-    /// A sender's handshake (Slack's `url_verification`), answered with its challenge and
-    /// nothing enqueued: `{"challenge": …}`.
-    Challenge(String),
+    /// A sender's handshake (Slack's `url_verification`, Zoom's `endpoint.url_validation`),
+    /// answered with this JSON body and nothing enqueued.
+    Challenge(serde_json::Value),
 }
 
 /// The span of one webhook: its event's fields are recorded once read, so every line logged
@@ -85,11 +85,7 @@ pub(super) fn answer(
             Json(serde_json::json!({ "received": true, "id": id })),
         )
             .into_response(),
-        Ok(Accepted::Challenge(challenge)) => (
-            StatusCode::OK,
-            Json(serde_json::json!({ "challenge": challenge })),
-        )
-            .into_response(),
+        Ok(Accepted::Challenge(reply)) => (StatusCode::OK, Json(reply)).into_response(),
         Err(problem) => problem.into_response(),
     };
     metrics::histogram!(

@@ -78,6 +78,7 @@ mod tests {
                 secrets: &secrets,
                 tolerance_secs: 300,
                 now: 0,
+                public_url: None,
             },
         )
     }

@@ -1,6 +1,7 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, shopify.rs, slack.rs) implementing `Scheme`: check
+//! A scheme is one file here (github.rs, linear.rs, paddle.rs, shopify.rs,
+//! slack.rs, square.rs, zoom.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
 //! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
@@ -34,8 +35,12 @@ use crate::webhook::deliver::{
 };
 
 mod github;
+mod linear;
+mod paddle;
 mod shopify;
 mod slack;
+mod square;
+mod zoom;
 
 /// The route's path template: the `route` label of the request histogram for every source.
 const ROUTE: &str = "/webhooks/{name}";
@@ -50,6 +55,8 @@ pub struct Source {
     secrets: Vec<Vec<u8>>,
     /// Accepted clock difference, both ways, for schemes that sign a timestamp.
     tolerance_secs: u64,
+    /// The URL the sender posts to, for schemes that sign it (Square).
+    public_url: Option<String>,
 }
 
 /// Every configured source by name; shared by the route's clones.
@@ -70,6 +77,7 @@ pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
                         .map(|s| s.expose().as_bytes().to_vec())
                         .collect(),
                     tolerance_secs: source.tolerance_secs(),
+                    public_url: source.public_url.clone(),
                 };
                 (name.clone(), ready)
             })
@@ -93,6 +101,8 @@ pub(super) struct Keys<'a> {
     pub tolerance_secs: u64,
     /// Now, in Unix seconds (the ingress's injectable clock).
     pub now: i64,
+    /// The URL the sender was given, as configured (`public_url`), for schemes that sign it.
+    pub public_url: Option<&'a str>,
 }
 
 /// What a verified delivery is.
@@ -105,8 +115,8 @@ pub(super) enum Identified {
         /// The sender's name for what happened, if it says.
         event_type: Option<String>,
     },
-    /// A handshake the sender expects answered with this value; nothing is enqueued.
-    Challenge(String),
+    /// A handshake the sender expects answered with this JSON body; nothing is enqueued.
+    Challenge(serde_json::Value),
 }
 
 /// One sender's rules.
@@ -119,14 +129,28 @@ pub(super) trait Scheme: Send + Sync {
     /// What the delivery is; called only once it verified, so a forger learns nothing of the
     /// rules on ids.
     fn identify(&self, delivery: &Delivery<'_>) -> Result<Identified, Problem>;
+
+    /// [`Scheme::identify`] given the keys, for a scheme whose handshake answer is keyed (Zoom's
+    /// `encryptedToken`); called only once the delivery verified under `keys`.
+    fn identify_keyed(
+        &self,
+        delivery: &Delivery<'_>,
+        _keys: &Keys<'_>,
+    ) -> Result<Identified, Problem> {
+        self.identify(delivery)
+    }
 }
 
 /// The rules of `kind`.
 fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
     match kind {
         SchemeKind::Github => &github::Github,
+        SchemeKind::Linear => &linear::Linear,
+        SchemeKind::Paddle => &paddle::Paddle,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
+        SchemeKind::Square => &square::Square,
+        SchemeKind::Zoom => &zoom::Zoom,
     }
 }
 
@@ -193,15 +217,14 @@ async fn receive_from(
         body: &body,
     };
     let scheme = scheme(source.kind);
-    scheme.verify(
-        &delivery,
-        &Keys {
-            secrets: &source.secrets,
-            tolerance_secs: source.tolerance_secs,
-            now: (state.clock)(),
-        },
-    )?;
-    let (id, event_type) = match scheme.identify(&delivery)? {
+    let keys = Keys {
+        secrets: &source.secrets,
+        tolerance_secs: source.tolerance_secs,
+        now: (state.clock)(),
+        public_url: source.public_url.as_deref(),
+    };
+    scheme.verify(&delivery, &keys)?;
+    let (id, event_type) = match scheme.identify_keyed(&delivery, &keys)? {
         Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),
         Identified::Event { id, event_type } => (id, event_type),
     };
@@ -232,6 +255,17 @@ pub(super) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str
 /// compared in constant time (`verify_slice`); every secret is tried, each with one pass over
 /// the body.
 pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signature: &[u8]) -> bool {
+    hmac_sha256_matches_any(secrets, parts, &[signature])
+}
+
+/// Whether one of `secrets` gives one of `signatures` (a header carrying several, as Paddle's
+/// during a rotation) as the HMAC-SHA256 of `parts`: one pass over the body per secret, each
+/// signature compared in constant time.
+pub(super) fn hmac_sha256_matches_any(
+    secrets: &[Vec<u8>],
+    parts: &[&[u8]],
+    signatures: &[&[u8]],
+) -> bool {
     secrets.iter().any(|secret| {
         // HMAC takes keys of any length; new_from_slice cannot fail for it.
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
@@ -240,8 +274,28 @@ pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signatur
         for part in parts {
             mac.update(part);
         }
-        mac.verify_slice(signature).is_ok()
+        signatures
+            .iter()
+            .any(|signature| mac.clone().verify_slice(signature).is_ok())
     })
+}
+
+/// Whether `at` (Unix seconds, as signed) is within `keys.tolerance_secs` of now, either way;
+/// the `timestamp_tolerance` 400 otherwise.
+pub(super) fn within_tolerance(at: i64, keys: &Keys<'_>) -> Result<(), Problem> {
+    let skew = keys.now.saturating_sub(at);
+    if skew.unsigned_abs() > keys.tolerance_secs {
+        return Err(invalid_signature(
+            format!(
+                "timestamp outside the tolerance zone: {} s in the {} (tolerance {} s)",
+                skew.unsigned_abs(),
+                if skew >= 0 { "past" } else { "future" },
+                keys.tolerance_secs
+            ),
+            "timestamp_tolerance",
+        ));
+    }
+    Ok(())
 }
 
 /// The 400 for a signature no secret made.

@@ -137,6 +137,7 @@ mod tests {
                         secrets: &[b"s".to_vec()],
                         tolerance_secs: 300,
                         now: 0,
+                        public_url: None,
                     },
                 )
                 .unwrap_err();

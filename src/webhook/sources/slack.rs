@@ -15,10 +15,10 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use super::{hmac_sha256_matches, malformed, mismatch, missing_id, required, Delivery};
-use super::{Identified, Keys, Scheme};
+use super::{hmac_sha256_matches, malformed, mismatch, missing_id, required, within_tolerance};
+use super::{Delivery, Identified, Keys, Scheme};
 use crate::http::problem::Problem;
-use crate::webhook::deliver::{invalid_payload, invalid_signature};
+use crate::webhook::deliver::invalid_payload;
 
 const SIGNATURE: &str = "x-slack-signature";
 const TIMESTAMP: &str = "x-slack-request-timestamp";
@@ -52,18 +52,7 @@ impl Scheme for Slack {
         let at: i64 = timestamp
             .parse()
             .map_err(|_| malformed("X-Slack-Request-Timestamp", "<Unix seconds>"))?;
-        let skew = keys.now.saturating_sub(at);
-        if skew.unsigned_abs() > keys.tolerance_secs {
-            return Err(invalid_signature(
-                format!(
-                    "timestamp outside the tolerance zone: {} s in the {} (tolerance {} s)",
-                    skew.unsigned_abs(),
-                    if skew >= 0 { "past" } else { "future" },
-                    keys.tolerance_secs
-                ),
-                "timestamp_tolerance",
-            ));
-        }
+        within_tolerance(at, keys)?;
         let header = required(delivery.headers, SIGNATURE)?;
         let signature = header
             .strip_prefix("v0=")
@@ -94,7 +83,9 @@ impl Scheme for Slack {
                     "payload_challenge",
                 )
             })?;
-            return Ok(Identified::Challenge(challenge.into_owned()));
+            return Ok(Identified::Challenge(
+                serde_json::json!({ "challenge": challenge }),
+            ));
         }
         let id = envelope
             .event_id
@@ -141,7 +132,7 @@ mod tests {
         );
         assert_eq!(
             identify(r#"{"token":"t","challenge":"3eZbrw1aB","type":"url_verification"}"#).unwrap(),
-            Identified::Challenge("3eZbrw1aB".into())
+            Identified::Challenge(serde_json::json!({"challenge": "3eZbrw1aB"}))
         );
         for (body, check) in [
             (r#"{"type":"app_rate_limited"}"#, "missing_id"),
@@ -176,6 +167,7 @@ mod tests {
                     secrets: &secrets,
                     tolerance_secs: 300,
                     now,
+                    public_url: None,
                 },
             )
         };

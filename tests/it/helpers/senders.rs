@@ -1,8 +1,12 @@
 //! Deliveries signed by the senders' own libraries, for `tests/it/sources/`: GitHub's
 //! `@octokit/webhooks-methods` (`sign`), Shopify's `@shopify/shopify-api` (its test helper
 //! `getHmac`, which Shopify's own tests sign webhooks with; the Python `ShopifyAPI` has no
-//! webhook signer), and Slack's `slack_sdk` (`SignatureVerifier.generate_signature`). One
-//! node or python process signs every item of a call. scripts/test.sh installs them (the npm
+//! webhook signer), Slack's `slack_sdk` (`SignatureVerifier.generate_signature`) and Paddle's
+//! `paddle-python-sdk` (`PaddleSignature.calculate_hmac`). Linear's `@linear/sdk` only
+//! verifies: its deliveries are signed by a plain HMAC and each one that is within its window
+//! is checked by the SDK's `LinearWebhookClient.verify`; so are Zoom's, by `@zoom/rivet`'s
+//! `AwsLambdaReceiver`, which also gives its answer to a url_validation; and Square's, by the
+//! pip `squareup`'s `verify_signature`. One node or python process signs every item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -13,7 +17,11 @@ use super::signing::run_python;
 /// The `node_modules` folder holding the senders' npm packages: the first entry of `NODE_PATH`
 /// that has them, else scripts/test.sh's folder under target/.
 fn sender_modules() -> PathBuf {
-    let has_them = |dir: &PathBuf| dir.join("@octokit/webhooks-methods").is_dir();
+    let has_them = |dir: &PathBuf| {
+        ["@octokit/webhooks-methods", "@linear/sdk", "@zoom/rivet"]
+            .iter()
+            .all(|package| dir.join(package).is_dir())
+    };
     let from_env = std::env::var_os("NODE_PATH")
         .into_iter()
         .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
@@ -119,4 +127,105 @@ json.dump([verifier.generate_signature(timestamp=str(t), body=body) for t, body 
 "#;
     let request = serde_json::json!({ "secret": secret, "items": items });
     serde_json::from_slice(&run_python(script, &request, "slack_sdk signing")).expect("signatures")
+}
+
+/// `Paddle-Signature` values (`ts=<t>;h1=<hex>`, one `h1` per secret of `secrets`, as during a
+/// rotation) of each (timestamp, body), from `paddle-python-sdk`'s
+/// `PaddleSignature.calculate_hmac(secret, b"{ts}:{body}")`; each is checked by the SDK's own
+/// `PaddleSignature().verify(header, body, [Secret…])` before it is returned.
+pub fn paddle_sign(secrets: &[&str], items: &[(i64, &str)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+from paddle_billing.Notifications.PaddleSignature import PaddleSignature
+from paddle_billing.Notifications.Secret import Secret
+req = json.load(sys.stdin)
+out = []
+for t, body in req["items"]:
+    h1 = [PaddleSignature.calculate_hmac(s, f"{t}:{body}".encode()).hexdigest() for s in req["secrets"]]
+    header = f"ts={t};" + ";".join(f"h1={h}" for h in h1)
+    assert PaddleSignature().verify(header, body, [Secret(s) for s in req["secrets"]])
+    out.append(header)
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "secrets": secrets, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "paddle-python-sdk signing"))
+        .expect("signatures")
+}
+
+/// `Linear-Signature` values (hex HMAC-SHA256 of the raw body, as Linear signs) of each body
+/// under `secret`; each body whose `webhookTimestamp` is within the SDK's 60 s of now must also
+/// pass `@linear/sdk/webhooks`'s `new LinearWebhookClient(secret).verify(body, signature)`, so
+/// the test sends what Linear's own verifier accepts.
+pub fn linear_sign(secret: &str, bodies: &[&str]) -> Vec<String> {
+    let script = format!(
+        r#"import crypto from "node:crypto";
+import {{ LinearWebhookClient }} from "@linear/sdk/webhooks";
+{READ_STDIN}
+const client = new LinearWebhookClient(req.secret);
+const out = [];
+for (const body of req.bodies) {{
+  const signature = crypto.createHmac("sha256", req.secret).update(body).digest("hex");
+  const ts = JSON.parse(body).webhookTimestamp;
+  if (Math.abs(Date.now() - ts) < 50000 && client.verify(Buffer.from(body), signature) !== true)
+    throw new Error("@linear/sdk refused " + body);
+  out.push(signature);
+}}
+process.stdout.write(JSON.stringify(out));"#
+    );
+    let out = run_node(&script, &request(secret, bodies), "@linear/sdk checking");
+    serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `x-zm-signature` values (`v0=<hex>` of `v0:{timestamp}:{body}`, a plain HMAC, as Zoom signs)
+/// of each (timestamp, body) under `secret`, each with what `@zoom/rivet`'s
+/// `AwsLambdaReceiver({webhooksSecretToken})` answers it: every one must be a 200 (Rivet checks
+/// no timestamp, so stale ones too), and the answer's body is returned (for a url_validation,
+/// its `{plainToken, encryptedToken}`). Rivet signs `JSON.stringify(JSON.parse(body))`, so the
+/// bodies must be compact JSON.
+pub fn zoom_sign(secret: &str, items: &[(i64, &str)]) -> Vec<(String, serde_json::Value)> {
+    let script = format!(
+        r#"import crypto from "node:crypto";
+import {{ createRequire }} from "node:module";
+// Rivet logs each event on stdout (console.debug): to stderr, keeping stdout for the answer.
+for (const level of ["log", "info", "debug"]) console[level] = (...args) => console.error(...args);
+const require = createRequire(process.cwd() + "/");
+const {{ AwsLambdaReceiver }} = require("@zoom/rivet/meetings");
+{READ_STDIN}
+const receiver = new AwsLambdaReceiver({{ webhooksSecretToken: req.secret }});
+receiver.init({{ eventEmitter: {{ emit: async () => {{}} }} }});
+const handle = receiver.start();
+const out = [];
+for (const [t, body] of req.items) {{
+  const ts = String(t);
+  const signature = "v0=" + crypto.createHmac("sha256", req.secret).update(`v0:${{ts}}:${{body}}`).digest("hex");
+  const answer = await handle({{ body, headers: {{ "x-zm-signature": signature, "x-zm-request-timestamp": ts }} }}, {{}});
+  if (answer.statusCode !== 200) throw new Error("@zoom/rivet refused " + body + ": " + JSON.stringify(answer));
+  out.push([signature, JSON.parse(answer.body)]);
+}}
+process.stdout.write(JSON.stringify(out));"#
+    );
+    let request = serde_json::json!({ "secret": secret, "items": items });
+    let out = run_node(&script, &request, "@zoom/rivet checking");
+    serde_json::from_slice(&out).expect("signatures")
+}
+
+/// `x-square-hmacsha256-signature` values (base64 HMAC-SHA256 of `{url}{body}`, as Square signs;
+/// its SDKs only verify) of each (notification URL, body) under `key`; each must pass the pip
+/// `squareup`'s `square.utils.webhooks_helper.verify_signature` for that URL, and fail it for
+/// another, before it is returned.
+pub fn square_sign(key: &str, items: &[(&str, &str)]) -> Vec<String> {
+    let script = r#"
+import base64, hashlib, hmac, json, sys
+from square.utils.webhooks_helper import verify_signature
+req = json.load(sys.stdin)
+out = []
+for url, body in req["items"]:
+    sig = base64.b64encode(hmac.new(req["key"].encode(), (url + body).encode(), hashlib.sha256).digest()).decode()
+    assert verify_signature(request_body=body, signature_header=sig, signature_key=req["key"], notification_url=url)
+    assert not verify_signature(request_body=body, signature_header=sig, signature_key=req["key"], notification_url=url + "x")
+    out.append(sig)
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "key": key, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "squareup checking")).expect("signatures")
 }

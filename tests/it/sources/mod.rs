@@ -17,9 +17,13 @@ use dedup_worker::Service;
 use serde_json::{json, Value};
 
 mod github;
+mod linear;
+mod paddle;
 mod shopify;
 mod slack;
+mod square;
 mod start;
+mod zoom;
 
 /// A delivery: its headers and raw body.
 pub(super) struct Delivery {
