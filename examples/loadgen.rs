@@ -1,10 +1,15 @@
-//! Load harness for the Stripe ingress: many keep-alive connections, each request a fresh event
+//! Load harness for the webhook ingress: many keep-alive connections, each request a fresh event
 //! signed at send time, latencies in an HDR histogram.
 //!
 //! ```text
 //! cargo run --release --example loadgen -- --url http://127.0.0.1:8080/webhooks/stripe \
 //!     --secret whsec_bench --connections 64 --seconds 10
+//! cargo run --release --example loadgen -- --url http://127.0.0.1:8080/webhooks/github \
+//!     --scheme github --secret bench --connections 64 --seconds 10
 //! ```
+//! `--scheme github` sends what a GitHub source receives (the same JSON body, signed in
+//! `X-Hub-Signature-256`, its id in `X-GitHub-Delivery`), so the two routes can be compared on
+//! the same work.
 //! Prints requests/s, p50/p99/max latency and the count of non-2xx answers. The loop is bounded
 //! by `--seconds` (and `--requests`, if given) and stops by itself.
 
@@ -46,6 +51,47 @@ struct Args {
     /// on the same few index pages.
     #[arg(long)]
     random_ids: bool,
+    /// How each request is signed: `stripe` (`Stripe-Signature`, the id in the body) or
+    /// `github` (`X-Hub-Signature-256`, the id in `X-GitHub-Delivery`).
+    #[arg(long, value_enum, default_value_t = Scheme::Stripe)]
+    scheme: Scheme,
+}
+
+/// The sender whose signature and headers each request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scheme {
+    Stripe,
+    Github,
+}
+
+/// `request`'s signature and id headers for `scheme`, over `body` signed with `secret`.
+fn signed(
+    request: hyper::http::request::Builder,
+    scheme: Scheme,
+    secret: &str,
+    id: &str,
+    body: &str,
+) -> hyper::http::request::Builder {
+    match scheme {
+        Scheme::Stripe => {
+            let t = chrono::Utc::now().timestamp();
+            let signature =
+                dedup_worker::signature::stripe::signature_header(secret, t, body.as_bytes());
+            request.header("stripe-signature", signature)
+        }
+        Scheme::Github => {
+            use hmac::Mac;
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+                .expect("HMAC takes any key");
+            mac.update(body.as_bytes());
+            let signature = hex::encode(mac.finalize().into_bytes());
+            request
+                .header("x-hub-signature-256", format!("sha256={signature}"))
+                .header("x-github-event", "issues")
+                .header("x-github-hook-id", "1")
+                .header("x-github-delivery", id)
+        }
+    }
 }
 
 /// A Stripe-like id for `(prefix, worker, n)`: random-looking, and the same for a repeat.
@@ -90,7 +136,8 @@ async fn main() -> anyhow::Result<()> {
             args.prefix.clone(),
             totals.clone(),
         );
-        let (limit, duplicates, random_ids) = (args.requests, args.duplicates, args.random_ids);
+        let (limit, duplicates, random_ids, scheme) =
+            (args.requests, args.duplicates, args.random_ids, args.scheme);
         tasks.push(tokio::spawn(async move {
             let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
@@ -117,12 +164,10 @@ async fn main() -> anyhow::Result<()> {
                 let body = format!(
                     r#"{{"id":"{id}","object":"event","type":"invoice.paid","created":{created},"data":{{"object":{{"id":"in_{id}","amount_paid":1999,"currency":"usd"}}}}}}"#
                 );
-                let t = chrono::Utc::now().timestamp();
-                let signature = dedup_worker::signature::stripe::signature_header(&secret, t, body.as_bytes());
                 let request = hyper::Request::post(path.as_str())
                     .header("host", host.as_str())
-                    .header("content-type", "application/json")
-                    .header("stripe-signature", signature)
+                    .header("content-type", "application/json");
+                let request = signed(request, scheme, &secret, &id, &body)
                     .body(Full::new(Bytes::from(body)))?;
                 let sent_at = Instant::now();
                 let response = sender.send_request(request).await?;
