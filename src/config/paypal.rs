@@ -92,8 +92,9 @@ pub(super) fn certificate_url_prefixes<'de, D: Deserializer<'de>>(
 }
 
 /// One allowed prefix: an `https://` URL (or `http://` on a loopback host, for a test's own
-/// certificate server) whose path ends with `/`, so it names a folder and the host cannot be
-/// extended (`https://api.paypal.com.example`), with no user, query or fragment.
+/// certificate server) with no user, query or fragment, whose path ends with `/`, so it names
+/// a folder (`/certs` would admit `/certs-of-anyone`). Hosts are compared whole, so
+/// `https://api.paypal.com` cannot be extended into `https://api.paypal.com.example`.
 pub fn certificate_url_prefix(text: &str) -> Result<Url, String> {
     let url = Url::parse(text).map_err(|e| format!("`{text}` is not a URL: {e}"))?;
     let loopback = match url.host() {
@@ -204,4 +205,111 @@ pub(super) fn check_paypal_keys(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::providers::{Format, Serialized, Toml};
+    use figment::Figment;
+
+    use crate::config::{ConfigError, Settings, DEFAULT_TOML};
+
+    const PEM: &str = include_str!("../signature/testdata/rsa_test_certificate.pem");
+
+    fn load(extra: &str) -> Result<Settings, ConfigError> {
+        Settings::from_figment(
+            Figment::from(Toml::string(DEFAULT_TOML))
+                .merge(Serialized::default("stripe.secrets", "whsec_test"))
+                .merge(Toml::string(extra)),
+        )
+    }
+
+    #[test]
+    fn a_paypal_source_needs_its_webhook_id_and_no_secret() {
+        let s = load("[sources.paypal]\nscheme = \"paypal\"\nwebhook_id = \"1JE4291016473214C\"\n")
+            .expect("valid");
+        let paypal = &s.sources["paypal"];
+        assert_eq!(paypal.webhook_id.as_deref(), Some("1JE4291016473214C"));
+        assert!(paypal.certificate.is_none() && paypal.certificate_url_prefixes.is_empty());
+        assert_eq!(paypal.tolerance_secs(), 300);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("paypal.pem");
+        std::fs::write(&path, PEM).unwrap();
+        for certificate in [PEM.to_owned(), path.display().to_string()] {
+            let s = load(&format!(
+                "[sources.paypal]\nscheme = \"paypal\"\nwebhook_id = \"W1\"\ncertificate = '''{certificate}'''\n"
+            ))
+            .expect("a configured certificate, inline or by path");
+            assert!(s.sources["paypal"].certificate.is_some());
+        }
+        let s = load(
+            "[sources.paypal]\nscheme = \"paypal\"\nwebhook_id = \"W1\"\n\
+             certificate_url_prefixes = \"http://127.0.0.1:4000/certs/, https://certs.example.com/p/\"\n",
+        )
+        .expect("prefixes, comma-separated");
+        assert_eq!(s.sources["paypal"].certificate_url_prefixes.len(), 2);
+    }
+
+    #[test]
+    fn each_paypal_refusal_names_the_key() {
+        let base = "[sources.paypal]\nscheme = \"paypal\"\n";
+        for (extra, key, why) in [
+            ("", "sources.paypal.webhook_id", "no webhook id"),
+            ("webhook_id = \" \"\n", "sources.paypal.webhook_id", "no webhook id"),
+            ("webhook_id = \"1JE-42\"\n", "sources.paypal.webhook_id", "letters and digits"),
+            (
+                "webhook_id = \"W1\"\nsecrets = \"s\"\n",
+                "sources.paypal.secrets",
+                "shares no secret",
+            ),
+            (
+                "webhook_id = \"W1\"\ncertificate = \"/nonexistent/paypal.pem\"\n",
+                "sources.paypal.certificate",
+                "readable file",
+            ),
+            (
+                "webhook_id = \"W1\"\ncertificate = \"-----BEGIN CERTIFICATE-----\\nAA==\\n-----END CERTIFICATE-----\\n\"\n",
+                "sources.paypal.certificate",
+                "not a usable PEM certificate",
+            ),
+            (
+                "webhook_id = \"W1\"\ncertificate_url_prefixes = [\"http://certs.example.com/\"]\n",
+                "sources.paypal.certificate_url_prefixes",
+                "https://",
+            ),
+            (
+                "webhook_id = \"W1\"\ncertificate_url_prefixes = [\"https://api.paypal.com/v1/certs\"]\n",
+                "sources.paypal.certificate_url_prefixes",
+                "ending with /",
+            ),
+            (
+                "webhook_id = \"W1\"\ncertificate_url_prefixes = [\"https://u@api.paypal.com/c/\"]\n",
+                "sources.paypal.certificate_url_prefixes",
+                "without user",
+            ),
+        ] {
+            let text = load(&format!("{base}{extra}")).expect_err(extra).to_string();
+            assert!(text.contains(key) && text.contains(why), "{extra}: {text}");
+        }
+        let both = format!(
+            "{base}webhook_id = \"W1\"\ncertificate = '''{PEM}'''\n\
+             certificate_url_prefixes = [\"https://api.paypal.com/c/\"]\n"
+        );
+        let text = load(&both).expect_err("both").to_string();
+        assert!(
+            text.contains("`sources.paypal.certificate_url_prefixes`"),
+            "{text}"
+        );
+        let text =
+            load("[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\nwebhook_id = \"W1\"\n")
+                .expect_err("webhook_id on github")
+                .to_string();
+        assert!(
+            text.contains("`sources.github.webhook_id`") && text.contains("only the paypal"),
+            "{text}"
+        );
+        load("[roles]\ningress = false\n[sources.paypal]\nscheme = \"paypal\"\n")
+            .expect("a consume-only process needs no webhook id");
+    }
 }
