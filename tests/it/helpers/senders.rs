@@ -243,6 +243,15 @@ pub fn paypal_sign(
     items: &[(&str, &str, &str, &str)],
     valid_days: (i64, i64),
 ) -> (String, Vec<String>) {
+    paypal_sign_as("messageverificationcerts.paypal.com", items, valid_days)
+}
+
+/// [`paypal_sign`] with a certificate whose common name is `common_name`.
+pub fn paypal_sign_as(
+    common_name: &str,
+    items: &[(&str, &str, &str, &str)],
+    valid_days: (i64, i64),
+) -> (String, Vec<String>) {
     let script = r#"
 import base64, datetime, json, sys
 from cryptography import x509
@@ -252,7 +261,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa, padding
 from paypalrestsdk.notifications import WebhookEvent
 req = json.load(sys.stdin)
 key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "messageverificationcerts.paypal.com")])
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, req["common_name"])])
 now = datetime.datetime.now(datetime.timezone.utc)
 cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
     .serial_number(x509.random_serial_number())
@@ -267,7 +276,11 @@ for transmission_id, time, webhook_id, body in req["items"]:
     out.append(base64.b64encode(signature).decode())
 json.dump([cert.public_bytes(serialization.Encoding.PEM).decode(), out], sys.stdout)
 "#;
-    let request = serde_json::json!({ "items": items, "valid": [valid_days.0, valid_days.1] });
+    let request = serde_json::json!({
+        "items": items,
+        "valid": [valid_days.0, valid_days.1],
+        "common_name": common_name,
+    });
     serde_json::from_slice(&run_python(
         script,
         &request,

@@ -15,7 +15,7 @@ use chrono::{DateTime, SecondsFormat};
 use serde_json::{json, Value};
 
 use super::{assert_refused, handler_runs_after, ingress_only, once_each, post, queued, Delivery};
-use crate::helpers::senders::paypal_sign;
+use crate::helpers::senders::{paypal_sign, paypal_sign_as};
 use crate::helpers::{now, serve, Backend, TestDb};
 
 const WEBHOOK_ID: &str = "1JE4291016473214C";
@@ -196,8 +196,8 @@ impl CertificateServer {
 
 /// The fetch path, with the source's `certificate_url_prefixes` pointed at loopback servers
 /// (PayPal's hosts otherwise): the named certificate is fetched once for two deliveries; a URL
-/// outside the prefixes is refused with nothing fetched; an expired certificate is refused; a
-/// certificate that cannot be fetched (server down, 404) is a 503 with `Retry-After`.
+/// outside the prefixes is refused with nothing fetched; an expired certificate, or one not
+/// named as PayPal's, is refused; a certificate that cannot be fetched (server down, 404) is a 503 with `Retry-After`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_named_certificate_is_fetched_once_from_the_allowed_prefix_only() {
     let t = now();
@@ -212,8 +212,14 @@ async fn the_named_certificate_is_fetched_once_from_the_allowed_prefix_only() {
         (-1, 1),
     );
     let (expired, under_expired) = paypal_sign(&[("tx-c", &fresh, WEBHOOK_ID, &c)], (-3, -1));
-    let server =
-        CertificateServer::start(vec![("paypal.pem", certificate), ("expired.pem", expired)]).await;
+    let (not_paypals, under_not_paypals) =
+        paypal_sign_as("example.com", &[("tx-c", &fresh, WEBHOOK_ID, &c)], (-1, 1));
+    let server = CertificateServer::start(vec![
+        ("paypal.pem", certificate),
+        ("expired.pem", expired),
+        ("other.pem", not_paypals),
+    ])
+    .await;
     // A port nothing listens on: a certificate host that is down.
     let down = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -273,15 +279,32 @@ async fn the_named_certificate_is_fetched_once_from_the_allowed_prefix_only() {
     .await;
     assert_eq!(server.fetches(), 1, "nothing fetched for a refused URL");
 
-    let expired_url = format!("http://{}/certs/expired.pem", server.addr);
+    let served = |name: &str| format!("http://{}/certs/{name}", server.addr);
     assert_refused(
         &app,
         "paypal",
-        &[(
-            "a certificate past its validity",
-            delivery(("tx-c", &fresh), &under_expired[0], &expired_url, &c),
-            "certificate_validity",
-        )],
+        &[
+            (
+                "a certificate past its validity",
+                delivery(
+                    ("tx-c", &fresh),
+                    &under_expired[0],
+                    &served("expired.pem"),
+                    &c,
+                ),
+                "certificate_validity",
+            ),
+            (
+                "a certificate that is not PayPal's message-verification one",
+                delivery(
+                    ("tx-c", &fresh),
+                    &under_not_paypals[0],
+                    &served("other.pem"),
+                    &c,
+                ),
+                "certificate_subject",
+            ),
+        ],
     )
     .await;
 
