@@ -138,9 +138,10 @@ pub(super) enum Identified {
 
 /// One sender's rules.
 pub(super) trait Scheme: Send + Sync {
-    /// Whether one of `keys.secrets` signed this delivery (compared in constant time), and, for
-    /// a scheme that signs a timestamp, whether it is within the tolerance. A 400 problem
-    /// naming the failed check otherwise.
+    /// Whether one of `keys.secrets` signed this delivery (compared in constant time), or, for a
+    /// scheme that signs with a certificate, `keys.certificate`; and, for a scheme that signs a
+    /// timestamp, whether it is within the tolerance. A 400 problem naming the failed check
+    /// otherwise.
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem>;
 
     /// What the delivery is; called only once it verified, so a forger learns nothing of the
