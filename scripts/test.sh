@@ -4,7 +4,8 @@
 # tests use (the official `stripe` library as an independent signer, the official `standardwebhooks`
 # library as an independent verifier of what the HTTP sink signs, `cryptography` as an independent
 # ed25519 signer and verifier for Standard Webhooks `v1a`, `moto[server]` as the SQS emulator,
-# `slack_sdk` as Slack's signer) and the npm packages of GitHub's and Shopify's signers (under
+# `slack_sdk` as Slack's signer, `paypalrestsdk` for the string PayPal signs, its pyOpenSSL pinned to
+# one that keeps the installed `cryptography`) and the npm packages of GitHub's and Shopify's signers (under
 # target/sender-sdks) are installed, moto_server is started on a free port for the run and stopped after (through
 # scripts/moto_server.py, which closes a race of moto's that loses a sent message); Debian's
 # prometheus and docker-compose are installed when missing (tests/it/operations/), and chromium
@@ -144,7 +145,7 @@ export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
   'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4' 'paddle-python-sdk==1.16.1' \
-  'squareup==46.0.0.20260916'
+  'squareup==46.0.0.20260916' 'paypalrestsdk==1.13.3' 'pyOpenSSL==26.2.0'
 
 # --- Node packages ----------------------------------------------------------------------------
 # The senders' own libraries sign the deliveries of tests/it/sources/ where they are JavaScript:

@@ -20,6 +20,7 @@ use crate::telemetry::LogFormat;
 
 mod admin;
 mod bounds;
+mod paypal;
 mod secrets;
 mod sink;
 mod sources;
@@ -27,6 +28,9 @@ mod validate;
 
 pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
 pub use bounds::{whole_days, whole_hours};
+pub use paypal::{
+    certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
+};
 pub use secrets::{
     redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };

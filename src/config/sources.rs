@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
+use super::paypal::{certificate_url_prefixes, check_paypal_keys, configured_certificate};
 use super::{ConfigError, Secret};
+use crate::signature::certificate::RsaCertificate;
 
 /// Routes that exist whatever the configuration says: a source of that name would be shadowed
 /// by them (axum matches a fixed path before `/webhooks/{name}`), and its events would share a
@@ -36,6 +38,9 @@ pub enum SchemeKind {
     Linear,
     /// `Paddle-Signature: ts=<unix>;h1=<hex>` over `{ts}:{body}`; id the body's `event_id`.
     Paddle,
+    /// `PAYPAL-TRANSMISSION-SIG`, `SHA256withRSA` under PayPal's certificate over
+    /// `{transmission id}|{transmission time}|{webhook_id}|{crc32(body)}`; id the body's `id`.
+    Paypal,
     /// `X-Shopify-Hmac-Sha256: <base64>` over the raw body; id `X-Shopify-Event-Id`.
     Shopify,
     /// `X-Slack-Signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's `event_id`.
@@ -55,6 +60,7 @@ impl SchemeKind {
             SchemeKind::Github => "github",
             SchemeKind::Linear => "linear",
             SchemeKind::Paddle => "paddle",
+            SchemeKind::Paypal => "paypal",
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
             SchemeKind::Square => "square",
@@ -66,7 +72,11 @@ impl SchemeKind {
     pub fn signs_a_timestamp(self) -> bool {
         matches!(
             self,
-            SchemeKind::Linear | SchemeKind::Paddle | SchemeKind::Slack | SchemeKind::Zoom
+            SchemeKind::Linear
+                | SchemeKind::Paddle
+                | SchemeKind::Paypal
+                | SchemeKind::Slack
+                | SchemeKind::Zoom
         )
     }
 
@@ -97,7 +107,7 @@ pub struct SourceSettings {
     pub scheme: SchemeKind,
     /// Signing secrets, each tried (rotation): a list, or one comma-separated string
     /// (`DEDUP_SOURCES__NAME__SECRETS=a,b`). Kept out of `Debug` output by [`Secret`]. At least
-    /// one is required.
+    /// one is required, except for `paypal`, which shares none (and refuses them).
     #[serde(default, deserialize_with = "comma_separated_source_secrets")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions, for schemes that sign a timestamp;
@@ -110,6 +120,20 @@ pub struct SourceSettings {
     /// others. Behind a proxy, the public one, not the one this process sees.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// `paypal` only, and required there: the webhook's id as PayPal shows it, which PayPal
+    /// signs into every delivery (a delivery for another webhook does not verify).
+    #[serde(default)]
+    pub webhook_id: Option<String>,
+    /// `paypal` only: PayPal's certificate (PEM text, or the path of a PEM file), used for every
+    /// delivery instead of fetching the one it names. Parsed at start.
+    #[serde(default, deserialize_with = "configured_certificate")]
+    pub certificate: Option<RsaCertificate>,
+    /// `paypal` only: where a delivery's `PAYPAL-CERT-URL` may point, as URL prefixes (a list
+    /// or one comma-separated string); empty means PayPal's own
+    /// ([`super::PAYPAL_CERTIFICATE_URL_PREFIXES`]). For a test's certificate server, not for
+    /// production: anything else lets whoever serves there sign deliveries.
+    #[serde(default, deserialize_with = "certificate_url_prefixes")]
+    pub certificate_url_prefixes: Vec<url::Url>,
 }
 
 impl SourceSettings {
@@ -198,7 +222,8 @@ pub(super) fn check_source(
             ),
         ));
     }
-    if ingress && source.secrets.is_empty() {
+    check_paypal_keys(source, ingress, &name.to_ascii_uppercase(), &key)?;
+    if ingress && source.secrets.is_empty() && source.scheme != SchemeKind::Paypal {
         return Err(ConfigError::invalid_at(
             key("secrets"),
             format!(

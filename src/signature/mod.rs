@@ -10,9 +10,12 @@
 //! * [`secrets`]: Standard Webhooks' `whsec_` secrets decoded into their keys, the MAC both
 //!   sides compute, and the sink's signing keys (`whsec_` or `whsk_`).
 //! * [`ed25519`]: the `whsk_` secret and `whpk_` public keys of `v1a`.
+//! * [`certificate`]: an X.509 certificate's RSA key and validity, for senders that sign with
+//!   `SHA256withRSA` (PayPal).
 //!
 //! It imports nothing of the pipeline: the configuration holds these types, never the reverse.
 
+pub mod certificate;
 pub mod ed25519;
 pub mod secrets;
 pub mod standard;

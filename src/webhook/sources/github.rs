@@ -79,6 +79,8 @@ mod tests {
                 tolerance_secs: 300,
                 now: 0,
                 public_url: None,
+                webhook_id: None,
+                certificate: None,
             },
         )
     }

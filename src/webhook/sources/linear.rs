@@ -112,6 +112,8 @@ mod tests {
                     tolerance_secs: 60,
                     now,
                     public_url: None,
+                    webhook_id: None,
+                    certificate: None,
                 },
             )
         };

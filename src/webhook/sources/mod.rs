@@ -1,9 +1,11 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, linear.rs, paddle.rs, shopify.rs,
+//! A scheme is one file here (github.rs, linear.rs, paddle.rs, paypal.rs, shopify.rs,
 //! slack.rs, square.rs, zoom.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
-//! delivery is (its dedup id and type, or a handshake to answer). Everything else is the same
+//! delivery is (its dedup id and type, or a handshake to answer). A scheme whose key is a
+//! certificate the delivery names (PayPal) says which, and the route resolves it
+//! (`paypal_certificates.rs`: configured, cached or fetched, async) before the sync checks. Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
 //! of the dedup key and the `source` label of the metrics, a forgery is a 400 problem with
 //! nothing enqueued, and a 2xx is answered only once the event is durable.
@@ -29,6 +31,7 @@ use crate::config::{SchemeKind, SourceSettings};
 use crate::event::EventField;
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
+use crate::signature::certificate::RsaCertificate;
 use crate::webhook::deliver::{
     answer, checked, header_text, invalid_signature, publish, read_body, receive_span,
     record_event, Accepted, Clock,
@@ -37,6 +40,8 @@ use crate::webhook::deliver::{
 mod github;
 mod linear;
 mod paddle;
+mod paypal;
+mod paypal_certificates;
 mod shopify;
 mod slack;
 mod square;
@@ -57,6 +62,10 @@ pub struct Source {
     tolerance_secs: u64,
     /// The URL the sender posts to, for schemes that sign it (Square).
     public_url: Option<String>,
+    /// The receiver's id the sender signs into each delivery (PayPal's webhook id).
+    webhook_id: Option<String>,
+    /// Where the certificate a delivery is verified with comes from (PayPal).
+    certificates: Option<paypal_certificates::Certificates>,
 }
 
 /// Every configured source by name; shared by the route's clones.
@@ -78,6 +87,9 @@ pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
                         .collect(),
                     tolerance_secs: source.tolerance_secs(),
                     public_url: source.public_url.clone(),
+                    webhook_id: source.webhook_id.clone(),
+                    certificates: (source.scheme == SchemeKind::Paypal)
+                        .then(|| paypal_certificates::Certificates::from_settings(source)),
                 };
                 (name.clone(), ready)
             })
@@ -103,6 +115,11 @@ pub(super) struct Keys<'a> {
     pub now: i64,
     /// The URL the sender was given, as configured (`public_url`), for schemes that sign it.
     pub public_url: Option<&'a str>,
+    /// The receiver's id as the sender signs it (PayPal's `webhook_id`).
+    pub webhook_id: Option<&'a str>,
+    /// The certificate the delivery named, resolved before [`Scheme::verify`], for schemes
+    /// that sign with one ([`Scheme::certificate_url`]).
+    pub certificate: Option<&'a RsaCertificate>,
 }
 
 /// What a verified delivery is.
@@ -121,14 +138,27 @@ pub(super) enum Identified {
 
 /// One sender's rules.
 pub(super) trait Scheme: Send + Sync {
-    /// Whether one of `keys.secrets` signed this delivery (compared in constant time), and, for
-    /// a scheme that signs a timestamp, whether it is within the tolerance. A 400 problem
-    /// naming the failed check otherwise.
+    /// Whether one of `keys.secrets` signed this delivery (compared in constant time), or, for a
+    /// scheme that signs with a certificate, `keys.certificate`; and, for a scheme that signs a
+    /// timestamp, whether it is within the tolerance. A 400 problem naming the failed check
+    /// otherwise.
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem>;
 
     /// What the delivery is; called only once it verified, so a forger learns nothing of the
     /// rules on ids.
     fn identify(&self, delivery: &Delivery<'_>) -> Result<Identified, Problem>;
+
+    /// For a scheme that signs with a certificate the delivery names (PayPal): its URL, once
+    /// every check that needs no key passed (headers, timestamp), so a forgery that fails them
+    /// costs no fetch; the route then resolves it into [`Keys::certificate`]. `None` for the
+    /// schemes keyed by their secrets.
+    fn certificate_url<'d>(
+        &self,
+        _delivery: &Delivery<'d>,
+        _keys: &Keys<'_>,
+    ) -> Result<Option<&'d str>, Problem> {
+        Ok(None)
+    }
 
     /// [`Scheme::identify`] given the keys, for a scheme whose handshake answer is keyed (Zoom's
     /// `encryptedToken`); called only once the delivery verified under `keys`.
@@ -147,6 +177,7 @@ fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
         SchemeKind::Github => &github::Github,
         SchemeKind::Linear => &linear::Linear,
         SchemeKind::Paddle => &paddle::Paddle,
+        SchemeKind::Paypal => &paypal::Paypal,
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
         SchemeKind::Square => &square::Square,
@@ -217,12 +248,22 @@ async fn receive_from(
         body: &body,
     };
     let scheme = scheme(source.kind);
-    let keys = Keys {
+    let mut keys = Keys {
         secrets: &source.secrets,
         tolerance_secs: source.tolerance_secs,
         now: (state.clock)(),
         public_url: source.public_url.as_deref(),
+        webhook_id: source.webhook_id.as_deref(),
+        certificate: None,
     };
+    let certificate = match (
+        scheme.certificate_url(&delivery, &keys)?,
+        &source.certificates,
+    ) {
+        (Some(url), Some(certificates)) => Some(certificates.for_url(url, keys.now).await?),
+        _ => None,
+    };
+    keys.certificate = certificate.as_deref();
     scheme.verify(&delivery, &keys)?;
     let (id, event_type) = match scheme.identify_keyed(&delivery, &keys)? {
         Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),

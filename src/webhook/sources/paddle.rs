@@ -169,6 +169,8 @@ mod tests {
                     tolerance_secs: 300,
                     now,
                     public_url: None,
+                    webhook_id: None,
+                    certificate: None,
                 },
             )
         };

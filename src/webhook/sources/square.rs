@@ -94,6 +94,8 @@ mod tests {
                     tolerance_secs: 0,
                     now: 0,
                     public_url: Some(url),
+                    webhook_id: None,
+                    certificate: None,
                 },
             )
         };

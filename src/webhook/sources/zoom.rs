@@ -95,6 +95,8 @@ impl Scheme for Zoom {
                 tolerance_secs: 0,
                 now: 0,
                 public_url: None,
+                webhook_id: None,
+                certificate: None,
             },
         )
     }
@@ -239,6 +241,8 @@ mod tests {
             tolerance_secs: 300,
             now: 1_654_503_849,
             public_url: None,
+            webhook_id: None,
+            certificate: None,
         };
         let delivery = Delivery {
             headers: &headers,

@@ -6,7 +6,10 @@
 //! verifies: its deliveries are signed by a plain HMAC and each one that is within its window
 //! is checked by the SDK's `LinearWebhookClient.verify`; so are Zoom's, by `@zoom/rivet`'s
 //! `AwsLambdaReceiver`, which also gives its answer to a url_validation; and Square's, by the
-//! pip `squareup`'s `verify_signature`. One node or python process signs every item of a call. scripts/test.sh installs them (the npm
+//! pip `squareup`'s `verify_signature`. PayPal signs on its servers with a key of its own, and no
+//! maintained SDK of PayPal's signs or verifies offline: its deliveries are signed by a test key
+//! and self-signed certificate (`cryptography`), over the string the deprecated `paypalrestsdk`'s
+//! `WebhookEvent._get_expected_sig` builds. One node or python process signs every item of a call. scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -228,4 +231,60 @@ json.dump(out, sys.stdout)
 "#;
     let request = serde_json::json!({ "key": key, "items": items });
     serde_json::from_slice(&run_python(script, &request, "squareup checking")).expect("signatures")
+}
+
+/// A PayPal signing key of the test's own: a fresh RSA 2048 key and its self-signed
+/// certificate named as PayPal's (`messageverificationcerts.paypal.com`), valid from
+/// `valid_days.0` to `valid_days.1` days from now; and the base64 `SHA256withRSA` signature of each (transmission
+/// id, transmission time, webhook id, body), over the string `paypalrestsdk`'s
+/// `WebhookEvent._get_expected_sig` builds (`{id}|{time}|{webhook id}|{crc32(body)}`), checked
+/// by `cryptography` against the certificate before it is returned.
+pub fn paypal_sign(
+    items: &[(&str, &str, &str, &str)],
+    valid_days: (i64, i64),
+) -> (String, Vec<String>) {
+    paypal_sign_as("messageverificationcerts.paypal.com", items, valid_days)
+}
+
+/// [`paypal_sign`] with a certificate whose common name is `common_name`.
+pub fn paypal_sign_as(
+    common_name: &str,
+    items: &[(&str, &str, &str, &str)],
+    valid_days: (i64, i64),
+) -> (String, Vec<String>) {
+    let script = r#"
+import base64, datetime, json, sys
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa, padding
+from paypalrestsdk.notifications import WebhookEvent
+req = json.load(sys.stdin)
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, req["common_name"])])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+    .serial_number(x509.random_serial_number())
+    .not_valid_before(now + datetime.timedelta(days=req["valid"][0]))
+    .not_valid_after(now + datetime.timedelta(days=req["valid"][1]))
+    .sign(key, hashes.SHA256()))
+out = []
+for transmission_id, time, webhook_id, body in req["items"]:
+    signed = WebhookEvent._get_expected_sig(transmission_id, time, webhook_id, body).encode()
+    signature = key.sign(signed, padding.PKCS1v15(), hashes.SHA256())
+    cert.public_key().verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
+    out.append(base64.b64encode(signature).decode())
+json.dump([cert.public_bytes(serialization.Encoding.PEM).decode(), out], sys.stdout)
+"#;
+    let request = serde_json::json!({
+        "items": items,
+        "valid": [valid_days.0, valid_days.1],
+        "common_name": common_name,
+    });
+    serde_json::from_slice(&run_python(
+        script,
+        &request,
+        "paypalrestsdk string, cryptography signing",
+    ))
+    .expect("certificate and signatures")
 }

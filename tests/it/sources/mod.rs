@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 mod github;
 mod linear;
 mod paddle;
+mod paypal;
 mod shopify;
 mod slack;
 mod square;

@@ -1,7 +1,7 @@
 //! The real binary, its sources configured from the environment (`DEDUP_SOURCES__NAME__…`):
 //! comma-separated secrets each verify, the metrics count under the source's name, and a
-//! source that cannot work (an empty secret, a taken name, an unknown scheme) stops the start
-//! naming its key.
+//! source that cannot work (an empty secret, a taken name, an unknown scheme, a PayPal source
+//! without its webhook id or with an unreadable certificate) stops the start naming its key.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -153,6 +153,21 @@ fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
                 ("DEDUP_SOURCES__GITHUB__SECRETS", "x"),
             ][..],
             "sources.github.scheme",
+        ),
+        (
+            &[("DEDUP_SOURCES__PAYPAL__SCHEME", "paypal")][..],
+            "sources.paypal.webhook_id",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__PAYPAL__SCHEME", "paypal"),
+                ("DEDUP_SOURCES__PAYPAL__WEBHOOK_ID", "1JE4291016473214C"),
+                (
+                    "DEDUP_SOURCES__PAYPAL__CERTIFICATE",
+                    "/nonexistent/paypal.pem",
+                ),
+            ][..],
+            "sources.paypal.certificate",
         ),
     ] {
         let mut vars = vec![
