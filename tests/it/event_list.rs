@@ -294,6 +294,7 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
     let mut query = EventQuery {
         id,
         type_prefix: Some(PREFIXES[search.prefix].to_owned()),
+        source: None,
         since_ms: search.since.map(|s| TIMES[s]),
         until_ms: search.until.map(|u| TIMES[u]),
         outcome: OutcomeFilter::parse(OutcomeFilter::NAMES[search.outcome]).expect("a name"),
