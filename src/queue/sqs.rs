@@ -257,10 +257,8 @@ impl SqsQueue {
                 .message_attributes(STRIPE_SIGNATURE_ATTRIBUTE, string_attribute(signature)?);
         }
         if let Some(sender_headers) = message.sender_headers.to_wire() {
-            request = request.message_attributes(
-                SENDER_HEADERS_ATTRIBUTE,
-                string_attribute(&sender_headers)?,
-            );
+            request = request
+                .message_attributes(SENDER_HEADERS_ATTRIBUTE, string_attribute(&sender_headers)?);
         }
         request.send().await.map_err(unavailable)?;
         Ok(())

@@ -16,7 +16,7 @@ use crate::helpers::senders::{
     zoom_sign,
 };
 use crate::helpers::{
-    amqp_url, cli_json_lines, now, stripe_python_sign, stripe_event, wait_for, Backend,
+    amqp_url, cli_json_lines, now, stripe_event, stripe_python_sign, wait_for, Backend,
     RunningBinary, TestDb, TestQueue, Transport,
 };
 
@@ -48,11 +48,7 @@ fn senders(t: i64) -> Vec<Sender> {
 }
 
 /// `[sources.NAME]` from the environment: its scheme and secret (and `public_url`).
-fn source_env(
-    vars: [&'static str; 2],
-    scheme: &str,
-    secret: &str,
-) -> Vec<(&'static str, String)> {
+fn source_env(vars: [&'static str; 2], scheme: &str, secret: &str) -> Vec<(&'static str, String)> {
     vec![(vars[0], scheme.to_owned()), (vars[1], secret.to_owned())]
 }
 
@@ -96,7 +92,10 @@ fn shopify() -> Sender {
         Delivery::new(
             &[
                 ("X-Shopify-Event-Id", "98880550-7158-44d4-b7cd-2c97c8a091b5"),
-                ("X-Shopify-Webhook-Id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
+                (
+                    "X-Shopify-Webhook-Id",
+                    "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
+                ),
                 ("X-Shopify-Topic", "orders/create"),
                 ("X-Shopify-Shop-Domain", "example.myshopify.com"),
                 ("X-Shopify-Hmac-Sha256", &hmac),
@@ -144,7 +143,10 @@ fn slack(t: i64) -> Sender {
     Sender {
         name: "slack",
         env: source_env(
-            ["DEDUP_SOURCES__SLACK__SCHEME", "DEDUP_SOURCES__SLACK__SECRETS"],
+            [
+                "DEDUP_SOURCES__SLACK__SCHEME",
+                "DEDUP_SOURCES__SLACK__SECRETS",
+            ],
             "slack",
             SECRET,
         ),
@@ -242,7 +244,10 @@ fn zoom(t: i64) -> Sender {
     Sender {
         name: "zoom",
         env: source_env(
-            ["DEDUP_SOURCES__ZOOM__SCHEME", "DEDUP_SOURCES__ZOOM__SECRETS"],
+            [
+                "DEDUP_SOURCES__ZOOM__SCHEME",
+                "DEDUP_SOURCES__ZOOM__SECRETS",
+            ],
             "zoom",
             SECRET,
         ),
@@ -383,8 +388,7 @@ async fn every_source_at_once_on_postgres_and_rabbitmq() {
     // it was not answered for, later.
     for round in 0..2 {
         for sender in &senders {
-            let (status, answer) =
-                post(&bin.url(""), sender.name, &sender.deliveries[round]).await;
+            let (status, answer) = post(&bin.url(""), sender.name, &sender.deliveries[round]).await;
             assert_eq!(
                 status,
                 200,
@@ -395,15 +399,24 @@ async fn every_source_at_once_on_postgres_and_rabbitmq() {
         }
         let (pool, store, queue) = (&pool, &store, &queue);
         let recorded = senders.len() as i64;
-        wait_for("every delivery handled", Duration::from_secs(60), || async move {
-            let handled = ledger(pool).await.len() as i64;
-            let duplicates: i64 = sqlx::query_scalar("SELECT count(*) FROM duplicate_deliveries")
-                .fetch_one(pool)
-                .await
-                .expect("duplicates");
-            let expected = if round == 0 { (recorded, 0) } else { (recorded, recorded) };
-            ((handled, duplicates) == expected && queue.drained(store).await).then_some(())
-        })
+        wait_for(
+            "every delivery handled",
+            Duration::from_secs(60),
+            || async move {
+                let handled = ledger(pool).await.len() as i64;
+                let duplicates: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM duplicate_deliveries")
+                        .fetch_one(pool)
+                        .await
+                        .expect("duplicates");
+                let expected = if round == 0 {
+                    (recorded, 0)
+                } else {
+                    (recorded, recorded)
+                };
+                ((handled, duplicates) == expected && queue.drained(store).await).then_some(())
+            },
+        )
         .await;
     }
 
@@ -417,19 +430,25 @@ async fn every_source_at_once_on_postgres_and_rabbitmq() {
     let client = reqwest::Client::new();
     let admin = bin.admin_addr.expect("the console's address");
     for sender in &senders {
-        let listed: Vec<(String, String, String)> = cli_json_lines(
-            &env,
-            &["events", "list", "--source", sender.name, "--json"],
-        )
-        .iter()
-        .map(|line| {
-            let text = |key: &str| line[key].as_str().unwrap_or_default().to_owned();
-            (text("source"), text("event_id"), text("outcome"))
-        })
-        .collect();
+        let listed: Vec<(String, String, String)> =
+            cli_json_lines(&env, &["events", "list", "--source", sender.name, "--json"])
+                .iter()
+                .map(|line| {
+                    let text = |key: &str| line[key].as_str().unwrap_or_default().to_owned();
+                    (text("source"), text("event_id"), text("outcome"))
+                })
+                .collect();
         let mut want = vec![
-            (sender.name.to_owned(), sender.id.clone(), "duplicate".to_owned()),
-            (sender.name.to_owned(), sender.id.clone(), "handled".to_owned()),
+            (
+                sender.name.to_owned(),
+                sender.id.clone(),
+                "duplicate".to_owned(),
+            ),
+            (
+                sender.name.to_owned(),
+                sender.id.clone(),
+                "handled".to_owned(),
+            ),
         ];
         want.sort();
         let mut got = listed.clone();

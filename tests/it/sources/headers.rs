@@ -91,11 +91,9 @@ async fn github_headers_reach_the_handler(backend: Backend, transport: Transport
     );
     let (status, answer) = post(&app.url(""), "repo-hooks", &delivery).await;
     assert_eq!(status, 200, "{answer}");
-    let event = wait_for(
-        "the delivery handled",
-        Duration::from_secs(30),
-        || async { recorder.seen.lock().expect("not poisoned").first().cloned() },
-    )
+    let event = wait_for("the delivery handled", Duration::from_secs(30), || async {
+        recorder.seen.lock().expect("not poisoned").first().cloned()
+    })
     .await;
     let what = format!("{backend:?} {transport:?}");
     assert_eq!(event.source, "repo-hooks", "{what}: the source's name");
@@ -111,7 +109,11 @@ async fn github_headers_reach_the_handler(backend: Backend, transport: Transport
         "{what}"
     );
     assert_eq!(event.header("x-github-event"), Some("push"), "{what}");
-    assert_eq!(event.header("x-github-hook-id"), Some("292430182"), "{what}");
+    assert_eq!(
+        event.header("x-github-hook-id"),
+        Some("292430182"),
+        "{what}"
+    );
     assert_eq!(
         event.header("x-github-hook-installation-target-type"),
         Some("repository"),
@@ -123,7 +125,11 @@ async fn github_headers_reach_the_handler(backend: Backend, transport: Transport
         "{what}"
     );
     assert_eq!(event.header("user-agent"), None, "{what}: not kept");
-    assert_eq!(event.header("x-hub-signature-256"), None, "{what}: not kept");
+    assert_eq!(
+        event.header("x-hub-signature-256"),
+        None,
+        "{what}: not kept"
+    );
     app.stop().await;
     queue.cleanup().await;
 }
