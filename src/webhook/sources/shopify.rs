@@ -35,7 +35,8 @@ fn either<'h>(delivery: &Delivery<'h>, names: [&str; 2]) -> Result<Option<&'h st
 
 impl Scheme for Shopify {
     /// Shopify's delivery headers (the research notes' list, from `@shopify/shopify-api`):
-    /// the topic, which shop, the API version the payload is in, the ids, when it fired.
+    /// the topic, which shop, the API version the payload is in, the ids, when it fired; and
+    /// the Events webhooks' names of the same, without `X-`.
     fn kept_headers(&self) -> &'static [&'static str] {
         &[
             "x-shopify-topic",
@@ -45,6 +46,12 @@ impl Scheme for Shopify {
             "x-shopify-shop-domain",
             "x-shopify-api-version",
             "x-shopify-triggered-at",
+            "shopify-topic",
+            "shopify-webhook-id",
+            "shopify-event-id",
+            "shopify-shop-domain",
+            "shopify-api-version",
+            "shopify-triggered-at",
         ]
     }
 
