@@ -206,6 +206,7 @@ pub async fn backfill(
                 traceparent: None,
                 // Listed from Stripe's API, not a signed delivery: every generation is looked up.
                 stripe_signature: None,
+                sender_headers: crate::event::SenderHeaders::default(),
             };
             let published = tokio::time::timeout(publish_timeout, transport.publish(message))
                 .await

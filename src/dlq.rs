@@ -169,5 +169,6 @@ fn message(dead: DeadLetter) -> OutgoingMessage {
         traceparent: None,
         // The dead letter kept no signature: the redriven event is looked up everywhere.
         stripe_signature: None,
+        sender_headers: crate::event::SenderHeaders::default(),
     }
 }

@@ -12,10 +12,15 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
+mod headers;
+pub use headers::{SenderHeaders, MAX_SENDER_HEADER_BYTES};
+
 /// An event as the consumer sees it: its dedup key and the raw payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// Where it came from (`stripe`, …): the first half of the dedup key.
+    /// Where it came from: the first half of the dedup key. `stripe` and the Standard Webhooks
+    /// route's `standard_webhooks.source` for those routes; a named source's name
+    /// (`[sources.NAME]`, `POST /webhooks/NAME`), not its scheme.
     pub source: String,
     /// The provider's event id (`evt_…`): the second half of the dedup key.
     pub id: String,
@@ -31,9 +36,21 @@ pub struct Event {
     /// message handled under the old key is a duplicate under the new one, but never records
     /// it. `None` for most events.
     pub alias: Option<String>,
+    /// The sender's own delivery headers its scheme keeps (GitHub's `X-GitHub-Delivery`,
+    /// Shopify's `X-Shopify-Topic`, Slack's `X-Slack-Retry-Num`, …; see the book's "Sources"),
+    /// carried from the ingress on every transport. Empty for Stripe, Standard Webhooks and
+    /// messages other producers sent. Read one with [`Event::header`].
+    pub headers: SenderHeaders,
 }
 
 impl Event {
+    /// The sender's header `name` as the ingress received it, compared without regard to case
+    /// (`event.header("x-github-delivery")`); `None` when the sender did not send it or its
+    /// scheme does not keep it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)
+    }
+
     /// The payload parsed as `T`, your own type for what the provider sends: `let invoice:
     /// Invoice = event.json()?;` in a handler, where a payload that does not parse is a fatal
     /// [`crate::consumer::HandlerError`] (it parses no better next time).
@@ -186,6 +203,7 @@ mod tests {
             payload: Bytes::from_static(payload.as_bytes()),
             delivery_attempt: 1,
             alias: None,
+            headers: SenderHeaders::default(),
         };
         let paid = event(r#"{"id":"evt_1","data":{"object":{"id":"in_1","amount_paid":500}}}"#);
         let parsed: Envelope = paid.json().unwrap();

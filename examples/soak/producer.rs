@@ -154,6 +154,7 @@ impl Producer {
                     payload: body.to_vec(),
                     traceparent: None,
                     stripe_signature: None,
+                    sender_headers: None,
                 };
                 self.store
                     .enqueue(DATABASE_QUEUE, &[row])

@@ -117,6 +117,10 @@ pub(super) struct ListArgs {
     /// Only this event id (under each source configured).
     #[arg(long)]
     id: Option<String>,
+    /// Only this source's events: a `[sources.NAME]` name, `stripe`, or Standard Webhooks'
+    /// `standard_webhooks.source`.
+    #[arg(long, value_name = "NAME")]
+    source: Option<String>,
     /// Rows to print (at most 500 a page; `--after` goes on).
     #[arg(long, default_value_t = 100)]
     limit: i64,
@@ -138,6 +142,7 @@ async fn list(config: Option<PathBuf>, args: ListArgs) -> anyhow::Result<()> {
     let query = EventQuery {
         id: args.id,
         type_prefix: args.type_prefix,
+        source: args.source,
         since_ms: args.since.map(|s| s.saturating_mul(1000)),
         until_ms: args.until.map(|s| s.saturating_mul(1000)),
         outcome: args.outcome,

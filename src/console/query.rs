@@ -16,6 +16,9 @@ pub struct FilterForm {
     pub id: String,
     #[serde(default, rename = "type")]
     pub type_prefix: String,
+    /// One source's events (`/events` only); empty: every source.
+    #[serde(default)]
+    pub source: String,
     #[serde(default)]
     pub since: String,
     #[serde(default)]
@@ -78,6 +81,7 @@ impl FilterForm {
         Ok(EventQuery {
             id: Some(self.id.trim().to_owned()).filter(|id| !id.is_empty()),
             type_prefix: self.type_prefix(),
+            source: Some(self.source.trim().to_owned()).filter(|s| !s.is_empty()),
             since_ms: self.since_ms()?,
             until_ms: self.until_ms()?,
             outcome,
@@ -96,6 +100,7 @@ impl FilterForm {
         [
             ("id", self.id.as_str()),
             ("type", self.type_prefix.as_str()),
+            ("source", self.source.as_str()),
             ("since", self.since.as_str()),
             ("until", self.until.as_str()),
             ("outcome", self.outcome.as_str()),

@@ -163,6 +163,7 @@ pub fn decode_delivery(
         payload: delivery.payload.clone(),
         delivery_attempt: delivery.attempts,
         alias,
+        headers: delivery.sender_headers.clone(),
     })
 }
 
@@ -193,6 +194,8 @@ fn decode_eventbridge(
         payload: detail,
         delivery_attempt: delivery.attempts,
         alias,
+        // The envelope's transport carried no sender's headers of Stripe's.
+        headers: crate::event::SenderHeaders::default(),
     })
 }
 

@@ -145,6 +145,7 @@ mod tests {
             payload: Bytes::from(payload.to_string()),
             delivery_attempt: 1,
             alias: None,
+            headers: crate::event::SenderHeaders::default(),
         }
     }
 

@@ -79,6 +79,8 @@ pub struct EventQuery {
     pub id: Option<String>,
     /// Types starting with this.
     pub type_prefix: Option<String>,
+    /// Only this source's events (a named source's name, `stripe`, …).
+    pub source: Option<String>,
     /// At or after, Unix milliseconds.
     pub since_ms: Option<i64>,
     /// Before, Unix milliseconds.
@@ -196,6 +198,7 @@ pub async fn list_events(
     let filter = ListFilter {
         events,
         type_prefix: query.type_prefix.clone().filter(|p| !p.is_empty()),
+        source: query.source.clone().filter(|s| !s.is_empty()),
         since_us: query.since_ms.map(|ms| ms.saturating_mul(1000)),
         until_us: query.until_ms.map(|ms| ms.saturating_mul(1000)),
         after,

@@ -248,6 +248,7 @@ impl Sink for SqsSink {
                         payload: bytes::Bytes::from(row.payload.clone()),
                         traceparent,
                         stripe_signature: None,
+                        sender_headers: crate::event::SenderHeaders::default(),
                     };
                     self.queue.publish(message).await.map_err(SinkError::Sqs)
                 })

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{Backlog, Cause, Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use crate::event::SenderHeaders;
 use crate::store::{bounded, NewQueueMessage, Store, StoreError, Wakeups};
 use dedup_db::group_commit::{server_answered, Committed, Committer, Names, WriteFailure};
 
@@ -204,6 +205,7 @@ impl Transport for DatabaseQueue {
             payload: message.payload.to_vec(),
             traceparent: message.traceparent,
             stripe_signature: message.stripe_signature,
+            sender_headers: message.sender_headers.to_wire(),
         };
         self.publish_tx
             .send((message, reply_tx))
@@ -229,6 +231,7 @@ impl Transport for DatabaseQueue {
             payload: message.payload.to_vec(),
             traceparent: message.traceparent,
             stripe_signature: message.stripe_signature,
+            sender_headers: message.sender_headers.to_wire(),
         };
         self.store.enqueue(queue, &[message]).await?;
         self.wakeups.queue.notify_waiters();
@@ -273,6 +276,7 @@ impl Transport for DatabaseQueue {
                 give_up: None,
                 traceparent: row.traceparent,
                 stripe_signature: row.stripe_signature,
+                sender_headers: SenderHeaders::from_wire(row.sender_headers.as_deref()),
             })
             .collect())
     }

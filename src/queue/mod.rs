@@ -19,6 +19,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::event::SenderHeaders;
+
 pub use database::DatabaseQueue;
 pub use rabbitmq::RabbitMqQueue;
 pub use sqs::SqsQueue;
@@ -42,6 +44,10 @@ pub struct OutgoingMessage {
     /// header, an SQS attribute. The consumer verifies it again before it trusts the event's
     /// `created` (`consumer/record.rs`); `None` from every other publisher.
     pub stripe_signature: Option<String>,
+    /// The sender's delivery headers its scheme keeps (`X-GitHub-Delivery`, …), for the
+    /// handler's [`crate::event::Event::header`]: a queue row's column, one AMQP header, one SQS
+    /// attribute, each in [`SenderHeaders::to_wire`]'s form. Empty from every other publisher.
+    pub sender_headers: SenderHeaders,
 }
 
 /// Identifies one delivery for `ack`/`retry_later`.
@@ -77,6 +83,9 @@ pub struct Delivery {
     /// The compact `Stripe-Signature` the publisher carried (see [`OutgoingMessage`]); anyone
     /// who can publish to the queue can set it, so it is only a claim until verified.
     pub stripe_signature: Option<String>,
+    /// The sender's delivery headers the publisher carried (see [`OutgoingMessage`]); empty
+    /// when it carried none or something else.
+    pub sender_headers: SenderHeaders,
     /// Why the transport could not read this message as its producer meant it (an SQS body
     /// marked base64 that is not); such a message is dead-lettered with this reason rather than
     /// left to come back forever.

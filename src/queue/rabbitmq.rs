@@ -444,6 +444,7 @@ impl Transport for RabbitMqQueue {
             payload: delivery.payload.clone(),
             traceparent: delivery.traceparent.clone(),
             stripe_signature: delivery.stripe_signature.clone(),
+            sender_headers: delivery.sender_headers.clone(),
         };
         // The copy is confirmed before the original is acked: a crash in between delivers
         // the event twice, which the dedup record absorbs; the other order could lose it.

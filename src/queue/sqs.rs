@@ -59,6 +59,10 @@ pub(super) const ENCODING_ATTRIBUTE: &str = "dedup-encoding";
 pub(super) const TRACE_ATTRIBUTE: &str = traces::TRACEPARENT;
 /// The compact `Stripe-Signature` the ingress verified (`t=…,v1=…`).
 pub(super) const STRIPE_SIGNATURE_ATTRIBUTE: &str = "dedup-stripe-signature";
+/// Attribute carrying the sender's delivery headers (`X-GitHub-Delivery`, …), in
+/// [`crate::event::SenderHeaders::to_wire`]'s form: one attribute for all of them, as SQS takes
+/// at most ten per message and this transport sets up to six of its own.
+pub(super) const SENDER_HEADERS_ATTRIBUTE: &str = "dedup-sender-headers";
 /// The batch error code of a delete with a receipt handle that a newer receive replaced.
 const RECEIPT_HANDLE_IS_INVALID: &str = "ReceiptHandleIsInvalid";
 /// SQS's limit on a visibility timeout.
@@ -251,6 +255,10 @@ impl SqsQueue {
         if let Some(signature) = &message.stripe_signature {
             request = request
                 .message_attributes(STRIPE_SIGNATURE_ATTRIBUTE, string_attribute(signature)?);
+        }
+        if let Some(sender_headers) = message.sender_headers.to_wire() {
+            request = request
+                .message_attributes(SENDER_HEADERS_ATTRIBUTE, string_attribute(&sender_headers)?);
         }
         request.send().await.map_err(unavailable)?;
         Ok(())

@@ -62,6 +62,8 @@ pub struct ListFilter {
     pub events: Vec<([u8; 16], String, String)>,
     /// Types starting with this.
     pub type_prefix: Option<String>,
+    /// Only events of this source (a named source's name, `stripe`, …).
+    pub source: Option<String>,
     /// At or after (µs).
     pub since_us: Option<i64>,
     /// Before (µs).
@@ -199,6 +201,33 @@ impl Query {
     }
 }
 
+impl Query {
+    /// `column = the source`, when the listing is of one source.
+    fn of_source(&mut self, filter: &ListFilter, column: &str) -> Option<String> {
+        let source = filter.source.as_deref().filter(|s| !s.is_empty())?;
+        let source = self.bind(Param::Text(source.to_owned()));
+        Some(format!("{column} = {source}"))
+    }
+
+    /// A duplicate of one source: its table holds no source, so each generation is probed by
+    /// the row's key (its primary key). Like a type filter, it reads the rows it skips; a
+    /// duplicate whose event left the window has no source and is not listed under one.
+    fn duplicate_of_source(&mut self, filter: &ListFilter) -> Option<String> {
+        let source = filter.source.as_deref().filter(|s| !s.is_empty())?;
+        let source = self.bind(Param::Text(source.to_owned()));
+        let probes = (0..RING_SLOTS)
+            .map(|slot| {
+                format!(
+                    "EXISTS (SELECT 1 FROM processed_events_{slot} \
+                     WHERE key = d.key AND source = {source})"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        Some(format!("({probes})"))
+    }
+}
+
 /// The smallest string greater than every string starting with `prefix` (its last character
 /// one higher), or none (a prefix ending in the highest character).
 fn prefix_end(prefix: &str) -> Option<String> {
@@ -240,6 +269,7 @@ impl Query {
                 ("processed_at", "key", "event_type"),
             );
             conds.extend(self.events_by_key(filter, "key"));
+            conds.extend(self.of_source(filter, "source"));
             // Each branch ordered and limited by its own index; the outer sort merges them.
             branches.push(format!(
                 "SELECT * FROM (SELECT source, event_id, event_type, {at} AS at_us, key
@@ -263,6 +293,7 @@ impl Query {
             ("d.seen_at", "d.key", "d.event_type"),
         );
         conds.extend(self.events_by_key(filter, "d.key"));
+        conds.extend(self.duplicate_of_source(filter));
         let at = self.at_us("d.seen_at");
         let deliveries = if self.postgres {
             "duplicate_deliveries".to_owned()
@@ -312,6 +343,7 @@ impl Query {
     ) -> String {
         let mut conds = self.conditions(filter, kind, (time, "id", "event_type"));
         conds.extend(self.events_by_id(filter, "event_id", Some("source")));
+        conds.extend(self.of_source(filter, "source"));
         let at = self.at_us(time);
         format!(
             "SELECT source, event_id, event_type, {at} AS at_us, id FROM {table}
@@ -328,6 +360,8 @@ impl Query {
             ("enqueued_at", "id", "coalesce(message_type, '')"),
         );
         conds.extend(self.events_by_id(filter, "message_id", None));
+        let of_source = format!("coalesce(source, {source})");
+        conds.extend(self.of_source(filter, &of_source));
         let at = self.at_us("enqueued_at");
         format!(
             "SELECT coalesce(source, {source}) AS source, coalesce(message_id, '') AS event_id,

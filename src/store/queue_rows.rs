@@ -104,13 +104,17 @@ pub(super) mod postgres {
             .iter()
             .map(|m| m.stripe_signature.as_deref())
             .collect();
+        let headers: Vec<Option<&str>> = messages
+            .iter()
+            .map(|m| m.sender_headers.as_deref())
+            .collect();
         // One statement, one commit: the insert and the notification (delivered on commit).
         sqlx::query(
             "WITH inserted AS (
                  INSERT INTO queue_messages (queue, message_id, message_type, payload, source,
-                                             traceparent, stripe_signature)
+                                             traceparent, stripe_signature, sender_headers)
                  SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::bytea[], $6::text[], $7::text[],
-                                          $8::text[])
+                                          $8::text[], $9::text[])
                  RETURNING 1
              )
              SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)",
@@ -123,6 +127,7 @@ pub(super) mod postgres {
         .bind(&sources)
         .bind(&traces)
         .bind(&signatures)
+        .bind(&headers)
         .execute(pool)
         .await?;
         Ok(())
@@ -147,7 +152,7 @@ pub(super) mod postgres {
               WHERE q.id = c.id
           RETURNING q.id, q.source, q.message_id, q.message_type, q.payload, q.attempts,
                     floor(extract(epoch FROM q.enqueued_at) * 1000)::int8 AS enqueued_at,
-                    q.traceparent, q.stripe_signature, q.claim_token",
+                    q.traceparent, q.stripe_signature, q.sender_headers, q.claim_token",
         )
         .bind(queue)
         .bind(max as i64)
@@ -221,7 +226,7 @@ pub(super) mod sqlite {
         let mut tx = begin_immediate(pool).await?;
         for chunk in messages.chunks(CHUNK) {
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at, traceparent, stripe_signature) ",
+                "INSERT INTO queue_messages (queue, source, message_id, message_type, payload, visible_at, enqueued_at, traceparent, stripe_signature, sender_headers) ",
             );
             qb.push_values(chunk, |mut b, m| {
                 b.push_bind(queue)
@@ -232,7 +237,8 @@ pub(super) mod sqlite {
                     .push_bind(now)
                     .push_bind(now)
                     .push_bind(m.traceparent.as_deref())
-                    .push_bind(m.stripe_signature.as_deref());
+                    .push_bind(m.stripe_signature.as_deref())
+                    .push_bind(m.sender_headers.as_deref());
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -254,7 +260,7 @@ pub(super) mod sqlite {
                             WHERE queue = $2 AND visible_at <= $3
                             ORDER BY visible_at, id LIMIT $4)
           RETURNING id, source, message_id, message_type, payload, attempts, enqueued_at,
-                    traceparent, stripe_signature, claim_token",
+                    traceparent, stripe_signature, sender_headers, claim_token",
         )
         .bind(now + millis(lease))
         .bind(queue)

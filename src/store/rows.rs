@@ -16,6 +16,9 @@ pub struct NewQueueMessage {
     /// The compact `Stripe-Signature` the ingress verified (see
     /// [`crate::queue::OutgoingMessage::stripe_signature`]).
     pub stripe_signature: Option<String>,
+    /// The sender's delivery headers, in their wire form (see
+    /// [`crate::queue::OutgoingMessage::sender_headers`]); `None` when there are none.
+    pub sender_headers: Option<String>,
 }
 
 /// A message claimed from the database queue.
@@ -34,6 +37,8 @@ pub struct QueuedMessage {
     pub traceparent: Option<String>,
     /// The compact `Stripe-Signature` the ingress verified.
     pub stripe_signature: Option<String>,
+    /// The sender's delivery headers, in their wire form.
+    pub sender_headers: Option<String>,
     /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
     /// message still carries it, i.e. while no other consumer has claimed it since.
     pub claim_token: i64,

@@ -103,6 +103,7 @@ pub fn event(source: &str, id: &str, event_type: &str, payload: &[u8]) -> Event 
         payload: bytes::Bytes::copy_from_slice(payload),
         delivery_attempt: 1,
         alias: None,
+        headers: crate::event::SenderHeaders::default(),
     }
 }
 

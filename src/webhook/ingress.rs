@@ -171,6 +171,7 @@ async fn receive_stripe(
         // What verified, so the consumer can check that Stripe signed these bytes before it
         // trusts their `created` (see `crate::store::dedup`).
         stripe_signature: Some(verified.compact()),
+        sender_headers: crate::event::SenderHeaders::default(),
     };
     publish(state.transport.as_ref(), state.publish_timeout, message).await?;
     Ok(dedup_id)
@@ -221,6 +222,7 @@ async fn receive_standard(
         payload: body,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: crate::event::SenderHeaders::default(),
     };
     publish(state.transport.as_ref(), state.publish_timeout, message).await?;
     Ok(id)

@@ -164,6 +164,7 @@ async fn enqueue(store: &Store, source: Option<&str>, message_id: Option<&str>, 
         payload: serde_json::to_vec(payload).unwrap(),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: None,
     };
     store.enqueue(QUEUE, &[message]).await.unwrap();
 }

@@ -316,6 +316,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
                         payload: stripe_event(&id, "charge.succeeded").into(),
                         traceparent: None,
                         stripe_signature: None,
+                        sender_headers: dedup_worker::event::SenderHeaders::default(),
                     })
                     .await
                     .expect("publish");

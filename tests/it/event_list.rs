@@ -1,8 +1,8 @@
 //! `events list` and the console's `/events` against a model, on both stores: random sets of
 //! events (handled in any generation, seen again as duplicates, dead-lettered, held back as
 //! stale, waiting in the database queue) at a handful of times, so that many share one
-//! instant as a batch's rows do; then random filters (type prefix, since, until, outcome, id)
-//! read page by page with random page sizes.
+//! instant as a batch's rows do; then random filters (type prefix, source, since, until,
+//! outcome, id) read page by page with random page sizes.
 //!
 //! Checked: the pages, concatenated, are exactly the model's rows for the filter, newest first
 //! (ties by outcome, then key or id), each row once: a keyset cursor that rounded a time or
@@ -88,6 +88,8 @@ struct Search {
     outcome: usize,
     /// Search by the id of this spec (modulo their number).
     id: Option<usize>,
+    /// Only this source's events (`--source`, the console's Source filter).
+    source: Option<usize>,
     page: i64,
 }
 
@@ -98,14 +100,16 @@ fn search() -> impl Strategy<Value = Search> {
         proptest::option::of(0..TIMES.len()),
         0..OutcomeFilter::NAMES.len(),
         proptest::option::weighted(0.2, any::<usize>()),
+        proptest::option::weighted(0.3, 0..SOURCES.len()),
         1i64..6,
     )
-        .prop_map(|(prefix, since, until, outcome, id, page)| Search {
+        .prop_map(|(prefix, since, until, outcome, id, source, page)| Search {
             prefix,
             since,
             until,
             outcome,
             id,
+            source,
             page,
         })
 }
@@ -274,6 +278,7 @@ fn expected(rows: &[Row], search: &Search, specs: &[Spec]) -> Vec<Row> {
             OutcomeFilter::Only(kind) => r.kind == kind,
         })
         .filter(|r| id.as_ref().is_none_or(|id| &r.event_id == id))
+        .filter(|r| search.source.is_none_or(|s| r.source == SOURCES[s]))
         .cloned()
         .collect();
     selected.sort_by(|a, b| b.cmp(a));
@@ -294,6 +299,7 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
     let mut query = EventQuery {
         id,
         type_prefix: Some(PREFIXES[search.prefix].to_owned()),
+        source: search.source.map(|s| SOURCES[s].to_owned()),
         since_ms: search.since.map(|s| TIMES[s]),
         until_ms: search.until.map(|u| TIMES[u]),
         outcome: OutcomeFilter::parse(OutcomeFilter::NAMES[search.outcome]).expect("a name"),

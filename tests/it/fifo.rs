@@ -74,6 +74,7 @@ fn message(id: &str, payload: Vec<u8>) -> OutgoingMessage {
         payload: payload.into(),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     }
 }
 

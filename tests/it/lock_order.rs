@@ -104,6 +104,7 @@ fn delivery(n: i64, id: &str, object: &str) -> Delivery {
         enqueued_at: None,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
         defect: None,
         give_up: None,
     }

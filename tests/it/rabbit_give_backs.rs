@@ -152,6 +152,7 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
                 payload: Bytes::from(payload),
                 traceparent: None,
                 stripe_signature: None,
+                sender_headers: dedup_worker::event::SenderHeaders::default(),
             })
             .await
             .expect("publish");

@@ -179,6 +179,7 @@ async fn publish_and_return(queue: &TestQueue, id: &str, returns: usize) {
             payload: stripe_event(id, "charge.refunded").into(),
             traceparent: None,
             stripe_signature: None,
+            sender_headers: dedup_worker::event::SenderHeaders::default(),
         })
         .await
         .expect("publish");

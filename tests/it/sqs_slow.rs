@@ -75,6 +75,7 @@ fn event(i: usize) -> OutgoingMessage {
         message_id: Some(id),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     }
 }
 

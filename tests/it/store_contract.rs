@@ -61,6 +61,7 @@ fn message(id: &str) -> NewQueueMessage {
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: None,
     }
 }
 

@@ -191,6 +191,7 @@ fn message(i: usize) -> OutgoingMessage {
         payload: Bytes::from(format!("{{\"id\":\"evt_{i}\",\"n\":{i}}}")),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     }
 }
 

@@ -128,6 +128,7 @@ fn foreign(
         payload: Bytes::from(payload),
         traceparent: None,
         stripe_signature: signature,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     }
 }
 
@@ -151,6 +152,7 @@ impl Setup {
                     payload: message.payload.to_vec(),
                     traceparent: None,
                     stripe_signature: message.stripe_signature,
+                    sender_headers: None,
                 };
                 self.store.enqueue(&self.queue.name, &[row]).await.unwrap();
             }

@@ -74,6 +74,7 @@ fn copy(message_id: Option<&str>, payload: &Value) -> ProcessedEvent {
         give_up: None,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     };
     let event = decode_delivery(&delivery, &options()).expect("decodes");
     ProcessedEvent {
@@ -188,6 +189,7 @@ fn message(message_id: Option<String>, payload: &Value) -> NewQueueMessage {
         payload: serde_json::to_vec(payload).unwrap(),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: None,
     }
 }
 

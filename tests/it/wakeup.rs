@@ -52,6 +52,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
                 payload: br#"{"id":"evt_notify_queue","type":"x.y"}"#.to_vec(),
                 traceparent: None,
                 stripe_signature: None,
+                sender_headers: None,
             }],
         )
         .await

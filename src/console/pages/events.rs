@@ -36,6 +36,14 @@ pub async fn events(
             fieldset {
                 label { "Id " input type="search" name="id" value=(form.id) placeholder="evt_…" size="28"; }
                 label { "Type " input type="text" name="type" value=(form.type_prefix) placeholder="invoice." size="20"; }
+                label { "Source "
+                    select name="source" {
+                        option value="" selected[form.source.is_empty()] { "any" }
+                        @for name in &state.options.sources {
+                            option value=(name) selected[*name == form.source] { (name) }
+                        }
+                    }
+                }
                 label { "Since " input type="text" name="since" value=(form.since) placeholder="2026-12-04T10:00" size="18"; }
                 label { "Until " input type="text" name="until" value=(form.until) placeholder="UTC, or RFC 3339" size="18"; }
                 label { "Outcome "

@@ -42,6 +42,7 @@ fn delivery(message_id: Option<&str>, payload: &[u8]) -> Delivery {
         give_up: None,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: crate::event::SenderHeaders::default(),
     }
 }
 

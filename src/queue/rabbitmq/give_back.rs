@@ -52,6 +52,7 @@ impl RabbitMqQueue {
                 payload: d.payload.clone(),
                 traceparent: d.traceparent.clone(),
                 stripe_signature: d.stripe_signature.clone(),
+                sender_headers: d.sender_headers.clone(),
             };
             let counts = (d.attempts.saturating_sub(1), *returned);
             async move {

@@ -20,6 +20,10 @@ pub(super) const ENQUEUED_HEADER: &str = "x-dedup-enqueued-ms";
 /// Header carrying the compact `Stripe-Signature` the ingress verified (a retry's copy keeps
 /// it, so every delivery of a message is looked up the same way).
 pub(super) const STRIPE_SIGNATURE_HEADER: &str = "x-dedup-stripe-signature";
+/// Header carrying the sender's delivery headers (`X-GitHub-Delivery`, …), in
+/// [`crate::event::SenderHeaders::to_wire`]'s form: one header, so a sender's names never mix
+/// with this transport's own or the broker's `x-` headers.
+pub(super) const SENDER_HEADERS_HEADER: &str = "x-dedup-sender-headers";
 
 /// Milliseconds since the Unix epoch, for [`ENQUEUED_HEADER`].
 pub(super) fn now_ms() -> i64 {
@@ -50,6 +54,9 @@ pub(super) fn written(
     }
     if let Some(signature) = &message.stripe_signature {
         headers.insert(STRIPE_SIGNATURE_HEADER.into(), long(signature));
+    }
+    if let Some(sender_headers) = message.sender_headers.to_wire() {
+        headers.insert(SENDER_HEADERS_HEADER.into(), long(&sender_headers));
     }
     if attempts > 0 {
         headers.insert(

@@ -19,9 +19,11 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::Channel;
 
 use super::headers::{
-    self, ATTEMPTS_HEADER, ENQUEUED_HEADER, RETURNED_HEADER, SOURCE_HEADER, STRIPE_SIGNATURE_HEADER,
+    self, ATTEMPTS_HEADER, ENQUEUED_HEADER, RETURNED_HEADER, SENDER_HEADERS_HEADER, SOURCE_HEADER,
+    STRIPE_SIGNATURE_HEADER,
 };
 use super::{broker_failed, unavailable, ConsumerSide};
+use crate::event::SenderHeaders;
 use crate::queue::{Delivery, DeliveryTag, TransportError};
 use crate::telemetry::traces;
 
@@ -139,5 +141,8 @@ pub(super) fn convert(
         give_up,
         traceparent,
         stripe_signature: headers::text(&headers, STRIPE_SIGNATURE_HEADER),
+        sender_headers: SenderHeaders::from_wire(
+            headers::text(&headers, SENDER_HEADERS_HEADER).as_deref(),
+        ),
     }
 }

@@ -67,6 +67,7 @@ mod tests {
             payload: bytes::Bytes::from(payload.to_owned()),
             traceparent: None,
             stripe_signature: None,
+            sender_headers: crate::event::SenderHeaders::default(),
         }
     }
 

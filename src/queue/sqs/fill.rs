@@ -189,6 +189,7 @@ mod tests {
             give_up: None,
             traceparent: None,
             stripe_signature: None,
+            sender_headers: crate::event::SenderHeaders::default(),
         }
     }
 

@@ -8,9 +8,10 @@ use base64::Engine;
 use bytes::Bytes;
 
 use super::{
-    ENCODING_ATTRIBUTE, ID_ATTRIBUTE, SOURCE_ATTRIBUTE, STRIPE_SIGNATURE_ATTRIBUTE,
-    TRACE_ATTRIBUTE, TYPE_ATTRIBUTE,
+    ENCODING_ATTRIBUTE, ID_ATTRIBUTE, SENDER_HEADERS_ATTRIBUTE, SOURCE_ATTRIBUTE,
+    STRIPE_SIGNATURE_ATTRIBUTE, TRACE_ATTRIBUTE, TYPE_ATTRIBUTE,
 };
+use crate::event::SenderHeaders;
 use crate::queue::{Delivery, DeliveryTag};
 use crate::telemetry::traces;
 
@@ -67,5 +68,6 @@ pub(super) fn delivery_of(message: &aws_sdk_sqs::types::Message) -> Option<Deliv
             .and_then(traces::valid_traceparent),
         // A claim until the consumer verifies it.
         stripe_signature: attribute(STRIPE_SIGNATURE_ATTRIBUTE),
+        sender_headers: SenderHeaders::from_wire(attribute(SENDER_HEADERS_ATTRIBUTE).as_deref()),
     })
 }

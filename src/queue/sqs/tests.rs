@@ -118,6 +118,7 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         give_up: None,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: crate::event::SenderHeaders::default(),
     };
     let message = OutgoingMessage {
         source: None,
@@ -126,6 +127,7 @@ async fn every_call_gives_up_on_an_endpoint_that_never_answers() {
         payload: Bytes::from_static(b"{}"),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: crate::event::SenderHeaders::default(),
     };
     let tags = [tag()];
     let calls: Vec<(

@@ -1,9 +1,12 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the raw body under the webhook's
 //! secret; no timestamp is signed, so a captured delivery verifies whenever it is replayed (the
-//! dedup key makes a replay a duplicate). The dedup id is `X-GitHub-Delivery`, a GUID per
-//! delivery (GitHub does not retry by itself; a redelivery asked for in its UI or API is
-//! expected to keep the GUID, which the research could not confirm from GitHub's own pages: see
-//! the book's "Senders"); the type is `X-GitHub-Event` (`push`, `issues`, `ping`, …).
+//! dedup key makes a replay a duplicate). The dedup id is `{X-GitHub-Hook-ID}:{X-GitHub-Delivery}`
+//! (the GUID alone when the hook id is absent): GitHub's REST description of a hook delivery
+//! calls the GUID the "unique identifier for the event (shared with all deliveries for all
+//! webhooks that subscribe to this event)", and a redelivery from the UI or API keeps it, so the
+//! GUID alone would handle an organisation's and a repository's hook pointed at one source as one
+//! event, and the hook alone names no event. GitHub does not retry by itself. The type is
+//! `X-GitHub-Event` (`push`, `issues`, `ping`, …).
 //!
 //! GitHub's documentation: docs.github.com/webhooks/using-webhooks/validating-webhook-deliveries.
 //! The legacy SHA-1 `X-Hub-Signature` is not accepted: GitHub sends both, and SHA-1 alone would
@@ -19,11 +22,24 @@ use crate::webhook::deliver::header_text;
 const SIGNATURE: &str = "x-hub-signature-256";
 const DELIVERY: &str = "x-github-delivery";
 const EVENT: &str = "x-github-event";
+const HOOK: &str = "x-github-hook-id";
 
 /// The GitHub scheme.
 pub(super) struct Github;
 
 impl Scheme for Github {
+    /// What a handler tells deliveries and hooks apart by (`X-GitHub-Hook-ID` is part of the
+    /// dedup id too), and what the installation target is.
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[
+            EVENT,
+            DELIVERY,
+            HOOK,
+            "x-github-hook-installation-target-type",
+            "x-github-hook-installation-target-id",
+        ]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let header = required(delivery.headers, SIGNATURE)?;
         let signature = header
@@ -42,8 +58,12 @@ impl Scheme for Github {
         let id = header_text(delivery.headers, DELIVERY)?
             .ok_or_else(|| missing_id("X-GitHub-Delivery header"))?;
         let event_type = header_text(delivery.headers, EVENT)?;
+        let id = match header_text(delivery.headers, HOOK)?.filter(|hook| !hook.is_empty()) {
+            Some(hook) => format!("{hook}:{id}"),
+            None => id.to_owned(),
+        };
         Ok(Identified::Event {
-            id: id.to_owned(),
+            id,
             event_type: event_type.map(str::to_owned),
         })
     }
@@ -116,5 +136,27 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// The GUID names the event for every hook subscribed to it, so the hook is the other half;
+    /// a delivery without `X-GitHub-Hook-ID` (an older GitHub Enterprise) keys on the GUID.
+    #[test]
+    fn the_id_is_the_hook_and_the_delivery_guid() {
+        let mut map = HeaderMap::new();
+        map.insert(DELIVERY, HeaderValue::from_static("guid-1"));
+        map.insert(EVENT, HeaderValue::from_static("push"));
+        let id = |map: &HeaderMap| match Github.identify(&Delivery {
+            headers: map,
+            body: b"{}",
+        }) {
+            Ok(Identified::Event { id, event_type }) => {
+                assert_eq!(event_type.as_deref(), Some("push"));
+                id
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(id(&map), "guid-1");
+        map.insert(HOOK, HeaderValue::from_static("42"));
+        assert_eq!(id(&map), "42:guid-1");
     }
 }

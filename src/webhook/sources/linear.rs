@@ -40,6 +40,11 @@ struct Typed {
 }
 
 impl Scheme for Linear {
+    /// The delivery's id (the dedup id) and its event (`Issue`, `Comment`, …).
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &["linear-delivery", "linear-event"]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let header = required(delivery.headers, SIGNATURE)?;
         let signature = hex::decode(header)

@@ -38,6 +38,7 @@ use crate::webhook::deliver::{
 };
 
 mod github;
+mod kept;
 mod linear;
 mod paddle;
 mod paypal;
@@ -169,6 +170,13 @@ pub(super) trait Scheme: Send + Sync {
     ) -> Result<Identified, Problem> {
         self.identify(delivery)
     }
+
+    /// The sender's own headers a handler may want (its delivery id, topic, retry count, …),
+    /// lower case, carried with the event to `Event::header`; none by default. Kept only from
+    /// a delivery that verified (see `kept.rs`).
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// The rules of `kind`.
@@ -281,6 +289,7 @@ async fn receive_from(
         payload: body,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: kept::kept_headers(scheme, headers),
     };
     publish(state.transport.as_ref(), state.publish_timeout, message).await?;
     Ok(Accepted::Received(id))

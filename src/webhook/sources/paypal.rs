@@ -100,6 +100,11 @@ struct Event<'a> {
 }
 
 impl Scheme for Paypal {
+    /// The transmission's own id and time: which delivery of the event this was.
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[TRANSMISSION_ID, TRANSMISSION_TIME]
+    }
+
     fn certificate_url<'d>(
         &self,
         delivery: &Delivery<'d>,

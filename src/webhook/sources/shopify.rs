@@ -34,6 +34,27 @@ fn either<'h>(delivery: &Delivery<'h>, names: [&str; 2]) -> Result<Option<&'h st
 }
 
 impl Scheme for Shopify {
+    /// Shopify's delivery headers (the research notes' list, from `@shopify/shopify-api`):
+    /// the topic, which shop, the API version the payload is in, the ids, when it fired; and
+    /// the Events webhooks' names of the same, without `X-`.
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[
+            "x-shopify-topic",
+            "x-shopify-sub-topic",
+            "x-shopify-webhook-id",
+            "x-shopify-event-id",
+            "x-shopify-shop-domain",
+            "x-shopify-api-version",
+            "x-shopify-triggered-at",
+            "shopify-topic",
+            "shopify-webhook-id",
+            "shopify-event-id",
+            "shopify-shop-domain",
+            "shopify-api-version",
+            "shopify-triggered-at",
+        ]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let header = match either(delivery, SIGNATURE)? {
             Some(header) => header,

@@ -47,6 +47,15 @@ struct Inner<'a> {
 }
 
 impl Scheme for Slack {
+    /// Which retry this is and why Slack retried (`http_timeout`, …), and the signed time.
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[
+            "x-slack-retry-num",
+            "x-slack-retry-reason",
+            "x-slack-request-timestamp",
+        ]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let timestamp = required(delivery.headers, TIMESTAMP)?;
         let at: i64 = timestamp

@@ -30,6 +30,17 @@ struct Notification<'a> {
 }
 
 impl Scheme for Square {
+    /// Which retry this is and why, when the first attempt was, and the environment
+    /// (`Production`, `Sandbox`) the event is from.
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[
+            "square-retry-number",
+            "square-retry-reason",
+            "square-initial-delivery-timestamp",
+            "square-environment",
+        ]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let header = required(delivery.headers, SIGNATURE)?;
         let signature = BASE64_STANDARD

@@ -73,6 +73,12 @@ fn text(value: &Value) -> Option<String> {
 }
 
 impl Scheme for Zoom {
+    /// The signed time, and Zoom's tracking id (not the dedup id: whether a retry keeps it
+    /// is not confirmed; a handler may still log it for Zoom's support).
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &["x-zm-request-timestamp", "x-zm-trackingid"]
+    }
+
     fn verify(&self, delivery: &Delivery<'_>, keys: &Keys<'_>) -> Result<(), Problem> {
         let (timestamp, signature) = signature_of(delivery)?;
         let at: i64 = timestamp

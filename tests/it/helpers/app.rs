@@ -83,6 +83,9 @@ pub fn cli_json_lines(env: &[(&str, String)], args: &[&str]) -> Vec<serde_json::
 pub struct RunningBinary {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The console's address, when `DEDUP_ADMIN__LISTEN` was given (the binary prints it on the
+    /// line after the listening one).
+    pub admin_addr: Option<SocketAddr>,
     /// Lines the binary wrote to stderr, for failure messages.
     pub stderr_path: PathBuf,
 }
@@ -126,11 +129,22 @@ impl RunningBinary {
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .parse()
             .expect("address");
+        let admin_addr = env
+            .iter()
+            .any(|(k, _)| *k == "DEDUP_ADMIN__LISTEN")
+            .then(|| {
+                let line = lines.next().and_then(Result::ok).unwrap_or_default();
+                line.strip_prefix("dedup-worker console on http://")
+                    .unwrap_or_else(|| panic!("unexpected second line {line:?}"))
+                    .parse()
+                    .expect("address")
+            });
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         RunningBinary {
             child,
             addr,
+            admin_addr,
             stderr_path,
         }
     }

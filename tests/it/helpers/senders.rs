@@ -288,3 +288,20 @@ json.dump([cert.public_bytes(serialization.Encoding.PEM).decode(), out], sys.std
     ))
     .expect("certificate and signatures")
 }
+
+/// `webhook-signature` values (`v1,<base64>`) the official Standard Webhooks library
+/// (`standardwebhooks` on PyPI, `Webhook.sign`) makes under `secret` for each (webhook-id, Unix
+/// seconds, body).
+pub fn standard_sign(secret: &str, items: &[(&str, i64, &str)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+from datetime import datetime, timezone
+from standardwebhooks.webhooks import Webhook
+req = json.load(sys.stdin)
+hook = Webhook(req["secret"])
+json.dump([hook.sign(i, datetime.fromtimestamp(t, tz=timezone.utc), b) for i, t, b in req["items"]], sys.stdout)
+"#;
+    let request = serde_json::json!({ "secret": secret, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "standardwebhooks signing"))
+        .expect("signatures")
+}

@@ -29,6 +29,7 @@ fn message(message_id: Option<&str>, payload: impl Into<Bytes>) -> OutgoingMessa
         payload: payload.into(),
         traceparent: None,
         stripe_signature: None,
+        sender_headers: dedup_worker::event::SenderHeaders::default(),
     }
 }
 

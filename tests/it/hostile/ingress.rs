@@ -258,6 +258,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
                     payload: bytes::Bytes::from_static(b"{}"),
                     traceparent: None,
                     stripe_signature: None,
+                    sender_headers: dedup_worker::event::SenderHeaders::default(),
                 };
                 (id, queue.publish(message).await)
             }

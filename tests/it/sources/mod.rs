@@ -16,7 +16,9 @@ use dedup_worker::store::{QueuedMessage, Store};
 use dedup_worker::Service;
 use serde_json::{json, Value};
 
+mod all_at_once;
 mod github;
+mod headers;
 mod linear;
 mod paddle;
 mod paypal;
