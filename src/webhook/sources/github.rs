@@ -71,6 +71,7 @@ mod tests {
         let secrets = [b"old".to_vec(), b"It's a Secret to Everybody".to_vec()];
         Github.verify(
             &Delivery {
+                query: None,
                 headers: &map,
                 body,
             },

@@ -86,6 +86,7 @@ mod tests {
         let with = |url: &'static str| {
             Square.verify(
                 &Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes(),
                 },
@@ -107,6 +108,7 @@ mod tests {
         assert_eq!(
             Square
                 .identify(&Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes()
                 })

@@ -193,6 +193,7 @@ mod tests {
         let headers = HeaderMap::new();
         let identify = |body: &str| {
             Zoom.identify(&Delivery {
+                query: None,
                 headers: &headers,
                 body: body.as_bytes(),
             })
@@ -241,6 +242,7 @@ mod tests {
             public_url: None,
         };
         let delivery = Delivery {
+            query: None,
             headers: &headers,
             body: body.as_bytes(),
         };
