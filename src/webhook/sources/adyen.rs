@@ -118,7 +118,12 @@ fn items(body: &[u8]) -> Result<Vec<(&RawValue, Item)>, Problem> {
     batch
         .items
         .into_iter()
-        .map(|w| Ok((w.item, serde_json::from_str(w.item.get()).map_err(not_a_batch)?)))
+        .map(|w| {
+            Ok((
+                w.item,
+                serde_json::from_str(w.item.get()).map_err(not_a_batch)?,
+            ))
+        })
         .collect()
 }
 

@@ -322,7 +322,10 @@ mod tests {
             spellings("http://u:p@h.example"),
             ["http://u:p@h.example", "http://u:p@h.example:80"]
         );
-        assert_eq!(spellings("https://h.example:8443/x"), ["https://h.example:8443/x"]);
+        assert_eq!(
+            spellings("https://h.example:8443/x"),
+            ["https://h.example:8443/x"]
+        );
         assert_eq!(
             spellings("https://[::1]/x"),
             ["https://[::1]/x", "https://[::1]:443/x"]

@@ -16,6 +16,7 @@ use dedup_worker::store::{QueuedMessage, Store};
 use dedup_worker::Service;
 use serde_json::{json, Value};
 
+mod adyen;
 mod github;
 mod linear;
 mod paddle;
@@ -23,6 +24,7 @@ mod shopify;
 mod slack;
 mod square;
 mod start;
+mod twilio;
 mod zoom;
 
 /// A delivery: its headers and raw body.
