@@ -46,6 +46,9 @@ mod square;
 mod twilio;
 mod zoom;
 
+#[cfg(test)]
+mod tests;
+
 /// The route's path template: the `route` label of the request histogram for every source.
 const ROUTE: &str = "/webhooks/{name}";
 
