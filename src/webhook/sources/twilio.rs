@@ -333,6 +333,42 @@ mod tests {
         assert_eq!(spellings("not a url"), ["not a url"]);
     }
 
+    /// Odd URLs, queries, bodies and headers are refused as forgeries, never a panic.
+    #[test]
+    fn odd_inputs_are_refused_not_a_panic() {
+        use axum::http::{HeaderMap, HeaderValue};
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            SIGNATURE,
+            HeaderValue::from_static("AAAAAAAAAAAAAAAAAAAAAAAAAAA="),
+        );
+        headers.insert(
+            SIGNATURE_SETTINGS,
+            HeaderValue::from_static("algorithm=,key"),
+        );
+        let secrets = [b"token".to_vec()];
+        for (url, query, body) in [
+            ("https://[", Some("%zz&&=&bodySHA256"), &b"\xff\xfe=%"[..]),
+            ("https://h:443", Some("bodySHA256=zz"), b"{"),
+            ("http://@:80/", None, b"a=1&a=1&=&%"),
+            ("", Some(""), b""),
+        ] {
+            let delivery = Delivery {
+                headers: &headers,
+                body,
+                query,
+            };
+            let keys = Keys {
+                secrets: &secrets,
+                tolerance_secs: 0,
+                now: 0,
+                public_url: Some(url),
+            };
+            assert!(Twilio.verify(&delivery, &keys).is_err(), "{url}");
+            let _ = Twilio.identify(&delivery);
+        }
+    }
+
     #[test]
     fn the_request_query_replaces_the_configured_one() {
         assert_eq!(
