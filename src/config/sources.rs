@@ -48,6 +48,14 @@ pub enum SchemeKind {
     /// `x-square-hmacsha256-signature: <base64>` over `{public_url}{body}`; id the body's
     /// `event_id`.
     Square,
+    /// `X-Twilio-Signature: <base64>`, HMAC-SHA1 over `{public_url}[?{query}]` and the sorted
+    /// form parameters (or, with `bodySHA256` in the query, the URL alone and the body's hash);
+    /// id `I-Twilio-Idempotency-Token`, else the resource's sid and status.
+    Twilio,
+    /// The HMAC-SHA256 (hex key) inside each item of a notification batch; each item its own
+    /// event, id `{merchantAccountCode}:{pspReference}:{eventCode}:{success}`; answered
+    /// `[accepted]`.
+    Adyen,
     /// `x-zm-signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's event, time and
     /// object; `endpoint.url_validation` answered.
     Zoom,
@@ -64,6 +72,8 @@ impl SchemeKind {
             SchemeKind::Shopify => "shopify",
             SchemeKind::Slack => "slack",
             SchemeKind::Square => "square",
+            SchemeKind::Twilio => "twilio",
+            SchemeKind::Adyen => "adyen",
             SchemeKind::Zoom => "zoom",
         }
     }
@@ -82,7 +92,22 @@ impl SchemeKind {
 
     /// Whether the sender signs the URL it posts to, so `public_url` is required.
     pub fn signs_the_url(self) -> bool {
-        matches!(self, SchemeKind::Square)
+        matches!(self, SchemeKind::Square | SchemeKind::Twilio)
+    }
+
+    /// The HMAC key a configured secret stands for: its UTF-8 bytes, but Adyen's, which is
+    /// given as hex (as the Customer Area shows it) and keys the HMAC once decoded. `Err` says
+    /// why the secret cannot be a key (the start is refused, naming `sources.NAME.secrets`).
+    pub fn key_of(self, secret: &str) -> Result<Vec<u8>, String> {
+        match self {
+            // The decoder's error is not shown: it quotes the offending character of the secret.
+            SchemeKind::Adyen => hex::decode(secret).map_err(|_| {
+                "an adyen HMAC key is the hex string the Customer Area shows (it keys the HMAC \
+                 once hex-decoded); one of the secrets is not hex (an even number of 0-9, a-f)"
+                    .to_owned()
+            }),
+            _ => Ok(secret.as_bytes().to_vec()),
+        }
     }
 
     /// The tolerance when `tolerance_secs` is unset: [`DEFAULT_TOLERANCE_SECS`], but Linear's
@@ -235,6 +260,14 @@ pub(super) fn check_source(
             ),
         ));
     }
+    if ingress {
+        for secret in &source.secrets {
+            source
+                .scheme
+                .key_of(secret.expose())
+                .map_err(|why| ConfigError::invalid_at(key("secrets"), why))?;
+        }
+    }
     match (&source.public_url, source.scheme.signs_the_url()) {
         // Required where the ingress verifies with it, as the secrets are.
         (None, true) if ingress => {
@@ -330,13 +363,16 @@ mod tests {
              [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance_secs = 30\n\
              [sources.linear]\nscheme = \"linear\"\nsecrets = [\"lin_wh_s3cret\"]\n\
              [sources.square]\nscheme = \"square\"\nsecrets = [\"sq\"]\n\
-             public_url = \"https://hooks.example.com/webhooks/square\"\n",
+             public_url = \"https://hooks.example.com/webhooks/square\"\n\
+             [sources.adyen]\nscheme = \"adyen\"\nsecrets = [\"44782DEF547AAA06\"]\n\
+             [sources.twilio]\nscheme = \"twilio\"\nsecrets = [\"tw\"]\n\
+             public_url = \"https://hooks.example.com/webhooks/twilio\"\n",
         )
         .expect("valid");
         let names: Vec<&str> = s.sources.keys().map(String::as_str).collect();
         assert_eq!(
             names,
-            ["github", "linear", "paddle", "shop-1", "slack", "square"]
+            ["adyen", "github", "linear", "paddle", "shop-1", "slack", "square", "twilio"]
         );
         assert_eq!(
             s.sources["square"].public_url.as_deref(),
@@ -435,6 +471,16 @@ mod tests {
                 "[sources.github]\nscheme = \"gitlab\"\nsecrets = \"x\"\n",
                 "`sources.github.scheme`",
                 "unknown variant",
+            ),
+            (
+                "[sources.adyen]\nscheme = \"adyen\"\nsecrets = \"not-hex\"\n",
+                "`sources.adyen.secrets`",
+                "not hex",
+            ),
+            (
+                "[sources.twilio]\nscheme = \"twilio\"\nsecrets = \"x\"\n",
+                "`sources.twilio.public_url`",
+                "signs the URL",
             ),
             (
                 "[sources.github]\nscheme = \"github\"\nsecrets = 12345\n",

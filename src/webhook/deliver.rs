@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -30,6 +30,9 @@ pub enum Accepted {
     /// A sender's handshake (Slack's `url_verification`, Zoom's `endpoint.url_validation`),
     /// answered with this JSON body and nothing enqueued.
     Challenge(serde_json::Value),
+    /// Every event of the delivery is durable, and the sender expects this plain text answer
+    /// (Adyen's `[accepted]`).
+    Text(&'static str),
 }
 
 /// The span of one webhook: its event's fields are recorded once read, so every line logged
@@ -71,7 +74,7 @@ pub(super) fn answer(
     outcome: Result<Accepted, Problem>,
 ) -> Response {
     let label = match &outcome {
-        Ok(Accepted::Received(_)) => "accepted",
+        Ok(Accepted::Received(_) | Accepted::Text(_)) => "accepted",
         Ok(Accepted::Challenge(_)) => "challenge",
         Err(p) if p.status == 400 => "rejected",
         Err(p) if p.status == 413 => "too_large",
@@ -86,6 +89,12 @@ pub(super) fn answer(
         )
             .into_response(),
         Ok(Accepted::Challenge(reply)) => (StatusCode::OK, Json(reply)).into_response(),
+        Ok(Accepted::Text(text)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text,
+        )
+            .into_response(),
         Err(problem) => problem.into_response(),
     };
     metrics::histogram!(

@@ -91,6 +91,7 @@ mod tests {
         let secrets = [b"old".to_vec(), b"It's a Secret to Everybody".to_vec()];
         Github.verify(
             &Delivery {
+                query: None,
                 headers: &map,
                 body,
             },
@@ -146,6 +147,7 @@ mod tests {
         map.insert(DELIVERY, HeaderValue::from_static("guid-1"));
         map.insert(EVENT, HeaderValue::from_static("push"));
         let id = |map: &HeaderMap| match Github.identify(&Delivery {
+            query: None,
             headers: map,
             body: b"{}",
         }) {

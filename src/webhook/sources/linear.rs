@@ -109,6 +109,7 @@ mod tests {
         let at = |now: i64, body: &str| {
             Linear.verify(
                 &Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes(),
                 },
@@ -146,7 +147,13 @@ mod tests {
             HeaderValue::from_static("5b8a1c6e-0000-4000-8000-000000000001"),
         );
         let body = br#"{"type":"Comment","action":"create"}"#;
-        let identify = |headers: &HeaderMap| Linear.identify(&Delivery { headers, body });
+        let identify = |headers: &HeaderMap| {
+            Linear.identify(&Delivery {
+                headers,
+                body,
+                query: None,
+            })
+        };
         assert_eq!(
             identify(&headers).unwrap(),
             Identified::Event {

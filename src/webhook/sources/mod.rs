@@ -1,14 +1,17 @@
 //! `POST /webhooks/{name}`: the named senders of `[sources.NAME]`, each verified by its scheme.
 //!
-//! A scheme is one file here (github.rs, linear.rs, paddle.rs, paypal.rs, shopify.rs,
-//! slack.rs, square.rs, zoom.rs) implementing `Scheme`: check
+//! A scheme is one file here (adyen.rs, github.rs, linear.rs, paddle.rs, paypal.rs, shopify.rs,
+//! slack.rs, square.rs, twilio.rs, zoom.rs) implementing `Scheme`: check
 //! the raw body and headers against the source's secrets in constant time, then say what the
-//! delivery is (its dedup id and type, or a handshake to answer). A scheme whose key is a
-//! certificate the delivery names (PayPal) says which, and the route resolves it
-//! (`paypal_certificates.rs`: configured, cached or fetched, async) before the sync checks. Everything else is the same
+//! delivery is (its dedup id and type, the several events of a batch, or a handshake to
+//! answer). A scheme whose key is a certificate the delivery names (PayPal) says which, and the
+//! route resolves it (`paypal_certificates.rs`: configured, cached or fetched, async) before the
+//! sync checks. The sender's own delivery headers a handler may want (`Scheme::kept_headers`)
+//! travel with each message (`kept.rs`). Everything else is the same
 //! for every sender and lives here or in `super::deliver`: the source's name is the source half
 //! of the dedup key and the `source` label of the metrics, a forgery is a 400 problem with
-//! nothing enqueued, and a 2xx is answered only once the event is durable.
+//! nothing enqueued, and a 2xx is answered only once the event (every event of a batch) is
+//! durable.
 //!
 //! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`.
 
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -28,7 +31,7 @@ use sha2::Sha256;
 use tracing::Instrument;
 
 use crate::config::{SchemeKind, SourceSettings};
-use crate::event::EventField;
+use crate::event::{EventField, SenderHeaders};
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
 use crate::signature::certificate::RsaCertificate;
@@ -37,6 +40,7 @@ use crate::webhook::deliver::{
     record_event, Accepted, Clock,
 };
 
+mod adyen;
 mod github;
 mod kept;
 mod linear;
@@ -46,7 +50,11 @@ mod paypal_certificates;
 mod shopify;
 mod slack;
 mod square;
+mod twilio;
 mod zoom;
+
+#[cfg(test)]
+mod tests;
 
 /// The route's path template: the `route` label of the request histogram for every source.
 const ROUTE: &str = "/webhooks/{name}";
@@ -57,11 +65,12 @@ pub struct Source {
     pub name: String,
     /// Which sender's rules apply.
     pub kind: SchemeKind,
-    /// The signing secrets' bytes, each tried (rotation). Never logged: `Source` has no `Debug`.
+    /// The signing keys, each tried (rotation): the secrets as the scheme keys its HMAC with them
+    /// ([`SchemeKind::key_of`]). Never logged: `Source` has no `Debug`.
     secrets: Vec<Vec<u8>>,
     /// Accepted clock difference, both ways, for schemes that sign a timestamp.
     tolerance_secs: u64,
-    /// The URL the sender posts to, for schemes that sign it (Square).
+    /// The URL the sender posts to, for schemes that sign it (Square, Twilio).
     public_url: Option<String>,
     /// The receiver's id the sender signs into each delivery (PayPal's webhook id).
     webhook_id: Option<String>,
@@ -81,10 +90,12 @@ pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
                 let ready = Source {
                     name: name.clone(),
                     kind: source.scheme,
+                    // Validated at load (`check_source`); a secret that could still not be a key
+                    // is left out rather than turned into one that verifies nothing it should.
                     secrets: source
                         .secrets
                         .iter()
-                        .map(|s| s.expose().as_bytes().to_vec())
+                        .filter_map(|s| source.scheme.key_of(s.expose()).ok())
                         .collect(),
                     tolerance_secs: source.tolerance_secs(),
                     public_url: source.public_url.clone(),
@@ -104,6 +115,9 @@ pub(super) struct Delivery<'a> {
     pub headers: &'a HeaderMap,
     /// The raw body, byte for byte as signed.
     pub body: &'a [u8],
+    /// The request's query string as sent (without the `?`), for schemes that sign it
+    /// (Twilio): `None` when the request had none.
+    pub query: Option<&'a str>,
 }
 
 /// The source's keys and clock, for [`Scheme::verify`].
@@ -133,8 +147,27 @@ pub(super) enum Identified {
         /// The sender's name for what happened, if it says.
         event_type: Option<String>,
     },
+    /// Several events in one delivery (Adyen's notification items), each published as its own
+    /// message; `answer` is the plain text the sender expects once every one is durable.
+    Batch {
+        /// The events, in the delivery's order.
+        events: Vec<BatchEvent>,
+        /// The sender's expected answer (Adyen's `[accepted]`).
+        answer: &'static str,
+    },
     /// A handshake the sender expects answered with this JSON body; nothing is enqueued.
     Challenge(serde_json::Value),
+}
+
+/// One event of a [`Identified::Batch`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BatchEvent {
+    /// The event's dedup id, the same on every redelivery of the batch.
+    pub id: String,
+    /// The sender's name for what happened.
+    pub event_type: Option<String>,
+    /// The part of the body that is this event: the handler's payload.
+    pub payload: Bytes,
 }
 
 /// One sender's rules.
@@ -189,6 +222,8 @@ fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
         SchemeKind::Shopify => &shopify::Shopify,
         SchemeKind::Slack => &slack::Slack,
         SchemeKind::Square => &square::Square,
+        SchemeKind::Twilio => &twilio::Twilio,
+        SchemeKind::Adyen => &adyen::Adyen,
         SchemeKind::Zoom => &zoom::Zoom,
     }
 }
@@ -222,6 +257,7 @@ pub fn router(state: SourcesState, body_limit: usize) -> Router {
 async fn receive(
     State(state): State<SourcesState>,
     Path(name): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -237,16 +273,18 @@ async fn receive(
     };
     let span = receive_span(&source.name, &headers);
     let started = Instant::now();
-    let outcome = receive_from(&state, source, &headers, body)
+    let outcome = receive_from(&state, source, uri.query(), &headers, body)
         .instrument(span)
         .await;
     answer(&source.name, ROUTE, started, outcome)
 }
 
-/// Verify, identify, publish durably: the event's id once it is, or the challenge.
+/// Verify, identify, publish durably: the event's id once it is (every event's, for a batch),
+/// or the challenge.
 async fn receive_from(
     state: &SourcesState,
     source: &Source,
+    query: Option<&str>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Accepted, Problem> {
@@ -254,6 +292,7 @@ async fn receive_from(
     let delivery = Delivery {
         headers,
         body: &body,
+        query,
     };
     let scheme = scheme(source.kind);
     let mut keys = Keys {
@@ -273,26 +312,62 @@ async fn receive_from(
     };
     keys.certificate = certificate.as_deref();
     scheme.verify(&delivery, &keys)?;
-    let (id, event_type) = match scheme.identify_keyed(&delivery, &keys)? {
+    let (events, answer) = match scheme.identify_keyed(&delivery, &keys)? {
         Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),
-        Identified::Event { id, event_type } => (id, event_type),
+        Identified::Event { id, event_type } => {
+            let event = BatchEvent {
+                id,
+                event_type,
+                payload: body.clone(),
+            };
+            (vec![event], None)
+        }
+        Identified::Batch { events, answer } => (events, Some(answer)),
     };
-    checked(EventField::Id, &id, "event_id")?;
-    if let Some(event_type) = &event_type {
-        checked(EventField::Type, event_type, "event_type")?;
+    // Every event is checked before any is published: a batch with one event the store cannot
+    // hold is refused whole, with nothing enqueued.
+    for event in &events {
+        checked(EventField::Id, &event.id, "event_id")?;
+        if let Some(event_type) = &event.event_type {
+            checked(EventField::Type, event_type, "event_type")?;
+        }
     }
-    record_event(&id, event_type.as_deref());
-    let message = OutgoingMessage {
-        source: Some(source.name.clone()),
-        message_id: Some(id.clone()),
-        message_type: event_type,
-        payload: body,
+    if let [event] = events.as_slice() {
+        record_event(&event.id, event.event_type.as_deref());
+    }
+    // One after the other, each awaited until durable: the first that cannot be stored answers
+    // 503 and the sender redelivers the whole delivery; the events already published are then
+    // duplicates the consumer recognises by their ids.
+    let sender_headers = kept::kept_headers(scheme, headers);
+    let mut last_id = String::new();
+    for event in events {
+        last_id.clone_from(&event.id);
+        publish(
+            state.transport.as_ref(),
+            state.publish_timeout,
+            outgoing(&source.name, event, sender_headers.clone()),
+        )
+        .await?;
+    }
+    Ok(match answer {
+        Some(text) => Accepted::Text(text),
+        None => Accepted::Received(last_id),
+    })
+}
+
+/// The one place a verified event becomes a message: under the source's name, with the
+/// sender's id as the message id, its type as the message type and the delivery's kept headers
+/// (every event of a batch arrived with the same ones).
+fn outgoing(source: &str, event: BatchEvent, sender_headers: SenderHeaders) -> OutgoingMessage {
+    OutgoingMessage {
+        source: Some(source.to_owned()),
+        message_id: Some(event.id),
+        message_type: event.event_type,
+        payload: event.payload,
         traceparent: None,
         stripe_signature: None,
-        sender_headers: kept::kept_headers(scheme, headers),
-    };
-    publish(state.transport.as_ref(), state.publish_timeout, message).await?;
-    Ok(Accepted::Received(id))
+        sender_headers,
+    }
 }
 
 /// A header every delivery of the scheme carries; its absence is the `missing_header` check.

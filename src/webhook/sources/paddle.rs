@@ -122,6 +122,7 @@ mod tests {
 
     fn identify(body: &str) -> Result<Identified, Problem> {
         Paddle.identify(&Delivery {
+            query: None,
             headers: &HeaderMap::new(),
             body: body.as_bytes(),
         })
@@ -161,6 +162,7 @@ mod tests {
         let at = |now: i64, body: &str| {
             Paddle.verify(
                 &Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes(),
                 },

@@ -193,6 +193,7 @@ mod tests {
         let certificate = RsaCertificate::from_pem(PEM.as_bytes()).unwrap();
         Paypal.verify(
             &Delivery {
+                query: None,
                 headers,
                 body: body.as_bytes(),
             },
@@ -211,6 +212,7 @@ mod tests {
     fn the_signed_string_is_paypals() {
         let headers = headers();
         let delivery = Delivery {
+            query: None,
             headers: &headers,
             body: BODY.as_bytes(),
         };
@@ -289,6 +291,7 @@ mod tests {
     fn id_and_type_from_the_body() {
         let identify = |body: &str| {
             Paypal.identify(&Delivery {
+                query: None,
                 headers: &HeaderMap::new(),
                 body: body.as_bytes(),
             })

@@ -104,6 +104,7 @@ mod tests {
     fn identify(headers: &[(&'static str, &str)]) -> Result<Identified, Problem> {
         let map = delivery_of(headers);
         Shopify.identify(&Delivery {
+            query: None,
             headers: &map,
             body: b"{}",
         })
@@ -151,6 +152,7 @@ mod tests {
             let refused = Shopify
                 .verify(
                     &Delivery {
+                        query: None,
                         headers: &map,
                         body: b"{}",
                     },

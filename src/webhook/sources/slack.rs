@@ -115,6 +115,7 @@ mod tests {
 
     fn identify(body: &str) -> Result<Identified, Problem> {
         Slack.identify(&Delivery {
+            query: None,
             headers: &HeaderMap::new(),
             body: body.as_bytes(),
         })
@@ -169,6 +170,7 @@ mod tests {
         let at = |now: i64| {
             Slack.verify(
                 &Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes(),
                 },

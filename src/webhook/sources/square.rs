@@ -97,6 +97,7 @@ mod tests {
         let with = |url: &'static str| {
             Square.verify(
                 &Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes(),
                 },
@@ -120,6 +121,7 @@ mod tests {
         assert_eq!(
             Square
                 .identify(&Delivery {
+                    query: None,
                     headers: &headers,
                     body: body.as_bytes()
                 })

@@ -201,6 +201,7 @@ mod tests {
         let headers = HeaderMap::new();
         let identify = |body: &str| {
             Zoom.identify(&Delivery {
+                query: None,
                 headers: &headers,
                 body: body.as_bytes(),
             })
@@ -251,6 +252,7 @@ mod tests {
             certificate: None,
         };
         let delivery = Delivery {
+            query: None,
             headers: &headers,
             body: body.as_bytes(),
         };

@@ -9,7 +9,10 @@
 //! pip `squareup`'s `verify_signature`. PayPal signs on its servers with a key of its own, and no
 //! maintained SDK of PayPal's signs or verifies offline: its deliveries are signed by a test key
 //! and self-signed certificate (`cryptography`), over the string the deprecated `paypalrestsdk`'s
-//! `WebhookEvent._get_expected_sig` builds. One node or python process signs every item of a call. scripts/test.sh installs them (the npm
+//! `WebhookEvent._get_expected_sig` builds. Twilio's deliveries are signed by the `twilio`
+//! library's `RequestValidator.compute_signature`, Adyen's items by the `Adyen` library's
+//! `generate_notification_sig`. One node or python process signs every item of a call.
+//! scripts/test.sh installs them (the npm
 //! packages under target/sender-sdks, found through `NODE_PATH`).
 
 use std::path::PathBuf;
@@ -304,4 +307,54 @@ json.dump([hook.sign(i, datetime.fromtimestamp(t, tz=timezone.utc), b) for i, t,
     let request = serde_json::json!({ "secret": secret, "items": items });
     serde_json::from_slice(&run_python(script, &request, "standardwebhooks signing"))
         .expect("signatures")
+}
+
+/// `X-Twilio-Signature` values from the `twilio` library's
+/// `RequestValidator(token).compute_signature(url, params)`, each checked by its `validate`
+/// first. An item `{"url", "params": {name: value}}` is a form POST to `url`; an item
+/// `{"url", "body"}` is the JSON variant: the SDK's `compute_hash(body)` is appended to `url`'s
+/// query as `bodySHA256`, and the signature is over that URL alone. Returns each signature with
+/// the query string the request must carry (the JSON variant's, with its `bodySHA256`).
+pub fn twilio_sign(token: &str, items: &[serde_json::Value]) -> Vec<(String, String)> {
+    let script = r#"
+import json, sys
+from urllib.parse import urlsplit
+from twilio.request_validator import RequestValidator
+req = json.load(sys.stdin)
+rv = RequestValidator(req["token"])
+out = []
+for item in req["items"]:
+    url = item["url"]
+    if "body" in item:
+        url += ("&" if "?" in url else "?") + "bodySHA256=" + rv.compute_hash(item["body"])
+        sig = rv.compute_signature(url, {})
+        assert rv.validate(url, item["body"], sig)
+    else:
+        sig = rv.compute_signature(url, item["params"])
+        assert rv.validate(url, item["params"], sig)
+    out.append([sig, urlsplit(url).query])
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "token": token, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "twilio signing")).expect("signatures")
+}
+
+/// Each item (a `NotificationRequestItem` object) with its `additionalData.hmacSignature` from
+/// the `Adyen` library's `Adyen.util.generate_notification_sig(item, hex_key)`; each batch of one
+/// is checked by its `is_valid_hmac_notification` first.
+pub fn adyen_sign(hex_key: &str, items: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let script = r#"
+import json, sys
+from Adyen.util import generate_notification_sig, is_valid_hmac_notification
+req = json.load(sys.stdin)
+out = []
+for item in req["items"]:
+    signature = generate_notification_sig(item, req["key"]).decode()
+    item.setdefault("additionalData", {})["hmacSignature"] = signature
+    assert is_valid_hmac_notification({"notificationItems": [{"NotificationRequestItem": item}]}, req["key"])
+    out.append(item)
+json.dump(out, sys.stdout)
+"#;
+    let request = serde_json::json!({ "key": hex_key, "items": items });
+    serde_json::from_slice(&run_python(script, &request, "Adyen signing")).expect("signed items")
 }

@@ -16,6 +16,7 @@ use dedup_worker::store::{QueuedMessage, Store};
 use dedup_worker::Service;
 use serde_json::{json, Value};
 
+mod adyen;
 mod all_at_once;
 mod github;
 mod headers;
@@ -26,6 +27,7 @@ mod shopify;
 mod slack;
 mod square;
 mod start;
+mod twilio;
 mod zoom;
 
 /// A delivery: its headers and raw body.
