@@ -8,7 +8,9 @@
 //! of the dedup key and the `source` label of the metrics, a forgery is a 400 problem with
 //! nothing enqueued, and a 2xx is answered only once the event is durable.
 //!
-//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`.
+//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`. A
+//! sender whose rules fit the declarative scheme (`hmac.rs`) needs only a preset, which is data
+//! (`crate::config`'s `hmac_presets.toml`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
+use ::hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tracing::Instrument;
 
-use crate::config::{SchemeKind, SourceSettings};
+use crate::config::{resolve_hmac, ConfigError, SchemeKind, SourceSettings};
 use crate::event::EventField;
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
@@ -35,6 +37,7 @@ use crate::webhook::deliver::{
 };
 
 mod github;
+mod hmac;
 mod linear;
 mod paddle;
 mod shopify;
@@ -51,7 +54,10 @@ pub struct Source {
     pub name: String,
     /// Which sender's rules apply.
     pub kind: SchemeKind,
-    /// The signing secrets' bytes, each tried (rotation). Never logged: `Source` has no `Debug`.
+    /// The rules, ready to check a delivery.
+    scheme: Box<dyn Scheme>,
+    /// The signing keys, each tried (rotation): the secrets' bytes, or what the `hmac` rules
+    /// decode them to. Never logged: `Source` has no `Debug`.
     secrets: Vec<Vec<u8>>,
     /// Accepted clock difference, both ways, for schemes that sign a timestamp.
     tolerance_secs: u64,
@@ -62,27 +68,61 @@ pub struct Source {
 /// Every configured source by name; shared by the route's clones.
 pub type Sources = Arc<BTreeMap<String, Source>>;
 
-/// The sources of `settings` (`Settings::sources`, validated), ready to serve.
+/// The sources of `settings` (`Settings::sources`, validated), ready to serve. A source whose
+/// rules do not resolve (validation refuses it at start, so only a caller that skipped it) is
+/// left out, logged: its route answers 404, and the sender retries.
 pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
     Arc::new(
         settings
             .iter()
-            .map(|(name, source)| {
-                let ready = Source {
-                    name: name.clone(),
-                    kind: source.scheme,
-                    secrets: source
-                        .secrets
-                        .iter()
-                        .map(|s| s.expose().as_bytes().to_vec())
-                        .collect(),
-                    tolerance_secs: source.tolerance_secs(),
-                    public_url: source.public_url.clone(),
-                };
-                (name.clone(), ready)
+            .filter_map(|(name, source)| match ready(name, source) {
+                Ok(ready) => Some((name.clone(), ready)),
+                Err(error) => {
+                    tracing::error!(source = %name, %error, "source left out");
+                    None
+                }
             })
             .collect(),
     )
+}
+
+/// One source, its rules built and its secrets turned into keys.
+fn ready(name: &str, source: &SourceSettings) -> Result<Source, ConfigError> {
+    let (scheme, secrets): (Box<dyn Scheme>, Vec<Vec<u8>>) = match source.scheme {
+        SchemeKind::Hmac => {
+            let rules = resolve_hmac(name, source)?;
+            let keys = source
+                .secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    rules.key_of(s.expose()).map_err(|why| {
+                        ConfigError::invalid_at(
+                            format!("sources.{name}.secrets"),
+                            format!("secret number {} {why}", i + 1),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            (Box::new(hmac::Declarative::new(rules)), keys)
+        }
+        kind => (
+            named(kind),
+            source
+                .secrets
+                .iter()
+                .map(|s| s.expose().as_bytes().to_vec())
+                .collect(),
+        ),
+    };
+    Ok(Source {
+        name: name.to_owned(),
+        kind: source.scheme,
+        scheme,
+        secrets,
+        tolerance_secs: source.tolerance_secs(),
+        public_url: source.public_url.clone(),
+    })
 }
 
 /// A delivery as received: what every scheme reads.
@@ -141,16 +181,32 @@ pub(super) trait Scheme: Send + Sync {
     }
 }
 
-/// The rules of `kind`.
-fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
+/// The rules of a named scheme (`hmac`'s are the source's: see `ready`).
+fn named(kind: SchemeKind) -> Box<dyn Scheme> {
     match kind {
-        SchemeKind::Github => &github::Github,
-        SchemeKind::Linear => &linear::Linear,
-        SchemeKind::Paddle => &paddle::Paddle,
-        SchemeKind::Shopify => &shopify::Shopify,
-        SchemeKind::Slack => &slack::Slack,
-        SchemeKind::Square => &square::Square,
-        SchemeKind::Zoom => &zoom::Zoom,
+        SchemeKind::Github => Box::new(github::Github),
+        SchemeKind::Linear => Box::new(linear::Linear),
+        SchemeKind::Paddle => Box::new(paddle::Paddle),
+        SchemeKind::Shopify => Box::new(shopify::Shopify),
+        SchemeKind::Slack => Box::new(slack::Slack),
+        SchemeKind::Square => Box::new(square::Square),
+        SchemeKind::Zoom => Box::new(zoom::Zoom),
+        // Built from the source's settings in `ready`; never reached.
+        SchemeKind::Hmac => Box::new(Unresolved),
+    }
+}
+
+/// An `hmac` source without its rules: refuses every delivery (never reached: `ready` builds
+/// the rules of an `hmac` source).
+struct Unresolved;
+
+impl Scheme for Unresolved {
+    fn verify(&self, _: &Delivery<'_>, _: &Keys<'_>) -> Result<(), Problem> {
+        Err(mismatch("signature"))
+    }
+
+    fn identify(&self, _: &Delivery<'_>) -> Result<Identified, Problem> {
+        Err(missing_id("rules"))
     }
 }
 
@@ -216,7 +272,7 @@ async fn receive_from(
         headers,
         body: &body,
     };
-    let scheme = scheme(source.kind);
+    let scheme = source.scheme.as_ref();
     let keys = Keys {
         secrets: &source.secrets,
         tolerance_secs: source.tolerance_secs,
