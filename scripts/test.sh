@@ -144,7 +144,7 @@ export PYTHON
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
   'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
   'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4' 'paddle-python-sdk==1.16.1' \
-  'squareup==46.0.0.20260916'
+  'squareup==46.0.0.20260916' 'hubspot-api-client==12.0.0'
 
 # --- Node packages ----------------------------------------------------------------------------
 # The senders' own libraries sign the deliveries of tests/it/sources/ where they are JavaScript:

@@ -262,13 +262,14 @@ pub fn resolve(name: &str, source: &SourceSettings) -> Result<HmacRules, ConfigE
             v => Ok(v.map(|v| v.to_ascii_lowercase())),
         }
     };
-    let signature_header = header("signature_header", merged.signature_header)?.ok_or_else(|| {
-        refuse(
-            name,
-            &key("signature_header"),
-            "is required: the header the sender puts its signature in (or set `preset`)",
-        )
-    })?;
+    let signature_header =
+        header("signature_header", merged.signature_header)?.ok_or_else(|| {
+            refuse(
+                name,
+                &key("signature_header"),
+                "is required: the header the sender puts its signature in (or set `preset`)",
+            )
+        })?;
     let signed = parse_template(merged.signed.as_deref().unwrap_or("{body}"))
         .map_err(|why| refuse(name, &key("signed"), why))?;
     let separator = match merged.separator {
@@ -319,18 +320,23 @@ pub fn resolve(name: &str, source: &SourceSettings) -> Result<HmacRules, ConfigE
     }
     let locate = |header_field: &str, header_value: Option<String>, pointer: Option<Pointers>| {
         let pointer_field = header_field.replace("header", "pointer");
-        match (header(header_field, header_value)?, pointer.map(Pointers::into_vec)) {
+        match (
+            header(header_field, header_value)?,
+            pointer.map(Pointers::into_vec),
+        ) {
             (Some(_), Some(_)) => Err(refuse(
                 name,
                 &key(&pointer_field),
                 format!("set either `{header_field}` or `{pointer_field}`, not both"),
             )),
             (Some(h), None) => Ok(Some(Locator::Header(h))),
-            (None, Some(p)) if p.is_empty() || p.iter().any(|p| !p.starts_with('/')) => Err(refuse(
-                name,
-                &key(&pointer_field),
-                "must be a JSON pointer: `/` then the path (`/event_id`, `/data/id`)",
-            )),
+            (None, Some(p)) if p.is_empty() || p.iter().any(|p| !p.starts_with('/')) => {
+                Err(refuse(
+                    name,
+                    &key(&pointer_field),
+                    "must be a JSON pointer: `/` then the path (`/event_id`, `/data/id`)",
+                ))
+            }
             (None, Some(p)) => Ok(Some(Locator::Pointer(p))),
             (None, None) => Ok(None),
         }

@@ -53,7 +53,12 @@ pub fn preset(name: &str) -> Result<Option<&'static Preset>, String> {
 /// The presets' names, comma-separated, for a message.
 pub fn preset_names() -> String {
     presets()
-        .map(|all| all.keys().map(String::as_str).collect::<Vec<_>>().join(", "))
+        .map(|all| {
+            all.keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
         .unwrap_or_default()
 }
 

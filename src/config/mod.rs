@@ -29,14 +29,14 @@ mod validate;
 
 pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
 pub use bounds::{whole_days, whole_hours};
-pub use secrets::{
-    redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
-};
 pub use hmac::{
     resolve as resolve_hmac, Algorithm as HmacAlgorithm, Encoding as HmacEncoding, HmacRules,
     HmacSettings, Locator, Piece, TimestampAt, TimestampFormat, MAX_SIGNATURES_PER_HEADER,
 };
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
+pub use secrets::{
+    redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
+};
 pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
 pub use sources::{
     SchemeKind, SourceSettings, Sources, DEFAULT_TOLERANCE_SECS, MAX_SOURCE_NAME_CHARS,

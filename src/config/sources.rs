@@ -234,7 +234,11 @@ pub(super) fn check_source(
         SchemeKind::Hmac => Some(resolve(name, source)?),
         _ => {
             if source.preset.is_some() || source.hmac.is_some() {
-                let field = if source.preset.is_some() { "preset" } else { "hmac" };
+                let field = if source.preset.is_some() {
+                    "preset"
+                } else {
+                    "hmac"
+                };
                 return Err(ConfigError::invalid_at(
                     key(field),
                     format!(

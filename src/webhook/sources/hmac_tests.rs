@@ -72,11 +72,25 @@ fn svix_example_verifies_under_the_clerk_preset() {
     verify(&scheme, &keys, &sent, body, 1_614_265_330, 300).expect("verifies");
     let check = |r: Result<(), Problem>| r.unwrap_err().check;
     assert_eq!(
-        check(verify(&scheme, &keys, &sent, body, 1_614_265_331 + 300, 300)),
+        check(verify(
+            &scheme,
+            &keys,
+            &sent,
+            body,
+            1_614_265_331 + 300,
+            300
+        )),
         Some("timestamp_tolerance")
     );
     assert_eq!(
-        check(verify(&scheme, &keys, &sent, r#"{"test": 2432232315}"#, 1_614_265_330, 300)),
+        check(verify(
+            &scheme,
+            &keys,
+            &sent,
+            r#"{"test": 2432232315}"#,
+            1_614_265_330,
+            300
+        )),
         Some("signature_mismatch")
     );
     let mut other_id = sent.clone();
@@ -99,7 +113,10 @@ fn githubs_example_verifies_under_the_bitbucket_preset() {
     verify(&scheme, &keys, &sent, "Hello, World!", 0, 0).expect("verifies");
     for (header, check) in [
         ("sha256=757107ea", "malformed_header"),
-        ("sha1=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17", "malformed_header"),
+        (
+            "sha1=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
+            "malformed_header",
+        ),
         (
             "sha256=857107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
             "signature_mismatch",
@@ -107,14 +124,18 @@ fn githubs_example_verifies_under_the_bitbucket_preset() {
     ] {
         let sent = headers(&[("x-hub-signature", header)]);
         assert_eq!(
-            verify(&scheme, &keys, &sent, "Hello, World!", 0, 0).unwrap_err().check,
+            verify(&scheme, &keys, &sent, "Hello, World!", 0, 0)
+                .unwrap_err()
+                .check,
             Some(check),
             "{header}"
         );
     }
     let none = HeaderMap::new();
     assert_eq!(
-        verify(&scheme, &keys, &none, "Hello, World!", 0, 0).unwrap_err().check,
+        verify(&scheme, &keys, &none, "Hello, World!", 0, 0)
+            .unwrap_err()
+            .check,
         Some("missing_header")
     );
 }
@@ -132,9 +153,16 @@ fn a_header_of_too_many_parts_is_malformed() {
         ("svix-signature", &many),
     ]);
     assert_eq!(
-        verify(&scheme, &keys, &sent, r#"{"test": 2432232314}"#, 1_614_265_330, 300)
-            .unwrap_err()
-            .check,
+        verify(
+            &scheme,
+            &keys,
+            &sent,
+            r#"{"test": 2432232314}"#,
+            1_614_265_330,
+            300
+        )
+        .unwrap_err()
+        .check,
         Some("malformed_header")
     );
 }
@@ -169,7 +197,10 @@ fn ids_and_types_from_headers_or_pointers() {
         "scheme": "hmac", "preset": "twitch", "secrets": ["k"],
     }));
     let sent = headers(&[
-        ("twitch-eventsub-message-id", "befa7b53-d79d-478f-86b9-120f112b044e"),
+        (
+            "twitch-eventsub-message-id",
+            "befa7b53-d79d-478f-86b9-120f112b044e",
+        ),
         ("twitch-eventsub-subscription-type", "channel.follow"),
     ]);
     assert_eq!(
@@ -188,8 +219,14 @@ fn ids_and_types_from_headers_or_pointers() {
 
 #[test]
 fn timestamps_in_each_format() {
-    assert_eq!(unix_seconds("1700000000", TimestampFormat::Unix), Some(1_700_000_000));
-    assert_eq!(unix_seconds("1700000000999", TimestampFormat::UnixMs), Some(1_700_000_000));
+    assert_eq!(
+        unix_seconds("1700000000", TimestampFormat::Unix),
+        Some(1_700_000_000)
+    );
+    assert_eq!(
+        unix_seconds("1700000000999", TimestampFormat::UnixMs),
+        Some(1_700_000_000)
+    );
     assert_eq!(
         unix_seconds("2019-11-16T10:11:12.634234626Z", TimestampFormat::Rfc3339),
         Some(1_573_899_072)

@@ -17,6 +17,8 @@ use dedup_worker::Service;
 use serde_json::{json, Value};
 
 mod github;
+mod hmac;
+mod hmac_presets;
 mod linear;
 mod paddle;
 mod shopify;
