@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
-use super::hmac::{resolve, HmacSettings};
+use super::hmac::{check as check_hmac, HmacSettings};
 use super::hmac_presets::preset;
 use super::{ConfigError, Secret};
 
@@ -230,40 +230,7 @@ pub(super) fn check_source(
             ),
         ));
     }
-    let rules = match source.scheme {
-        SchemeKind::Hmac => Some(resolve(name, source)?),
-        _ => {
-            if source.preset.is_some() || source.hmac.is_some() {
-                let field = if source.preset.is_some() {
-                    "preset"
-                } else {
-                    "hmac"
-                };
-                return Err(ConfigError::invalid_at(
-                    key(field),
-                    format!(
-                        "only `scheme = \"hmac\"` takes `preset` and `hmac`; the {} scheme's \
-                         rules are fixed",
-                        source.scheme.name()
-                    ),
-                ));
-            }
-            None
-        }
-    };
-    if let (Some(rules), true) = (&rules, ingress) {
-        for (i, secret) in source.secrets.iter().enumerate() {
-            rules.key_of(secret.expose()).map_err(|why| {
-                ConfigError::invalid_at(
-                    key("secrets"),
-                    format!(
-                        "secret number {} {why} (hmac.secret_encoding, hmac.secret_prefix)",
-                        i + 1
-                    ),
-                )
-            })?;
-        }
-    }
+    let rules = check_hmac(name, source, ingress)?;
     let signs_the_url = rules
         .as_ref()
         .map_or(source.scheme.signs_the_url(), |r| r.signs_the_url());
