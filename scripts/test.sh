@@ -137,6 +137,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- Python tools -----------------------------------------------------------------------------
+# hubspot-api-client signs the hubspot preset's test deliveries (its Signature.get_signature, v3).
 # PyYAML reads deploy/'s YAML for the tests; kubernetes-validate carries the Kubernetes JSON
 # schemas, so the manifests are validated offline.
 PYTHON=${PYTHON:-python3}
