@@ -249,7 +249,6 @@ fn decode(encoding: HmacEncoding, text: &str) -> Option<Vec<u8>> {
             .ok(),
         HmacEncoding::Base64url => GeneralPurpose::new(&base64::alphabet::URL_SAFE, LENIENT)
             .decode(text)
-            .or_else(|_| general_purpose::URL_SAFE.decode(text))
             .ok(),
     }
 }
