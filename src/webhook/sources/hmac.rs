@@ -235,9 +235,7 @@ fn any_matches<M: Mac + KeyInit + Clone>(
 
 /// `text` decoded as `encoding`; `None` when it is not.
 fn decode(encoding: HmacEncoding, text: &str) -> Option<Vec<u8>> {
-    use base64::engine::{
-        general_purpose, DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig,
-    };
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
     use base64::Engine;
     // Padding either way: senders differ, and the bytes are what is compared.
     const LENIENT: GeneralPurposeConfig =

@@ -234,3 +234,15 @@ fn timestamps_in_each_format() {
     assert_eq!(unix_seconds("soon", TimestampFormat::Unix), None);
     assert_eq!(unix_seconds("1e3", TimestampFormat::UnixMs), None);
 }
+
+#[test]
+fn signatures_decode_with_or_without_padding() {
+    let bytes = vec![0xfb, 0xff, 0x01];
+    assert_eq!(decode(HmacEncoding::Base64, "+/8B"), Some(bytes.clone()));
+    assert_eq!(decode(HmacEncoding::Base64url, "-_8B"), Some(bytes.clone()));
+    assert_eq!(decode(HmacEncoding::Base64, "+/8="), Some(vec![0xfb, 0xff]));
+    assert_eq!(decode(HmacEncoding::Base64, "+/8"), Some(vec![0xfb, 0xff]));
+    assert_eq!(decode(HmacEncoding::Base64url, "+/8B"), None);
+    assert_eq!(decode(HmacEncoding::Hex, "FBff01"), Some(bytes));
+    assert_eq!(decode(HmacEncoding::Hex, "fbf"), None);
+}
