@@ -138,6 +138,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- Python tools -----------------------------------------------------------------------------
+# hubspot-api-client signs the hubspot preset's test deliveries (its Signature.get_signature, v3).
 # PyYAML reads deploy/'s YAML for the tests; kubernetes-validate carries the Kubernetes JSON
 # schemas, so the manifests are validated offline.
 PYTHON=${PYTHON:-python3}
@@ -146,7 +147,7 @@ export PYTHON
   'stripe>=16,<17' 'moto[server]>=5,<6' 'standardwebhooks>=1.0,<2' 'cryptography>=40' \
   'pyyaml>=6' 'kubernetes-validate>=1.33,<2' 'slack_sdk>=3.48,<4' 'paddle-python-sdk==1.16.1' \
   'squareup==46.0.0.20260916' 'twilio==9.13.0' 'Adyen==16.0.0' \
-  'paypalrestsdk==1.13.3' 'pyOpenSSL==26.2.0'
+  'paypalrestsdk==1.13.3' 'pyOpenSSL==26.2.0' 'hubspot-api-client==12.0.0'
 
 # --- Node packages ----------------------------------------------------------------------------
 # The senders' own libraries sign the deliveries of tests/it/sources/ where they are JavaScript:

@@ -20,6 +20,8 @@ use crate::telemetry::LogFormat;
 
 mod admin;
 mod bounds;
+mod hmac;
+mod hmac_presets;
 mod paypal;
 mod secrets;
 mod sink;
@@ -28,6 +30,11 @@ mod validate;
 
 pub use admin::{AdminSettings, MIN_ADMIN_TOKEN_CHARS};
 pub use bounds::{whole_days, whole_hours};
+pub use hmac::{
+    resolve as resolve_hmac, Algorithm as HmacAlgorithm, Encoding as HmacEncoding, HmacRules,
+    HmacSettings, Locator, Piece, TimestampAt, TimestampFormat, MAX_SIGNATURES_PER_HEADER,
+};
+pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
 pub use paypal::{
     certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
 };

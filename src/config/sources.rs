@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
+use super::hmac::{check as check_hmac, HmacSettings};
+use super::hmac_presets::preset;
 use super::paypal::{certificate_url_prefixes, check_paypal_keys, configured_certificate};
 use super::{ConfigError, Secret};
 use crate::signature::certificate::RsaCertificate;
@@ -59,6 +61,9 @@ pub enum SchemeKind {
     /// `x-zm-signature: v0=<hex>` over `v0:{timestamp}:{body}`; id the body's event, time and
     /// object; `endpoint.url_validation` answered.
     Zoom,
+    /// Declarative: the rules are the source's `hmac` table, over its `preset`
+    /// (`super::hmac`).
+    Hmac,
 }
 
 impl SchemeKind {
@@ -75,10 +80,12 @@ impl SchemeKind {
             SchemeKind::Twilio => "twilio",
             SchemeKind::Adyen => "adyen",
             SchemeKind::Zoom => "zoom",
+            SchemeKind::Hmac => "hmac",
         }
     }
 
-    /// Whether the sender signs a timestamp, so `tolerance_secs` means something.
+    /// Whether the sender signs a timestamp, so `tolerance_secs` means something (for `hmac`,
+    /// its rules say: see [`SourceSettings::signs_a_timestamp`]).
     pub fn signs_a_timestamp(self) -> bool {
         matches!(
             self,
@@ -159,13 +166,26 @@ pub struct SourceSettings {
     /// production: anything else lets whoever serves there sign deliveries.
     #[serde(default, deserialize_with = "certificate_url_prefixes")]
     pub certificate_url_prefixes: Vec<url::Url>,
+    /// `scheme = "hmac"` only: a named preset of rules (`super::hmac_presets`).
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// `scheme = "hmac"` only: the rules, over the preset's.
+    #[serde(default)]
+    pub hmac: Option<HmacSettings>,
 }
 
 impl SourceSettings {
     /// The tolerance the scheme applies.
     pub fn tolerance_secs(&self) -> u64 {
         self.tolerance_secs
+            .or_else(|| self.preset_tolerance_secs())
             .unwrap_or_else(|| self.scheme.default_tolerance_secs())
+    }
+
+    /// The tolerance the preset's sender documents, if it has one.
+    fn preset_tolerance_secs(&self) -> Option<u64> {
+        let name = self.preset.as_deref()?;
+        preset(name).ok().flatten()?.tolerance_secs
     }
 }
 
@@ -268,7 +288,14 @@ pub(super) fn check_source(
                 .map_err(|why| ConfigError::invalid_at(key("secrets"), why))?;
         }
     }
-    match (&source.public_url, source.scheme.signs_the_url()) {
+    let rules = check_hmac(name, source, ingress)?;
+    let signs_the_url = rules
+        .as_ref()
+        .map_or(source.scheme.signs_the_url(), |r| r.signs_the_url());
+    let signs_a_timestamp = rules
+        .as_ref()
+        .map_or(source.scheme.signs_a_timestamp(), |r| r.timestamp.is_some());
+    match (&source.public_url, signs_the_url) {
         // Required where the ingress verifies with it, as the secrets are.
         (None, true) if ingress => {
             return Err(ConfigError::invalid_at(
@@ -299,7 +326,7 @@ pub(super) fn check_source(
         _ => {}
     }
     match source.tolerance_secs {
-        Some(_) if !source.scheme.signs_a_timestamp() => Err(ConfigError::invalid_at(
+        Some(_) if !signs_a_timestamp => Err(ConfigError::invalid_at(
             key("tolerance_secs"),
             format!(
                 "the {} scheme signs no timestamp, so there is nothing to hold it to; remove it",

@@ -13,12 +13,15 @@
 //! nothing enqueued, and a 2xx is answered only once the event (every event of a batch) is
 //! durable.
 //!
-//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`.
+//! Adding a scheme: a variant of [`SchemeKind`], its file here, and its arm in `scheme`. A
+//! sender whose rules fit the declarative scheme (`hmac.rs`) needs only a preset, which is data
+//! (`crate::config`'s `hmac_presets.toml`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::hmac::{Hmac, Mac};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -26,11 +29,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tracing::Instrument;
 
-use crate::config::{SchemeKind, SourceSettings};
+use crate::config::{resolve_hmac, ConfigError, SchemeKind, SourceSettings};
 use crate::event::{EventField, SenderHeaders};
 use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
@@ -42,6 +44,7 @@ use crate::webhook::deliver::{
 
 mod adyen;
 mod github;
+mod hmac;
 mod kept;
 mod linear;
 mod paddle;
@@ -65,8 +68,11 @@ pub struct Source {
     pub name: String,
     /// Which sender's rules apply.
     pub kind: SchemeKind,
+    /// The rules, ready to check a delivery.
+    scheme: Box<dyn Scheme>,
     /// The signing keys, each tried (rotation): the secrets as the scheme keys its HMAC with them
-    /// ([`SchemeKind::key_of`]). Never logged: `Source` has no `Debug`.
+    /// ([`SchemeKind::key_of`]), or what the `hmac` rules decode them to. Never logged: `Source`
+    /// has no `Debug`.
     secrets: Vec<Vec<u8>>,
     /// Accepted clock difference, both ways, for schemes that sign a timestamp.
     tolerance_secs: u64,
@@ -81,32 +87,66 @@ pub struct Source {
 /// Every configured source by name; shared by the route's clones.
 pub type Sources = Arc<BTreeMap<String, Source>>;
 
-/// The sources of `settings` (`Settings::sources`, validated), ready to serve.
+/// The sources of `settings` (`Settings::sources`, validated), ready to serve. A source whose
+/// rules do not resolve (validation refuses it at start, so only a caller that skipped it) is
+/// left out, logged: its route answers 404, and the sender retries.
 pub fn from_settings(settings: &BTreeMap<String, SourceSettings>) -> Sources {
     Arc::new(
         settings
             .iter()
-            .map(|(name, source)| {
-                let ready = Source {
-                    name: name.clone(),
-                    kind: source.scheme,
-                    // Validated at load (`check_source`); a secret that could still not be a key
-                    // is left out rather than turned into one that verifies nothing it should.
-                    secrets: source
-                        .secrets
-                        .iter()
-                        .filter_map(|s| source.scheme.key_of(s.expose()).ok())
-                        .collect(),
-                    tolerance_secs: source.tolerance_secs(),
-                    public_url: source.public_url.clone(),
-                    webhook_id: source.webhook_id.clone(),
-                    certificates: (source.scheme == SchemeKind::Paypal)
-                        .then(|| paypal_certificates::Certificates::from_settings(source)),
-                };
-                (name.clone(), ready)
+            .filter_map(|(name, source)| match ready(name, source) {
+                Ok(ready) => Some((name.clone(), ready)),
+                Err(error) => {
+                    tracing::error!(source = %name, %error, "source left out");
+                    None
+                }
             })
             .collect(),
     )
+}
+
+/// One source, its rules built and its secrets turned into keys.
+fn ready(name: &str, source: &SourceSettings) -> Result<Source, ConfigError> {
+    let (scheme, secrets): (Box<dyn Scheme>, Vec<Vec<u8>>) = match named(source.scheme) {
+        // Validated at load (`check_source`); a secret that could still not be a key is left
+        // out rather than turned into one that verifies nothing it should.
+        Some(scheme) => (
+            scheme,
+            source
+                .secrets
+                .iter()
+                .filter_map(|s| source.scheme.key_of(s.expose()).ok())
+                .collect(),
+        ),
+        None => {
+            let rules = resolve_hmac(name, source)?;
+            let keys = source
+                .secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    rules.key_of(s.expose()).map_err(|why| {
+                        ConfigError::invalid_at(
+                            format!("sources.{name}.secrets"),
+                            format!("secret number {} {why}", i + 1),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            (Box::new(hmac::Declarative::new(rules)), keys)
+        }
+    };
+    Ok(Source {
+        name: name.to_owned(),
+        kind: source.scheme,
+        scheme,
+        secrets,
+        tolerance_secs: source.tolerance_secs(),
+        public_url: source.public_url.clone(),
+        webhook_id: source.webhook_id.clone(),
+        certificates: (source.scheme == SchemeKind::Paypal)
+            .then(|| paypal_certificates::Certificates::from_settings(source)),
+    })
 }
 
 /// A delivery as received: what every scheme reads.
@@ -212,19 +252,21 @@ pub(super) trait Scheme: Send + Sync {
     }
 }
 
-/// The rules of `kind`.
-fn scheme(kind: SchemeKind) -> &'static dyn Scheme {
+/// The rules of a named scheme; `None` for `hmac`, whose rules are the source's (see `ready`).
+fn named(kind: SchemeKind) -> Option<Box<dyn Scheme>> {
     match kind {
-        SchemeKind::Github => &github::Github,
-        SchemeKind::Linear => &linear::Linear,
-        SchemeKind::Paddle => &paddle::Paddle,
-        SchemeKind::Paypal => &paypal::Paypal,
-        SchemeKind::Shopify => &shopify::Shopify,
-        SchemeKind::Slack => &slack::Slack,
-        SchemeKind::Square => &square::Square,
-        SchemeKind::Twilio => &twilio::Twilio,
-        SchemeKind::Adyen => &adyen::Adyen,
-        SchemeKind::Zoom => &zoom::Zoom,
+        SchemeKind::Github => Some(Box::new(github::Github)),
+        SchemeKind::Linear => Some(Box::new(linear::Linear)),
+        SchemeKind::Paddle => Some(Box::new(paddle::Paddle)),
+        SchemeKind::Paypal => Some(Box::new(paypal::Paypal)),
+        SchemeKind::Shopify => Some(Box::new(shopify::Shopify)),
+        SchemeKind::Slack => Some(Box::new(slack::Slack)),
+        SchemeKind::Square => Some(Box::new(square::Square)),
+        SchemeKind::Twilio => Some(Box::new(twilio::Twilio)),
+        SchemeKind::Adyen => Some(Box::new(adyen::Adyen)),
+        SchemeKind::Zoom => Some(Box::new(zoom::Zoom)),
+        // The declarative scheme's rules are the source's own: built in `ready`.
+        SchemeKind::Hmac => None,
     }
 }
 
@@ -294,7 +336,7 @@ async fn receive_from(
         body: &body,
         query,
     };
-    let scheme = scheme(source.kind);
+    let scheme = source.scheme.as_ref();
     let mut keys = Keys {
         secrets: &source.secrets,
         tolerance_secs: source.tolerance_secs,

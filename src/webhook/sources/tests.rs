@@ -105,6 +105,8 @@ async fn a_batch_is_accepted_only_once_every_item_is_durable() {
             webhook_id: None,
             certificate: None,
             certificate_url_prefixes: Vec::new(),
+            preset: None,
+            hmac: None,
         },
     )]);
     let app = router(

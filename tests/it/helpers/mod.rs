@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 pub mod app;
 pub mod db;
+pub mod hmac_senders;
 pub use dedup_worker::testing::fault_proxy;
 pub mod idempotency;
 pub mod queue;

@@ -20,6 +20,8 @@ mod adyen;
 mod all_at_once;
 mod github;
 mod headers;
+mod hmac;
+mod hmac_presets;
 mod linear;
 mod paddle;
 mod paypal;

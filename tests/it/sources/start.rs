@@ -1,7 +1,8 @@
 //! The real binary, its sources configured from the environment (`DEDUP_SOURCES__NAME__…`):
 //! comma-separated secrets each verify, the metrics count under the source's name, and a
-//! source that cannot work (an empty secret, a taken name, an unknown scheme, a PayPal source
-//! without its webhook id or with an unreadable certificate) stops the start naming its key.
+//! source that cannot work (an empty secret, a taken name, an unknown scheme or preset, `hmac`
+//! rules that sign a timestamp they cannot find, a PayPal source without its webhook id or with
+//! an unreadable certificate) stops the start naming its key.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -168,6 +169,23 @@ fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
                 ),
             ][..],
             "sources.paypal.certificate",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__FORMS__SCHEME", "hmac"),
+                ("DEDUP_SOURCES__FORMS__SECRETS", "x"),
+                ("DEDUP_SOURCES__FORMS__PRESET", "typeforms"),
+            ][..],
+            "sources.forms.preset",
+        ),
+        (
+            &[
+                ("DEDUP_SOURCES__FORMS__SCHEME", "hmac"),
+                ("DEDUP_SOURCES__FORMS__SECRETS", "x"),
+                ("DEDUP_SOURCES__FORMS__PRESET", "typeform"),
+                ("DEDUP_SOURCES__FORMS__HMAC__SIGNED", "{timestamp}.{body}"),
+            ][..],
+            "sources.forms.hmac.signed",
         ),
     ] {
         let mut vars = vec![
