@@ -17,7 +17,7 @@ fn adyen_source() -> Value {
 }
 
 /// A notification item as Adyen sends it (unsigned).
-fn item(psp: &str, event_code: &str, value: u64) -> Value {
+pub(super) fn item(psp: &str, event_code: &str, value: u64) -> Value {
     json!({
         "amount": { "currency": "EUR", "value": value },
         "eventCode": event_code,
@@ -33,7 +33,7 @@ fn item(psp: &str, event_code: &str, value: u64) -> Value {
 }
 
 /// A batch of `items` as Adyen posts it.
-fn batch(items: &[Value]) -> Delivery {
+pub(super) fn batch(items: &[Value]) -> Delivery {
     let wrapped: Vec<Value> = items
         .iter()
         .map(|item| json!({ "NotificationRequestItem": item }))

@@ -20,18 +20,23 @@ use crate::helpers::{now, serve, Backend, TestDb};
 
 const WEBHOOK_ID: &str = "1JE4291016473214C";
 /// Where PayPal's certificates are: what a delivery names when the certificate is configured.
-const PAYPAL_CERT_URL: &str =
+pub(super) const PAYPAL_CERT_URL: &str =
     "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-df8cd2d5";
 
 /// A transmission time as PayPal sends it (`2024-05-01T12:00:00Z`).
-fn rfc3339(unix: i64) -> String {
+pub(super) fn rfc3339(unix: i64) -> String {
     DateTime::from_timestamp(unix, 0)
         .expect("a time")
         .to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 /// A notification as PayPal sends it.
-fn delivery(transmission: (&str, &str), signature: &str, cert_url: &str, body: &str) -> Delivery {
+pub(super) fn delivery(
+    transmission: (&str, &str),
+    signature: &str,
+    cert_url: &str,
+    body: &str,
+) -> Delivery {
     Delivery::new(
         &[
             ("PAYPAL-TRANSMISSION-ID", transmission.0),
@@ -46,7 +51,7 @@ fn delivery(transmission: (&str, &str), signature: &str, cert_url: &str, body: &
     )
 }
 
-fn event(id: &str) -> String {
+pub(super) fn event(id: &str) -> String {
     format!(
         r#"{{"id":"{id}","event_version":"1.0","create_time":"2024-05-01T12:00:00.000Z","resource_type":"capture","resource_version":"2.0","event_type":"PAYMENT.CAPTURE.COMPLETED","summary":"Payment completed for $ 21.0 USD","resource":{{"id":"80F85758S3080410K","status":"COMPLETED","amount":{{"value":"21.00","currency_code":"USD"}}}}}}"#
     )

@@ -21,7 +21,7 @@ fn twilio_source() -> Value {
 }
 
 /// A message status callback's parameters, as Twilio posts them.
-fn status_params(sid: &str, status: &str) -> Vec<(&'static str, String)> {
+pub(super) fn status_params(sid: &str, status: &str) -> Vec<(&'static str, String)> {
     vec![
         ("AccountSid", "AC0123456789abcdef0123456789abcdef".into()),
         ("ApiVersion", "2010-04-01".into()),
@@ -36,7 +36,7 @@ fn status_params(sid: &str, status: &str) -> Vec<(&'static str, String)> {
 }
 
 /// `params` as the `twilio` library takes them, to sign for `url`.
-fn form_item(url: &str, params: &[(&'static str, String)]) -> Value {
+pub(super) fn form_item(url: &str, params: &[(&'static str, String)]) -> Value {
     let params: serde_json::Map<String, Value> = params
         .iter()
         .map(|(n, v)| ((*n).to_owned(), Value::from(v.as_str())))
@@ -45,7 +45,11 @@ fn form_item(url: &str, params: &[(&'static str, String)]) -> Value {
 }
 
 /// A form POST of `params` signed `signature`, with an idempotency token when given.
-fn form(signature: &str, params: &[(&'static str, String)], token: Option<&str>) -> Delivery {
+pub(super) fn form(
+    signature: &str,
+    params: &[(&'static str, String)],
+    token: Option<&str>,
+) -> Delivery {
     let body = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(params.iter().map(|(n, v)| (*n, v.as_str())))
         .finish();

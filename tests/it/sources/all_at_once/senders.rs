@@ -1,39 +1,16 @@
-//! Issue 37's must-show: one run of the real binary with every source at once (each named
-//! scheme, Stripe and Standard Webhooks) on PostgreSQL and RabbitMQ. Each sender's event is
-//! signed by its own library and delivered twice (the first delivery, then the sender's retry of
-//! it, after the first was handled); then each event was handled exactly once (one row of the
-//! `ledger` handler), its retry was recognised as a duplicate, and both `dedup-worker events list
-//! --source NAME` and the console's `/events?source=NAME` list that source's event and no other.
-//!
-//! Adding a source is one row: a function returning its [`Sender`], named in [`senders`].
+//! The run's senders, one function each: its source's settings as the binary's environment,
+//! and the event's first delivery and the sender's retry of it, signed by the sender's library.
 
-use std::time::Duration;
-
-use super::{post, Delivery};
-use crate::console::TOKEN;
+use super::super::Delivery;
+use super::Sender;
 use crate::helpers::senders::{
-    github_sign, linear_sign, paddle_sign, shopify_sign, slack_sign, square_sign, standard_sign,
-    zoom_sign,
+    adyen_sign, github_sign, linear_sign, paddle_sign, paypal_sign, shopify_sign, slack_sign,
+    square_sign, standard_sign, twilio_sign, zoom_sign,
 };
-use crate::helpers::{
-    amqp_url, cli_json_lines, now, stripe_event, stripe_python_sign, wait_for, Backend,
-    RunningBinary, TestDb, TestQueue, Transport,
-};
-
-/// One sender of the run.
-struct Sender {
-    /// The source's name: its route `/webhooks/{name}` and `--source NAME`.
-    name: &'static str,
-    /// Its settings, as the binary's environment.
-    env: Vec<(&'static str, String)>,
-    /// The event's first delivery, then the sender's retry of it, signed by its library.
-    deliveries: [Delivery; 2],
-    /// The id the event is deduplicated on.
-    id: String,
-}
+use crate::helpers::{stripe_event, stripe_python_sign};
 
 /// Every sender of the run, one row each.
-fn senders(t: i64) -> Vec<Sender> {
+pub(super) fn senders(t: i64) -> Vec<Sender> {
     vec![
         github(),
         shopify(),
@@ -42,6 +19,10 @@ fn senders(t: i64) -> Vec<Sender> {
         linear(t),
         zoom(t),
         square(),
+        twilio(),
+        adyen(),
+        paypal(t),
+        clerk(t),
         stripe(t),
         standard(t),
     ]
@@ -348,137 +329,133 @@ fn standard(t: i64) -> Sender {
     }
 }
 
-/// The `ledger` handler's rows as (source, event id, handler runs), sorted.
-async fn ledger(pool: &sqlx::PgPool) -> Vec<(String, String, i64)> {
-    sqlx::query_as(
-        "SELECT source, event_id, count(*) FROM event_ledger GROUP BY source, event_id \
-         ORDER BY source, event_id",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("the ledger")
+/// Twilio retries a status callback with the same `I-Twilio-Idempotency-Token` and signature.
+fn twilio() -> Sender {
+    const TOKEN: &str = "twilio_all_at_once_auth_token";
+    const URL: &str = "https://hooks.example.com/webhooks/twilio";
+    let params = super::super::twilio::status_params("SM-all", "delivered");
+    let signed = twilio_sign(TOKEN, &[super::super::twilio::form_item(URL, &params)]);
+    let delivery = || super::super::twilio::form(&signed[0].0, &params, Some("idem-all"));
+    let mut env = source_env(
+        [
+            "DEDUP_SOURCES__TWILIO__SCHEME",
+            "DEDUP_SOURCES__TWILIO__SECRETS",
+        ],
+        "twilio",
+        TOKEN,
+    );
+    env.push(("DEDUP_SOURCES__TWILIO__PUBLIC_URL", URL.to_owned()));
+    Sender {
+        name: "twilio",
+        env,
+        deliveries: [delivery(), delivery()],
+        id: "idem-all".into(),
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_source_at_once_on_postgres_and_rabbitmq() {
-    let db = TestDb::new(Backend::Postgres).await;
-    let queue = TestQueue::new(Transport::Rabbitmq).await;
-    let work = tempfile::tempdir().expect("tempdir");
-    let senders = senders(now());
+/// Adyen redelivers the same batch (here of one item) until it is answered `[accepted]`.
+fn adyen() -> Sender {
+    const KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    let signed = adyen_sign(
+        KEY,
+        &[super::super::adyen::item(
+            "8616178914061999",
+            "AUTHORISATION",
+            1130,
+        )],
+    );
+    let delivery = || super::super::adyen::batch(&signed);
+    Sender {
+        name: "adyen",
+        env: source_env(
+            [
+                "DEDUP_SOURCES__ADYEN__SCHEME",
+                "DEDUP_SOURCES__ADYEN__SECRETS",
+            ],
+            "adyen",
+            KEY,
+        ),
+        deliveries: [delivery(), delivery()],
+        id: "ShopECOM:8616178914061999:AUTHORISATION:true".into(),
+    }
+}
+
+/// PayPal retries the event as a new transmission (its own id and time), signed anew; the
+/// certificate (a test key's, named as PayPal's) is configured, so nothing is fetched.
+fn paypal(t: i64) -> Sender {
+    use super::super::paypal::{delivery, event, rfc3339, PAYPAL_CERT_URL};
+    const WEBHOOK_ID: &str = "1JE4291016473214C";
+    let body = event("WH-ALL-AT-ONCE-0001");
+    let (first_at, retry_at) = (rfc3339(t - 60), rfc3339(t));
+    let (certificate, signatures) = paypal_sign(
+        &[
+            ("tx-all-1", &first_at, WEBHOOK_ID, &body),
+            ("tx-all-2", &retry_at, WEBHOOK_ID, &body),
+        ],
+        (-1, 30),
+    );
     let mut env = vec![
-        ("DATABASE_URL", db.url.clone()),
-        ("DEDUP_TRANSPORT", "rabbitmq".to_owned()),
-        ("DEDUP_QUEUE", queue.name.clone()),
-        ("AMQP_URL", amqp_url()),
-        ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_SOURCES__PAYPAL__SCHEME", "paypal".to_owned()),
+        ("DEDUP_SOURCES__PAYPAL__WEBHOOK_ID", WEBHOOK_ID.to_owned()),
     ];
-    for sender in &senders {
-        env.extend(sender.env.iter().cloned());
+    env.push(("DEDUP_SOURCES__PAYPAL__CERTIFICATE", certificate));
+    Sender {
+        name: "paypal",
+        env,
+        deliveries: [
+            delivery(
+                ("tx-all-1", &first_at),
+                &signatures[0],
+                PAYPAL_CERT_URL,
+                &body,
+            ),
+            delivery(
+                ("tx-all-2", &retry_at),
+                &signatures[1],
+                PAYPAL_CERT_URL,
+                &body,
+            ),
+        ],
+        id: "WH-ALL-AT-ONCE-0001".into(),
     }
-    let mut serve_env = env.clone();
-    serve_env.push(("DEDUP_ADMIN__LISTEN", "127.0.0.1:0".to_owned()));
-    serve_env.push(("DEDUP_ADMIN__TOKEN", TOKEN.to_owned()));
-    let bin = RunningBinary::start(&serve_env, work.path());
-    let store = db.store().await;
-    let pool = store.postgres_pool().expect("PostgreSQL").clone();
+}
 
-    // Every first delivery, then (once all are handled) every retry: a sender retries an event
-    // it was not answered for, later.
-    for round in 0..2 {
-        for sender in &senders {
-            let (status, answer) = post(&bin.url(""), sender.name, &sender.deliveries[round]).await;
-            assert_eq!(
-                status,
-                200,
-                "{} delivery {round}: {answer}\n{}",
-                sender.name,
-                bin.stderr()
-            );
-        }
-        let (pool, store, queue) = (&pool, &store, &queue);
-        let recorded = senders.len() as i64;
-        wait_for(
-            "every delivery handled",
-            Duration::from_secs(60),
-            || async move {
-                let handled = ledger(pool).await.len() as i64;
-                let duplicates: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM duplicate_deliveries")
-                        .fetch_one(pool)
-                        .await
-                        .expect("duplicates");
-                let expected = if round == 0 {
-                    (recorded, 0)
-                } else {
-                    (recorded, recorded)
-                };
-                ((handled, duplicates) == expected && queue.drained(store).await).then_some(())
-            },
+/// A sender of the declarative scheme: Clerk (the `clerk` preset, Svix's scheme), which retries
+/// with the same `svix-id`, signed anew (by the `standardwebhooks` library) at its own time.
+fn clerk(t: i64) -> Sender {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let body = r#"{"data":{"id":"user_all"},"object":"event","type":"user.created"}"#;
+    let signatures = standard_sign(
+        SECRET,
+        &[("msg_clerk_all", t - 60, body), ("msg_clerk_all", t, body)],
+    );
+    let delivery = |t: i64, signature: &str| {
+        Delivery::new(
+            &[
+                ("svix-id", "msg_clerk_all"),
+                ("svix-timestamp", &t.to_string()),
+                ("svix-signature", signature),
+                ("Content-Type", "application/json"),
+            ],
+            body,
         )
-        .await;
+    };
+    let mut env = source_env(
+        [
+            "DEDUP_SOURCES__CLERK__SCHEME",
+            "DEDUP_SOURCES__CLERK__SECRETS",
+        ],
+        "hmac",
+        SECRET,
+    );
+    env.push(("DEDUP_SOURCES__CLERK__PRESET", "clerk".to_owned()));
+    Sender {
+        name: "clerk",
+        env,
+        deliveries: [
+            delivery(t - 60, &signatures[0]),
+            delivery(t, &signatures[1]),
+        ],
+        id: "msg_clerk_all".into(),
     }
-
-    let mut expected: Vec<(String, String, i64)> = senders
-        .iter()
-        .map(|s| (s.name.to_owned(), s.id.clone(), 1))
-        .collect();
-    expected.sort();
-    assert_eq!(ledger(&pool).await, expected, "every event handled once");
-
-    let client = reqwest::Client::new();
-    let admin = bin.admin_addr.expect("the console's address");
-    for sender in &senders {
-        let listed: Vec<(String, String, String)> =
-            cli_json_lines(&env, &["events", "list", "--source", sender.name, "--json"])
-                .iter()
-                .map(|line| {
-                    let text = |key: &str| line[key].as_str().unwrap_or_default().to_owned();
-                    (text("source"), text("event_id"), text("outcome"))
-                })
-                .collect();
-        let mut want = vec![
-            (
-                sender.name.to_owned(),
-                sender.id.clone(),
-                "duplicate".to_owned(),
-            ),
-            (
-                sender.name.to_owned(),
-                sender.id.clone(),
-                "handled".to_owned(),
-            ),
-        ];
-        want.sort();
-        let mut got = listed.clone();
-        got.sort();
-        assert_eq!(got, want, "events list --source {}", sender.name);
-
-        let page = client
-            .get(format!("http://{admin}/events?source={}", sender.name))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("the console answers");
-        assert_eq!(page.status(), 200, "/events?source={}", sender.name);
-        let html = page.text().await.expect("the page");
-        assert!(
-            html.contains(&format!(">{}<", sender.id)),
-            "/events?source={} lists {}: {html}",
-            sender.name,
-            sender.id
-        );
-        for other in senders.iter().filter(|o| o.name != sender.name) {
-            assert!(
-                !html.contains(&format!(">{}<", other.id)),
-                "/events?source={} does not list {}'s {}",
-                sender.name,
-                other.name,
-                other.id
-            );
-        }
-    }
-    drop(bin);
-    queue.cleanup().await;
 }
