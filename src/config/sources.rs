@@ -172,6 +172,12 @@ pub struct SourceSettings {
     /// `scheme = "hmac"` only: the rules, over the preset's.
     #[serde(default)]
     pub hmac: Option<HmacSettings>,
+    /// The field the dedup id is read from instead of the one the scheme chooses (Zoom and
+    /// Twilio document none): a JSON pointer (`/payload/object/uuid`) into a JSON body, or a
+    /// form parameter's name (`MessageSid`) in a form-encoded one. Refused for `adyen` (each
+    /// item is its own event) and `hmac` (its rules say where the id is).
+    #[serde(default)]
+    pub id_field: Option<String>,
 }
 
 impl SourceSettings {
@@ -268,6 +274,25 @@ pub(super) fn check_source(
         ));
     }
     check_paypal_keys(source, ingress, &name.to_ascii_uppercase(), &key)?;
+    if let Some(field) = &source.id_field {
+        if matches!(source.scheme, SchemeKind::Adyen | SchemeKind::Hmac) {
+            return Err(ConfigError::invalid_at(
+                key("id_field"),
+                format!(
+                    "the {} scheme says where each event's id is itself (adyen: each item's own \
+                     ids; hmac: hmac.id_pointer or hmac.id_header); remove it",
+                    source.scheme.name()
+                ),
+            ));
+        }
+        if field.trim().is_empty() || field.len() > 256 {
+            return Err(ConfigError::invalid_at(
+                key("id_field"),
+                "must be a JSON pointer into the body (/payload/object/uuid) or a form \
+                 parameter's name (MessageSid), at most 256 characters",
+            ));
+        }
+    }
     if ingress && source.secrets.is_empty() && source.scheme != SchemeKind::Paypal {
         return Err(ConfigError::invalid_at(
             key("secrets"),

@@ -45,6 +45,7 @@ use crate::webhook::deliver::{
 mod adyen;
 mod github;
 mod hmac;
+mod id_field;
 mod kept;
 mod linear;
 mod paddle;
@@ -82,6 +83,8 @@ pub struct Source {
     webhook_id: Option<String>,
     /// Where the certificate a delivery is verified with comes from (PayPal).
     certificates: Option<paypal_certificates::Certificates>,
+    /// Where the dedup id is read instead of where the scheme reads it (`id_field`).
+    id_field: Option<String>,
 }
 
 /// Every configured source by name; shared by the route's clones.
@@ -146,6 +149,7 @@ fn ready(name: &str, source: &SourceSettings) -> Result<Source, ConfigError> {
         webhook_id: source.webhook_id.clone(),
         certificates: (source.scheme == SchemeKind::Paypal)
             .then(|| paypal_certificates::Certificates::from_settings(source)),
+        id_field: source.id_field.clone(),
     })
 }
 
@@ -358,7 +362,10 @@ async fn receive_from(
         Identified::Challenge(challenge) => return Ok(Accepted::Challenge(challenge)),
         Identified::Event { id, event_type } => {
             let event = BatchEvent {
-                id,
+                id: match &source.id_field {
+                    Some(field) => id_field::read(&body, field)?,
+                    None => id,
+                },
                 event_type,
                 payload: body.clone(),
             };

@@ -107,6 +107,7 @@ async fn a_batch_is_accepted_only_once_every_item_is_durable() {
             certificate_url_prefixes: Vec::new(),
             preset: None,
             hmac: None,
+            id_field: None,
         },
     )]);
     let app = router(

@@ -22,6 +22,7 @@ mod github;
 mod headers;
 mod hmac;
 mod hmac_presets;
+mod id_field;
 mod linear;
 mod paddle;
 mod paypal;

@@ -187,6 +187,14 @@ fn a_source_that_cannot_work_stops_the_start_naming_its_key() {
             ][..],
             "sources.forms.hmac.signed",
         ),
+        (
+            &[
+                ("DEDUP_SOURCES__ADYEN__SCHEME", "adyen"),
+                ("DEDUP_SOURCES__ADYEN__SECRETS", "00ff"),
+                ("DEDUP_SOURCES__ADYEN__ID_FIELD", "/pspReference"),
+            ][..],
+            "sources.adyen.id_field",
+        ),
     ] {
         let mut vars = vec![
             ("DATABASE_URL", database.clone()),

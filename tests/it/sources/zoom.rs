@@ -12,7 +12,7 @@ use crate::helpers::{now, Backend, TestDb};
 const SECRET: &str = "zm_0123456789abcdefABCDEF";
 
 /// A notification as Zoom sends it, signed at `t`.
-fn delivery(t: i64, signature: &str, body: &str) -> Delivery {
+pub(super) fn delivery(t: i64, signature: &str, body: &str) -> Delivery {
     Delivery::new(
         &[
             ("x-zm-request-timestamp", &t.to_string()),
@@ -26,7 +26,7 @@ fn delivery(t: i64, signature: &str, body: &str) -> Delivery {
 }
 
 /// A `meeting.started` of meeting instance `uuid`, at `event_ts` (ms).
-fn started(uuid: &str, event_ts: i64) -> String {
+pub(super) fn started(uuid: &str, event_ts: i64) -> String {
     format!(
         r#"{{"event":"meeting.started","payload":{{"account_id":"AAAAAABBBB","object":{{"id":"1234567890","uuid":"{uuid}","host_id":"x1","topic":"t","type":2}}}},"event_ts":{event_ts}}}"#
     )
