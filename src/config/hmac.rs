@@ -7,6 +7,7 @@
 use serde::Deserialize;
 
 use super::hmac_presets::{preset, preset_names};
+pub use super::hmac_template::{parse_template, Piece};
 use super::sources::{SchemeKind, SourceSettings};
 use super::ConfigError;
 
@@ -58,6 +59,10 @@ pub struct HmacSettings {
     pub type_header: Option<String>,
     /// The JSON pointer into the body holding the event type.
     pub type_pointer: Option<String>,
+    /// The JSON pointer to an array in the body each element of which is an event of its own
+    /// (HubSpot's batches); `""` for the body itself. `id_pointer` and `type_pointer` are then
+    /// read in each element.
+    pub items_pointer: Option<String>,
 }
 
 /// One JSON pointer or several.
@@ -138,23 +143,6 @@ pub enum SecretEncoding {
     Hex,
 }
 
-/// One piece of the signed string.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    /// Literal text.
-    Text(String),
-    /// The raw body.
-    Body,
-    /// The timestamp as sent.
-    Timestamp,
-    /// `public_url`.
-    Url,
-    /// The request's method: always `POST`, the only one the route takes.
-    Method,
-    /// A request header's value, lowercase name; required.
-    Header(String),
-}
-
 /// Where a value of the delivery is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Locator {
@@ -200,6 +188,8 @@ pub struct HmacRules {
     pub id: Locator,
     /// Where the event type is, if anywhere.
     pub event_type: Option<Locator>,
+    /// The pointer to the array of events, when the body is a batch (`""`: the body).
+    pub items: Option<String>,
     /// The preset's tolerance, used when the source sets none.
     pub default_tolerance_secs: Option<u64>,
 }
@@ -354,6 +344,27 @@ pub fn resolve(name: &str, source: &SourceSettings) -> Result<HmacRules, ConfigE
         merged.type_header,
         merged.type_pointer.map(Pointers::One),
     )?;
+    let items = merged.items_pointer;
+    match (&items, &id) {
+        (Some(p), _) if !p.is_empty() && !p.starts_with('/') => {
+            return Err(refuse(
+                name,
+                &key("items_pointer"),
+                "must be a JSON pointer (`/events`) or \"\" for a body that is the array",
+            ))
+        }
+        // One header per delivery: every event of the batch would share its id, and all but
+        // the first would be dropped as duplicates.
+        (Some(_), Locator::Header(_)) => {
+            return Err(refuse(
+                name,
+                &key("items_pointer"),
+                "needs `id_pointer` (read in each item), not `id_header`: one header cannot \
+                 tell the events of a batch apart",
+            ))
+        }
+        _ => {}
+    }
     Ok(HmacRules {
         algorithm: merged.algorithm.unwrap_or(Algorithm::Sha256),
         encoding: merged.encoding.unwrap_or(Encoding::Hex),
@@ -367,6 +378,7 @@ pub fn resolve(name: &str, source: &SourceSettings) -> Result<HmacRules, ConfigE
         secret_prefix: merged.secret_prefix.unwrap_or_default(),
         id,
         event_type,
+        items,
         default_tolerance_secs,
     })
 }
@@ -429,52 +441,8 @@ fn overlay(base: HmacSettings, own: HmacSettings) -> HmacSettings {
         id_pointer: own.id_pointer.or(base.id_pointer),
         type_header: own.type_header.or(base.type_header),
         type_pointer: own.type_pointer.or(base.type_pointer),
+        items_pointer: own.items_pointer.or(base.items_pointer),
     }
-}
-
-/// The signed-string template in pieces; it must sign the body, or a forger could send any
-/// body under a signature captured once.
-pub fn parse_template(template: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        if open > 0 {
-            pieces.push(Piece::Text(rest[..open].to_owned()));
-        }
-        let after = &rest[open + 1..];
-        let close = after
-            .find('}')
-            .ok_or_else(|| format!("has a `{{` with no `}}`: {template:?}"))?;
-        let field = &after[..close];
-        pieces.push(match field {
-            "body" => Piece::Body,
-            "timestamp" => Piece::Timestamp,
-            "url" => Piece::Url,
-            "method" => Piece::Method,
-            _ => match field.strip_prefix("header:") {
-                Some(h) if h.parse::<http::HeaderName>().is_ok() => {
-                    Piece::Header(h.to_ascii_lowercase())
-                }
-                _ => {
-                    return Err(format!(
-                        "has `{{{field}}}`; the fields are {{body}}, {{timestamp}}, {{url}}, \
-                         {{method}} and {{header:Name}}"
-                    ))
-                }
-            },
-        });
-        rest = &after[close + 1..];
-    }
-    if rest.contains('}') {
-        return Err(format!("has a `}}` with no `{{`: {template:?}"));
-    }
-    if !rest.is_empty() {
-        pieces.push(Piece::Text(rest.to_owned()));
-    }
-    if pieces.iter().filter(|p| **p == Piece::Body).count() != 1 {
-        return Err("must have {body} once: the raw body is what the signature protects".into());
-    }
-    Ok(pieces)
 }
 
 #[cfg(test)]

@@ -56,6 +56,8 @@ fn each_refusal_names_the_key() {
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nsecret_encoding = \"hex\"\n", "sources.x.secrets", "not hex"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nalgorithm = \"md5\"\n", "sources.x.hmac.algorithm", "unknown variant"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nheader = \"S\"\n", "sources.x.hmac", "unknown field"),
+        ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nitems_pointer = \"\"\n", "sources.x.hmac.items_pointer", "id_pointer"),
+        ("[sources.x.hmac]\nsignature_header = \"S\"\nid_pointer = \"/id\"\nitems_pointer = \"events\"\n", "sources.x.hmac.items_pointer", "JSON pointer"),
     ] {
         let toml = format!("{src}{extra}");
         let text = load(&toml).expect_err(&toml).to_string();

@@ -22,6 +22,7 @@ mod admin;
 mod bounds;
 mod hmac;
 mod hmac_presets;
+mod hmac_template;
 mod paypal;
 mod secrets;
 mod sink;

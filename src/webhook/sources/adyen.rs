@@ -199,7 +199,7 @@ impl Scheme for Adyen {
             .collect::<Result<Vec<_>, Problem>>()?;
         Ok(Identified::Batch {
             events,
-            answer: ACCEPTED,
+            answer: Some(ACCEPTED),
         })
     }
 }
@@ -243,7 +243,7 @@ mod tests {
         let Identified::Batch { events, answer } = Adyen.identify(&delivery).unwrap() else {
             panic!("a batch");
         };
-        assert_eq!(answer, "[accepted]");
+        assert_eq!(answer, Some("[accepted]"));
         assert_eq!(events.len(), 1);
         assert_eq!(
             events[0].id,

@@ -6,16 +6,21 @@
 //! pointers into the body). Every signature of the header is compared with the HMAC under
 //! every key in constant time (`verify_slice`), one pass over the body per key.
 //!
+//! With `items_pointer`, the body is a batch (HubSpot's JSON array): each element of the array
+//! it points at is an event of its own, its id and type read in it, its payload its bytes as
+//! sent (`hmac_items.rs`); a batch of none is refused by the route (`empty_batch`).
+//!
 //! What it does not do: answer a handshake (Slack's `url_verification`, Zoom's
 //! `endpoint.url_validation`, Twitch's `webhook_callback_verification`): those are events here,
 //! deduplicated like any other; the named schemes answer them.
 
 use ::hmac::digest::KeyInit;
 use ::hmac::{Hmac, Mac};
+use bytes::Bytes;
 use serde_json::Value;
 
 use super::{malformed, mismatch, missing_id, required, within_tolerance};
-use super::{Delivery, Identified, Keys, Scheme};
+use super::{BatchEvent, Delivery, Identified, Keys, Scheme};
 use crate::config::{
     HmacAlgorithm, HmacEncoding, HmacRules, Locator, Piece, TimestampAt, TimestampFormat,
     MAX_SIGNATURES_PER_HEADER,
@@ -151,6 +156,37 @@ impl Declarative {
         within_tolerance(seconds, keys)?;
         Ok(Some(text))
     }
+
+    /// Each element of the array at `pointer` as its own event: its id and type read in it (a
+    /// type header, if that is the rule, is every event's), its payload its bytes as sent.
+    fn batch(&self, delivery: &Delivery<'_>, pointer: &str) -> Result<Identified, Problem> {
+        let events = items::items(delivery.body, pointer)?
+            .into_iter()
+            .enumerate()
+            .map(|(at, raw)| {
+                // Valid JSON: the array it is an element of was read.
+                let json: Value = serde_json::from_str(raw.get()).map_err(|e| {
+                    invalid_payload(format!("item {at} is not JSON: {e}"), "payload_json")
+                })?;
+                let id = locate(&self.rules.id, delivery, Some(&json))?.ok_or_else(|| {
+                    missing_id(&format!("{} (in item {at})", describe(&self.rules.id)))
+                })?;
+                let event_type = match &self.rules.event_type {
+                    Some(locator) => locate(locator, delivery, Some(&json))?,
+                    None => None,
+                };
+                Ok(BatchEvent {
+                    id,
+                    event_type,
+                    payload: Bytes::copy_from_slice(raw.get().as_bytes()),
+                })
+            })
+            .collect::<Result<Vec<_>, Problem>>()?;
+        Ok(Identified::Batch {
+            events,
+            answer: None,
+        })
+    }
 }
 
 impl Scheme for Declarative {
@@ -193,6 +229,9 @@ impl Scheme for Declarative {
     }
 
     fn identify(&self, delivery: &Delivery<'_>) -> Result<Identified, Problem> {
+        if let Some(pointer) = &self.rules.items {
+            return self.batch(delivery, pointer);
+        }
         let reads_the_body = matches!(self.rules.id, Locator::Pointer(_))
             || matches!(self.rules.event_type, Some(Locator::Pointer(_)));
         let json = if reads_the_body {
@@ -295,6 +334,9 @@ fn describe(locator: &Locator) -> String {
         Locator::Pointer(pointers) => format!("{} in its body", pointers.join(" and ")),
     }
 }
+
+#[path = "hmac_items.rs"]
+mod items;
 
 #[cfg(test)]
 #[path = "hmac_tests.rs"]

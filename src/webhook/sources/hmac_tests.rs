@@ -2,6 +2,8 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
+use bytes::Bytes;
+
 use super::*;
 use crate::config::{resolve_hmac, SourceSettings};
 
@@ -220,6 +222,74 @@ fn ids_and_types_from_headers_or_pointers() {
             event_type: Some("channel.follow".into()),
         }
     );
+}
+
+/// `items_pointer`: each element of the array it names is an event, its id and type read in
+/// it, its payload its bytes exactly as sent (spacing, key order, number forms kept).
+#[test]
+fn a_batch_is_one_event_per_item_with_its_bytes_as_sent() {
+    let identify = |settings: serde_json::Value, body: &str| {
+        let (scheme, _, _) = source(settings);
+        scheme.identify(&Delivery {
+            query: None,
+            headers: &HeaderMap::new(),
+            body: body.as_bytes(),
+        })
+    };
+    let hubspot = serde_json::json!({
+        "scheme": "hmac", "preset": "hubspot", "secrets": ["k"],
+        "public_url": "https://h.example/webhooks/hs",
+    });
+    let body = r#"[ {"eventId": 1, "subscriptionType":"contact.creation","x":1.50} ,{"subscriptionType":"deal.deletion","eventId":2}]"#;
+    assert_eq!(
+        identify(hubspot.clone(), body).unwrap(),
+        Identified::Batch {
+            events: vec![
+                BatchEvent {
+                    id: "1".into(),
+                    event_type: Some("contact.creation".into()),
+                    payload: Bytes::from_static(
+                        br#"{"eventId": 1, "subscriptionType":"contact.creation","x":1.50}"#
+                    ),
+                },
+                BatchEvent {
+                    id: "2".into(),
+                    event_type: Some("deal.deletion".into()),
+                    payload: Bytes::from_static(
+                        br#"{"subscriptionType":"deal.deletion","eventId":2}"#
+                    ),
+                },
+            ],
+            answer: None,
+        }
+    );
+    for (body, check) in [
+        ("[]", None),
+        (r#"[{"eventId":1},{"objectId":2}]"#, Some("missing_id")),
+        (r#"{"eventId":1}"#, Some("missing_items")),
+        ("[1,", Some("payload_json")),
+    ] {
+        assert_eq!(
+            identify(hubspot.clone(), body).err().and_then(|p| p.check),
+            check,
+            "{body}"
+        );
+    }
+    // Nested, with an escaped token (`~1` is `/`) and an index.
+    let nested = serde_json::json!({
+        "scheme": "hmac", "secrets": ["k"],
+        "hmac": {
+            "signature_header": "S", "items_pointer": "/data/a~1b/0",
+            "id_pointer": "/id", "type_header": "X-Kind",
+        },
+    });
+    let Identified::Batch { events, .. } =
+        identify(nested, r#"{"data":{"a/b":[[{"id":"e1"},{"id":"e2"}]]}}"#).unwrap()
+    else {
+        panic!("a batch");
+    };
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["e1", "e2"]);
 }
 
 #[test]

@@ -38,8 +38,8 @@ use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
 use crate::signature::certificate::RsaCertificate;
 use crate::webhook::deliver::{
-    answer, checked, header_text, invalid_signature, publish, read_body, receive_span,
-    record_event, Accepted, Clock,
+    answer, checked, header_text, invalid_payload, invalid_signature, publish, read_body,
+    receive_span, record_event, Accepted, Clock,
 };
 
 mod adyen;
@@ -191,13 +191,14 @@ pub(super) enum Identified {
         /// The sender's name for what happened, if it says.
         event_type: Option<String>,
     },
-    /// Several events in one delivery (Adyen's notification items), each published as its own
-    /// message; `answer` is the plain text the sender expects once every one is durable.
+    /// Several events in one delivery (Adyen's notification items, the declarative scheme's
+    /// `items_pointer`), each published as its own message; answered once every one is durable.
     Batch {
-        /// The events, in the delivery's order.
+        /// The events, in the delivery's order; none is refused (`empty_batch`).
         events: Vec<BatchEvent>,
-        /// The sender's expected answer (Adyen's `[accepted]`).
-        answer: &'static str,
+        /// The plain text the sender expects (Adyen's `[accepted]`); `None`: the JSON receipt
+        /// of a single event, `{"received": true, "id": …}` with the last event's id.
+        answer: Option<&'static str>,
     },
     /// A handshake the sender expects answered with this JSON body; nothing is enqueued.
     Challenge(serde_json::Value),
@@ -371,8 +372,15 @@ async fn receive_from(
             };
             (vec![event], None)
         }
-        Identified::Batch { events, answer } => (events, Some(answer)),
+        Identified::Batch { events, answer } => (events, answer),
     };
+    // A 2xx says every event is durable: a batch of none would say it of nothing.
+    if events.is_empty() {
+        return Err(invalid_payload(
+            "the delivery is a batch of no events",
+            "empty_batch",
+        ));
+    }
     // Every event is checked before any is published: a batch with one event the store cannot
     // hold is refused whole, with nothing enqueued.
     for event in &events {

@@ -18,23 +18,50 @@ const SVIX_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const SVIX_OTHER: &str = "whsec_QWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh";
 
 /// One preset's case: its name, the body its sender posts, the id in a header (senders that
-/// send one), the dedup id and type the preset must find, whether it signs a timestamp.
-struct Case {
+/// send one), the dedup id and type the preset must find (and those of the batch's other
+/// events, for a sender posting several), whether it signs a timestamp.
+#[derive(Clone, Copy)]
+struct Case<'b> {
     preset: &'static str,
-    body: &'static str,
+    body: &'b str,
     header_id: &'static str,
     id: &'static str,
     event_type: &'static str,
+    others: &'static [(&'static str, &'static str)],
     timestamped: bool,
 }
 
-const CASES: &[Case] = &[
+/// A HubSpot delivery: a batch of its events 1, 2 and 3, as it posts them.
+const HUBSPOT_BATCH: &str = concat!(
+    r#"[{"eventId":1700000001,"subscriptionId":42,"portalId":7,"occurredAt":1700000000000,"#,
+    r#""subscriptionType":"contact.creation","attemptNumber":0,"objectId":123},"#,
+    r#"{"eventId":1700000002,"subscriptionId":43,"portalId":7,"occurredAt":1700000000100,"#,
+    r#""subscriptionType":"contact.propertyChange","attemptNumber":0,"objectId":123,"#,
+    r#""propertyName":"email","propertyValue":"a@example.com"},"#,
+    r#"{"eventId":1700000003,"subscriptionId":44,"portalId":7,"occurredAt":1700000000200,"#,
+    r#""subscriptionType":"deal.creation","attemptNumber":0,"objectId":456}]"#,
+);
+
+/// HubSpot's event 4, which came after the batch.
+const HUBSPOT_EVENT_4: &str = r#"{"eventId":1700000004,"subscriptionId":44,"portalId":7,"occurredAt":1700000000300,"subscriptionType":"deal.creation","attemptNumber":0,"objectId":789}"#;
+
+/// The elements of a JSON array, each as its text in it.
+fn elements(array: &str) -> Vec<String> {
+    serde_json::from_str::<Vec<&serde_json::value::RawValue>>(array)
+        .expect("an array")
+        .iter()
+        .map(|raw| raw.get().to_owned())
+        .collect()
+}
+
+const CASES: &[Case<'static>] = &[
     Case {
         preset: "bitbucket",
         body: r#"{"push":{"changes":[]},"repository":{"full_name":"a/b"}}"#,
         header_id: "8b1f4d0c-2c1a-4c4e-9d8e-0f0e3a6b1c2d",
         id: "8b1f4d0c-2c1a-4c4e-9d8e-0f0e3a6b1c2d",
         event_type: "repo:push",
+        others: &[],
         timestamped: false,
     },
     Case {
@@ -43,6 +70,7 @@ const CASES: &[Case] = &[
         header_id: "",
         id: "invitee.created:https://api.calendly.com/scheduled_events/E1/invitees/I1",
         event_type: "invitee.created",
+        others: &[],
         timestamped: true,
     },
     Case {
@@ -51,14 +79,19 @@ const CASES: &[Case] = &[
         header_id: "msg_2bxR1a3hX8c2t7qW9y0ZzN5vQ1k",
         id: "msg_2bxR1a3hX8c2t7qW9y0ZzN5vQ1k",
         event_type: "user.created",
+        others: &[],
         timestamped: true,
     },
     Case {
         preset: "hubspot",
-        body: r#"[{"eventId":1700000001,"subscriptionId":42,"portalId":7,"occurredAt":1700000000000,"subscriptionType":"contact.creation","attemptNumber":0,"objectId":123}]"#,
+        body: HUBSPOT_BATCH,
         header_id: "",
         id: "1700000001",
         event_type: "contact.creation",
+        others: &[
+            ("1700000002", "contact.propertyChange"),
+            ("1700000003", "deal.creation"),
+        ],
         timestamped: true,
     },
     Case {
@@ -67,6 +100,7 @@ const CASES: &[Case] = &[
         header_id: "",
         id: "notif_ccd8a4d2-c3b4-4c1e-9f3e-0d2f1a2b3c4d",
         event_type: "conversation.user.created",
+        others: &[],
         timestamped: false,
     },
     Case {
@@ -75,6 +109,7 @@ const CASES: &[Case] = &[
         header_id: "msg_2c9T4b5kY1d3u8rX0z1AaO6wR2l",
         id: "msg_2c9T4b5kY1d3u8rX0z1AaO6wR2l",
         event_type: "email.delivered",
+        others: &[],
         timestamped: true,
     },
     Case {
@@ -83,6 +118,7 @@ const CASES: &[Case] = &[
         header_id: "d5e1f2a3-b4c5-4d6e-8f90-a1b2c3d4e5f6",
         id: "d5e1f2a3-b4c5-4d6e-8f90-a1b2c3d4e5f6",
         event_type: "issue",
+        others: &[],
         timestamped: false,
     },
     Case {
@@ -91,6 +127,7 @@ const CASES: &[Case] = &[
         header_id: "befa7b53-d79d-478f-86b9-120f112b044e",
         id: "befa7b53-d79d-478f-86b9-120f112b044e",
         event_type: "channel.follow",
+        others: &[],
         timestamped: true,
     },
     Case {
@@ -99,6 +136,7 @@ const CASES: &[Case] = &[
         header_id: "",
         id: "01HQ3W1Z2Y",
         event_type: "form_response",
+        others: &[],
         timestamped: false,
     },
     Case {
@@ -107,6 +145,7 @@ const CASES: &[Case] = &[
         header_id: "",
         id: "uXRBJBSqWCnLDkZeSUNBbSNx",
         event_type: "deployment.created",
+        others: &[],
         timestamped: false,
     },
 ];
@@ -195,12 +234,26 @@ async fn each_preset_accepts_its_senders_signature_and_refuses_forgeries() {
         to_sign.push((case, other_secret(case.preset), t));
         to_sign.push((case, secret(case.preset), t - 3_600));
     }
+    let hubspot = *CASES
+        .iter()
+        .find(|c| c.preset == "hubspot")
+        .expect("hubspot");
+    let empty = Case {
+        body: "[]",
+        ..hubspot
+    };
+    to_sign.push((&empty, secret("hubspot"), t));
     let headers = signed(&to_sign);
+    let (status, problem) = post(&app.url(""), "hubspot", &headers[3 * CASES.len()], "[]").await;
+    assert_eq!(status, 400, "an empty batch: {problem}");
+    assert_eq!(problem["check"], "empty_batch", "{problem}");
     for (i, case) in CASES.iter().enumerate() {
         let [good, other, stale] = [&headers[3 * i], &headers[3 * i + 1], &headers[3 * i + 2]];
         let (status, answer) = post(&app.url(""), case.preset, good, case.body).await;
         assert_eq!(status, 200, "{}: {answer}", case.preset);
-        assert_eq!(answer["id"], case.id, "{}", case.preset);
+        // A batch's receipt names its last event.
+        let last = case.others.last().map_or(case.id, |(id, _)| id);
+        assert_eq!(answer["id"], last, "{}", case.preset);
         let mut forgeries = vec![
             (
                 "another secret",
@@ -235,29 +288,31 @@ async fn each_preset_accepts_its_senders_signature_and_refuses_forgeries() {
             assert_eq!(problem["check"], check, "{} {what}: {problem}", case.preset);
         }
     }
-    let found: BTreeMap<String, (String, String)> = queued(&app.store)
-        .await
-        .into_iter()
-        .map(|m| {
-            (
-                m.source.unwrap_or_default(),
-                (
-                    m.message_id.unwrap_or_default(),
-                    m.message_type.unwrap_or_default(),
-                ),
-            )
-        })
-        .collect();
-    let expected: BTreeMap<String, (String, String)> = CASES
+    let mut found: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut hubspot_payloads = Vec::new();
+    for m in queued(&app.store).await {
+        let source = m.source.unwrap_or_default();
+        if source == "hubspot" {
+            hubspot_payloads.push(String::from_utf8(m.payload).expect("utf-8"));
+        }
+        found.entry(source).or_default().push((
+            m.message_id.unwrap_or_default(),
+            m.message_type.unwrap_or_default(),
+        ));
+    }
+    let expected: BTreeMap<String, Vec<(String, String)>> = CASES
         .iter()
         .map(|c| {
-            (
-                c.preset.to_owned(),
-                (c.id.to_owned(), c.event_type.to_owned()),
-            )
+            let events = std::iter::once((c.id, c.event_type))
+                .chain(c.others.iter().copied())
+                .map(|(id, t)| (id.to_owned(), t.to_owned()))
+                .collect();
+            (c.preset.to_owned(), events)
         })
         .collect();
-    assert_eq!(found, expected, "one message per preset, and nothing else");
+    // HubSpot's batch is three events, each its payload byte for byte as it was in the batch.
+    assert_eq!(hubspot_payloads, elements(HUBSPOT_BATCH));
+    assert_eq!(found, expected, "one message per event, and nothing else");
     app.stop().await;
 }
 
@@ -290,4 +345,57 @@ async fn a_presets_retries_are_handled_once() {
     )
     .await;
     assert_eq!(runs, once_each("clerk", &[case.id]));
+}
+
+/// HubSpot regrouping its events: events 1, 2, 3 in one delivery, then 2, 3 and a new 4 in
+/// another (signed anew). Each event is handled exactly once, none lost as a duplicate of the
+/// batch it arrived with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hubspots_regrouped_batches_handle_each_event_once() {
+    let first = *CASES
+        .iter()
+        .find(|c| c.preset == "hubspot")
+        .expect("hubspot");
+    let mut regrouped = elements(HUBSPOT_BATCH)[1..].to_vec();
+    regrouped.push(HUBSPOT_EVENT_4.to_owned());
+    let regrouped = format!("[{}]", regrouped.join(","));
+    let second = Case {
+        body: &regrouped,
+        ..first
+    };
+    let t = now();
+    let secret = secret("hubspot");
+    let headers = signed(&[(&first, secret, t - 30), (&second, secret, t)]);
+    let deliveries: Vec<Delivery> = [&first, &second]
+        .iter()
+        .zip(&headers)
+        .map(|(case, h)| {
+            let mut d = Delivery::new(&[], case.body);
+            for (name, value) in h {
+                let name: &'static str = match name.as_str() {
+                    "X-HubSpot-Signature-v3" => "X-HubSpot-Signature-v3",
+                    _ => "X-HubSpot-Request-Timestamp",
+                };
+                d.headers.push((name, value.clone()));
+            }
+            d
+        })
+        .collect();
+    let runs = handler_runs_after(
+        Backend::Sqlite,
+        json!({ "hubspot": {
+            "scheme": "hmac", "preset": "hubspot", "secrets": [secret],
+            "public_url": public_url("hubspot"),
+        } }),
+        "hubspot",
+        &deliveries,
+    )
+    .await;
+    assert_eq!(
+        runs,
+        once_each(
+            "hubspot",
+            &["1700000001", "1700000002", "1700000003", "1700000004"]
+        )
+    );
 }
