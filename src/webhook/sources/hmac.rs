@@ -8,7 +8,7 @@
 //!
 //! With `items_pointer`, the body is a batch (HubSpot's JSON array): each element of the array
 //! it points at is an event of its own, its id and type read in it, its payload its bytes as
-//! sent (`hmac_items.rs`); a batch of none is refused by the route (`empty_batch`).
+//! sent (`json_items.rs`); a batch of none is refused by the route (`empty_batch`).
 //!
 //! What it does not do: answer a handshake (Slack's `url_verification`, Zoom's
 //! `endpoint.url_validation`, Twitch's `webhook_callback_verification`): those are events here,
@@ -160,7 +160,7 @@ impl Declarative {
     /// Each element of the array at `pointer` as its own event: its id and type read in it (a
     /// type header, if that is the rule, is every event's), its payload its bytes as sent.
     fn batch(&self, delivery: &Delivery<'_>, pointer: &str) -> Result<Identified, Problem> {
-        let events = items::items(delivery.body, pointer)?
+        let events = super::json_items::items(delivery.body, pointer)?
             .into_iter()
             .enumerate()
             .map(|(at, raw)| {
@@ -334,9 +334,6 @@ fn describe(locator: &Locator) -> String {
         Locator::Pointer(pointers) => format!("{} in its body", pointers.join(" and ")),
     }
 }
-
-#[path = "hmac_items.rs"]
-mod items;
 
 #[cfg(test)]
 #[path = "hmac_tests.rs"]

@@ -46,6 +46,7 @@ mod adyen;
 mod github;
 mod hmac;
 mod id_field;
+mod json_items;
 mod kept;
 mod linear;
 mod paddle;

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use base64::prelude::{Engine as _, BASE64_STANDARD};
+use bytes::Bytes;
 use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
 use sha1::Sha1;
@@ -29,7 +30,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{malformed, mismatch, missing_id, required};
-use super::{Delivery, Identified, Keys, Scheme};
+use super::{BatchEvent, Delivery, Identified, Keys, Scheme};
 use crate::http::problem::Problem;
 use crate::webhook::deliver::{header_text, invalid_payload, invalid_signature};
 
@@ -160,33 +161,60 @@ impl Scheme for Twilio {
     }
 }
 
-/// A JSON delivery's id (the token, else the body's `id`) and type (the body's `type`, or
-/// the first event's of an Event Streams array).
+/// A JSON delivery's events: an Event Streams array is one event per CloudEvent, each keyed on
+/// its own `id` (unique per event, whatever delivery carries it: a regrouped redelivery is still
+/// handled once per event), its type its `type`, its payload its bytes as sent; any other JSON
+/// body is one event, keyed on the token, else its `id`.
 fn identify_json(body: &[u8], token: Option<String>) -> Result<Identified, Problem> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return identify_event_stream(body);
+    }
     let json: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         invalid_payload(
             format!("the body is signed as JSON (bodySHA256) but is not JSON: {e}"),
             "payload_json",
         )
     })?;
-    let head = match &json {
-        serde_json::Value::Array(events) => events.first(),
-        other => Some(other),
-    };
     let text = |field: &str| {
-        head.and_then(|h| h.get(field))
+        json.get(field)
             .and_then(serde_json::Value::as_str)
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
     };
-    // An array's first `id` names one event of several, not the delivery: only the token does.
-    let own_id = json.is_object().then(|| text("id")).flatten();
+    let own_id = text("id");
     let id = token
         .or(own_id)
         .ok_or_else(|| missing_id("I-Twilio-Idempotency-Token header, nor an id in its body"))?;
     Ok(Identified::Event {
         id,
         event_type: text("type"),
+    })
+}
+
+/// An Event Streams delivery (a JSON array of CloudEvents): one event per element.
+fn identify_event_stream(body: &[u8]) -> Result<Identified, Problem> {
+    let events = super::json_items::items(body, "")?
+        .into_iter()
+        .enumerate()
+        .map(|(n, raw)| {
+            let event: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
+            let text = |field: &str| {
+                event
+                    .get(field)
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+            };
+            Ok(BatchEvent {
+                id: text("id").ok_or_else(|| missing_id(&format!("`id` in event {n}")))?,
+                event_type: text("type"),
+                payload: Bytes::copy_from_slice(raw.get().as_bytes()),
+            })
+        })
+        .collect::<Result<Vec<_>, Problem>>()?;
+    Ok(Identified::Batch {
+        events,
+        answer: None,
     })
 }
 
@@ -312,6 +340,33 @@ fn form_params(body: &[u8]) -> Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_stream_is_one_event_per_cloud_event() {
+        let body = br#" [{"id":"EZ1","type":"a.b", "data":{}}, {"id":"EZ2","type":"c.d"}]"#;
+        let Ok(Identified::Batch { events, answer }) = identify_json(body, Some("tok".into()))
+        else {
+            panic!("a batch");
+        };
+        assert_eq!(answer, None);
+        let seen: Vec<_> = events
+            .iter()
+            .map(|e| (e.id.as_str(), e.event_type.as_deref(), &e.payload[..]))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "EZ1",
+                    Some("a.b"),
+                    &br#"{"id":"EZ1","type":"a.b", "data":{}}"#[..]
+                ),
+                ("EZ2", Some("c.d"), &br#"{"id":"EZ2","type":"c.d"}"#[..]),
+            ]
+        );
+        let without = identify_json(br#"[{"id":"EZ1"},{"type":"x"}]"#, None).unwrap_err();
+        assert_eq!(without.check, Some("missing_id"));
+    }
 
     #[test]
     fn the_default_port_is_tried_both_ways() {

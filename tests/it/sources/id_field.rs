@@ -35,7 +35,10 @@ async fn the_id_is_read_where_the_source_says() {
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["id"], "1234567890", "the meeting's id, not the scheme's choice");
+    assert_eq!(
+        answer["id"], "1234567890",
+        "the meeting's id, not the scheme's choice"
+    );
 
     // The idempotency token, the scheme's own choice, is there; the source said MessageSid.
     let params = super::twilio::status_params("SM-id-field", "delivered");

@@ -1,5 +1,5 @@
-//! The events of a batch for the declarative scheme's `items_pointer` (HubSpot posts a JSON
-//! array of up to 100 events): the array an RFC 6901 pointer names in the body, each element
+//! The events of a batch: the declarative scheme's `items_pointer` (HubSpot posts a JSON array
+//! of up to 100 events) and Twilio's Event Streams (an array of CloudEvents): the array an RFC 6901 pointer names in the body, each element
 //! kept as its raw JSON (`RawValue`), byte for byte as sent: its event's payload, nothing
 //! re-serialized.
 
