@@ -27,7 +27,8 @@ fn the_sources_fields_override_its_presets() {
          tolerance_secs = 60\n",
     )
     .expect("valid");
-    let rules = resolve("forms", &s.sources["forms"]).expect("rules");
+    let forms = &s.sources["forms"];
+    let rules = resolve("forms", forms.preset.as_deref(), forms.hmac.as_ref()).expect("rules");
     assert_eq!(
         rules.id,
         Locator::Pointer(vec!["/form_response/token".into()])

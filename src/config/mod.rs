@@ -22,10 +22,12 @@ mod admin;
 mod bounds;
 mod hmac;
 mod hmac_presets;
+mod hmac_settings;
 mod hmac_template;
 mod paypal;
 mod secrets;
 mod sink;
+mod source_checks;
 mod sources;
 mod validate;
 

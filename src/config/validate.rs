@@ -1,7 +1,7 @@
 //! The checks that need more than one value's type: values that parse but cannot work. Each
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
-use super::sources::check_source;
+use super::source_checks::check_source;
 use super::{
     invalid, stripe_key_material, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS,
     MIN_LEASE_SECS, RESERVED_SOURCE_NAMES, STRIPE_SECRET_WARN_CHARS,

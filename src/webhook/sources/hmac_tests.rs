@@ -10,7 +10,8 @@ use crate::config::{resolve_hmac, SourceSettings};
 /// The rules and keys of a source given as JSON (as `[sources.NAME]` would be).
 fn source(settings: serde_json::Value) -> (Declarative, Vec<Vec<u8>>, SourceSettings) {
     let source: SourceSettings = serde_json::from_value(settings).expect("a source");
-    let rules = resolve_hmac("test", &source).expect("rules");
+    let rules =
+        resolve_hmac("test", source.preset.as_deref(), source.hmac.as_ref()).expect("rules");
     let keys = source
         .secrets
         .iter()

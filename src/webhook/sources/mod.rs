@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ::hmac::{Hmac, Mac};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -29,7 +28,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use sha2::Sha256;
 use tracing::Instrument;
 
 use crate::config::{resolve_hmac, ConfigError, SchemeKind, SourceSettings};
@@ -38,11 +36,12 @@ use crate::http::problem::Problem;
 use crate::queue::{OutgoingMessage, Transport};
 use crate::signature::certificate::RsaCertificate;
 use crate::webhook::deliver::{
-    answer, checked, header_text, invalid_payload, invalid_signature, publish, read_body,
-    receive_span, record_event, Accepted, Clock,
+    answer, checked, invalid_payload, publish, read_body, receive_span, record_event, Accepted,
+    Clock,
 };
 
 mod adyen;
+mod checks;
 mod github;
 mod hmac;
 mod id_field;
@@ -57,6 +56,11 @@ mod slack;
 mod square;
 mod twilio;
 mod zoom;
+
+use checks::{
+    hmac_sha256_matches, hmac_sha256_matches_any, malformed, mismatch, missing_id, required,
+    within_tolerance,
+};
 
 #[cfg(test)]
 mod tests;
@@ -123,7 +127,7 @@ fn ready(name: &str, source: &SourceSettings) -> Result<Source, ConfigError> {
                 .collect(),
         ),
         None => {
-            let rules = resolve_hmac(name, source)?;
+            let rules = resolve_hmac(name, source.preset.as_deref(), source.hmac.as_ref())?;
             let keys = source
                 .secrets
                 .iter()
@@ -426,83 +430,4 @@ fn outgoing(source: &str, event: BatchEvent, sender_headers: SenderHeaders) -> O
         stripe_signature: None,
         sender_headers,
     }
-}
-
-/// A header every delivery of the scheme carries; its absence is the `missing_header` check.
-pub(super) fn required<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, Problem> {
-    header_text(headers, name)?
-        .ok_or_else(|| invalid_signature(format!("the {name} header is missing"), "missing_header"))
-}
-
-/// Whether one of `secrets` gives `signature` as the HMAC-SHA256 of `parts` (concatenated),
-/// compared in constant time (`verify_slice`); every secret is tried, each with one pass over
-/// the body.
-pub(super) fn hmac_sha256_matches(secrets: &[Vec<u8>], parts: &[&[u8]], signature: &[u8]) -> bool {
-    hmac_sha256_matches_any(secrets, parts, &[signature])
-}
-
-/// Whether one of `secrets` gives one of `signatures` (a header carrying several, as Paddle's
-/// during a rotation) as the HMAC-SHA256 of `parts`: one pass over the body per secret, each
-/// signature compared in constant time.
-pub(super) fn hmac_sha256_matches_any(
-    secrets: &[Vec<u8>],
-    parts: &[&[u8]],
-    signatures: &[&[u8]],
-) -> bool {
-    secrets.iter().any(|secret| {
-        // HMAC takes keys of any length; new_from_slice cannot fail for it.
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
-            return false;
-        };
-        for part in parts {
-            mac.update(part);
-        }
-        signatures
-            .iter()
-            .any(|signature| mac.clone().verify_slice(signature).is_ok())
-    })
-}
-
-/// Whether `at` (Unix seconds, as signed) is within `keys.tolerance_secs` of now, either way;
-/// the `timestamp_tolerance` 400 otherwise.
-pub(super) fn within_tolerance(at: i64, keys: &Keys<'_>) -> Result<(), Problem> {
-    let skew = keys.now.saturating_sub(at);
-    if skew.unsigned_abs() > keys.tolerance_secs {
-        return Err(invalid_signature(
-            format!(
-                "timestamp outside the tolerance zone: {} s in the {} (tolerance {} s)",
-                skew.unsigned_abs(),
-                if skew >= 0 { "past" } else { "future" },
-                keys.tolerance_secs
-            ),
-            "timestamp_tolerance",
-        ));
-    }
-    Ok(())
-}
-
-/// The 400 for a signature no secret made.
-pub(super) fn mismatch(header: &str) -> Problem {
-    invalid_signature(
-        format!(
-            "the {header} header matches no signature of the payload under the source's secrets"
-        ),
-        "signature_mismatch",
-    )
-}
-
-/// The 400 for a signature header that is not in the scheme's form.
-pub(super) fn malformed(header: &str, form: &str) -> Problem {
-    invalid_signature(
-        format!("the {header} header is not of the form {form}"),
-        "malformed_header",
-    )
-}
-
-/// The 400 for a verified delivery without the id it is deduplicated on.
-pub(super) fn missing_id(where_: &str) -> Problem {
-    crate::webhook::deliver::invalid_payload(
-        format!("the delivery has no {where_}, which its events are deduplicated on"),
-        "missing_id",
-    )
 }

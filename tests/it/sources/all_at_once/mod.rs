@@ -1,6 +1,7 @@
 //! Issue 37's must-show: one run of the real binary with every source at once (each named
 //! scheme, a preset of the declarative one, Stripe and Standard Webhooks) on PostgreSQL and
-//! RabbitMQ. Each sender's event is
+//! RabbitMQ (and again on SQS and on the database queue, so each sender's retries are handled
+//! once through every transport). Each sender's event is
 //! signed by its own library and delivered twice (the first delivery, then the sender's retry of
 //! it, after the first was handled); then each event was handled exactly once (one row of the
 //! `ledger` handler), its retry was recognised as a duplicate, and both `dedup-worker events list
@@ -44,13 +45,28 @@ async fn ledger(pool: &sqlx::PgPool) -> Vec<(String, String, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_source_at_once_on_postgres_and_rabbitmq() {
+    every_source_at_once(Transport::Rabbitmq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_source_at_once_on_postgres_and_sqs() {
+    every_source_at_once(Transport::Sqs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_source_at_once_on_postgres_and_the_database_queue() {
+    every_source_at_once(Transport::Database).await;
+}
+
+/// The run on PostgreSQL and `transport`: each sender's retries are handled once through it.
+async fn every_source_at_once(transport: Transport) {
     let db = TestDb::new(Backend::Postgres).await;
-    let queue = TestQueue::new(Transport::Rabbitmq).await;
+    let queue = TestQueue::new(transport).await;
     let work = tempfile::tempdir().expect("tempdir");
     let senders = senders(now());
     let mut env = vec![
         ("DATABASE_URL", db.url.clone()),
-        ("DEDUP_TRANSPORT", "rabbitmq".to_owned()),
+        ("DEDUP_TRANSPORT", queue.kind().to_owned()),
         ("DEDUP_QUEUE", queue.name.clone()),
         ("AMQP_URL", amqp_url()),
         ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
