@@ -4,6 +4,7 @@ use figment::providers::{Format, Serialized, Toml};
 use figment::Figment;
 
 use super::*;
+use crate::config::hmac_presets::presets;
 use crate::config::{Settings, DEFAULT_TOML};
 
 fn load(extra: &str) -> Result<Settings, ConfigError> {
@@ -99,5 +100,22 @@ fn templates_parse_into_pieces_and_must_sign_the_body_once() {
         "{header:bad name}{body}",
     ] {
         assert!(parse_template(bad).is_err(), "{bad}");
+    }
+}
+
+/// Every shipped preset parses and resolves alone (a source giving only `preset`), and
+/// cites a web page.
+#[test]
+fn every_preset_resolves_and_cites_its_documentation() {
+    let all = presets().expect("the shipped presets parse");
+    assert!(all.len() >= 10, "{}", all.len());
+    for (name, preset) in all {
+        assert!(preset.doc.starts_with("https://"), "{name}: {}", preset.doc);
+        let rules = resolve(name, Some(name), None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            rules.timestamp.is_some(),
+            preset.tolerance_secs.is_some(),
+            "{name}: a tolerance exactly where a timestamp is signed"
+        );
     }
 }
