@@ -9,7 +9,7 @@ use serde::Deserialize;
 pub const MAX_SIGNATURES_PER_HEADER: usize = 16;
 
 /// `[sources.NAME.hmac]` (and a preset's `hmac` table): every field optional, so a source may
-/// override one field of its preset. Defaults are applied by [`resolve`].
+/// override one field of its preset. Defaults are applied by [`super::hmac::resolve`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HmacSettings {
