@@ -46,6 +46,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         give_up: None,
         traceparent: None,
         stripe_signature: None,
+        sender_headers: Default::default(),
     };
     if let Ok(event) = decode_delivery(&delivery, &options) {
         for (field, value) in [
