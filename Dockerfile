@@ -4,7 +4,6 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
-COPY migrations ./migrations
 COPY config ./config
 COPY benches ./benches
 COPY examples ./examples

@@ -4,7 +4,7 @@
 //! `cargo bench --bench signature`
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use dedup_worker::signature::stripe::{signature_header, verify_stripe_signature};
+use dedup_worker_core::signature::stripe::{signature_header, verify_stripe_signature};
 
 fn verify(c: &mut Criterion) {
     let vector = include_bytes!("../tests/vectors/stripe_invoiceitem_created.json");

@@ -76,7 +76,7 @@ fn signed(
         Scheme::Stripe => {
             let t = chrono::Utc::now().timestamp();
             let signature =
-                dedup_worker::signature::stripe::signature_header(secret, t, body.as_bytes());
+                dedup_worker_core::signature::stripe::signature_header(secret, t, body.as_bytes());
             request.header("stripe-signature", signature)
         }
         Scheme::Github => {

@@ -55,7 +55,7 @@ if [ "${LINT:-1}" != 0 ]; then
   # The layer is a product of its own: an axum service depending on it builds none of the
   # pipeline, RabbitMQ's client or the AWS SDK.
   layer_tree=$(cargo tree --locked -p idempotency-key -e normal --prefix none)
-  for foreign in dedup-worker lapin aws-sdk-sqs aws-config; do
+  for foreign in dedup-worker dedup-worker-core lapin aws-sdk-sqs aws-config; do
     if grep -q "^$foreign v" <<<"$layer_tree"; then
       log "idempotency-key depends on $foreign (cargo tree -p idempotency-key -i $foreign shows how)"
       exit 1

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use serde::Serialize;
 use tokio::time::Instant;
 

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use dedup_worker::store::Store;
 use dedup_worker::testing::fault_proxy::FaultProxy;
+use dedup_worker_core::store::Store;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use sqlx::{Connection, PgConnection};

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dedup_worker::store::Store;
 use dedup_worker::testing::fault_proxy::Mode;
+use dedup_worker_core::store::Store;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dedup_worker::store::{NewQueueMessage, Store};
+use dedup_worker_core::store::{NewQueueMessage, Store};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use rand::Rng;
@@ -135,7 +135,7 @@ impl Producer {
         match message.kind {
             DirectKind::EventBridge => (eventbridge_envelope(&message.key, &snapshot()), None),
             DirectKind::ThinOwnId => {
-                let thin = dedup_worker::stripe::thin_event_beside(&snapshot())
+                let thin = dedup_worker_core::stripe::thin_event_beside(&snapshot())
                     .expect("a snapshot event has a thin event");
                 (thin, Some(format!("{}_thin", message.key)))
             }

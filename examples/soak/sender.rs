@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use dedup_worker::signature::stripe::signature_header;
+use dedup_worker_core::signature::stripe::signature_header;
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -226,7 +226,7 @@ pub fn event_body(plan: &Plan, run_start_unix: i64, post: &Post) -> Vec<u8> {
     .expect("JSON serialises");
     match post.shape {
         Shape::Snapshot => snapshot,
-        Shape::Thin => dedup_worker::stripe::thin_event_beside(&snapshot)
+        Shape::Thin => dedup_worker_core::stripe::thin_event_beside(&snapshot)
             .expect("a snapshot event has a thin event"),
     }
 }

@@ -156,7 +156,7 @@ pub fn foreign_body(message: &Direct) -> Vec<u8> {
 /// derived from the key, as stable as the plan.
 pub fn eventbridge_envelope(key: &str, detail: &[u8]) -> Vec<u8> {
     let detail: serde_json::Value = serde_json::from_slice(detail).expect("a JSON event");
-    let id = uuid::Uuid::from_bytes(dedup_worker::store::dedup_key("eventbridge", key));
+    let id = uuid::Uuid::from_bytes(dedup_worker_core::store::dedup_key("eventbridge", key));
     serde_json::to_vec(&json!({
         "version": "0",
         "id": id.to_string(),

@@ -2,10 +2,10 @@
 //! transaction, so both commit with the dedup record or not at all.
 
 use dedup_worker::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::dedup::RING_SLOTS;
-use dedup_worker::store::{dedup_key, Backend, DbTx};
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::dedup::RING_SLOTS;
+use dedup_worker_core::store::{dedup_key, Backend, DbTx};
 
 /// A deliberately broken service (`SOAK_SERVICE_FAULT`), for showing that the checker fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,8 +22,8 @@ mod handler;
 
 use std::process::ExitCode;
 
-use dedup_worker::store::Migrations;
 use dedup_worker::Service;
+use dedup_worker_core::store::Migrations;
 use sqlx::migrate::Migrator;
 
 /// The effect table, applied after dedup-worker's migrations on every start.

@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedup_worker::config::EnvelopeKind;
-use dedup_worker::consumer::{decode_delivery, ConsumerOptions};
-use dedup_worker::event::{check_event_field, EventField};
-use dedup_worker::queue::{Delivery, DeliveryTag};
+use dedup_worker_core::config::EnvelopeKind;
+use dedup_worker_core::consumer::{decode_delivery, ConsumerOptions};
+use dedup_worker_core::event::{check_event_field, EventField};
+use dedup_worker_core::queue::{Delivery, DeliveryTag};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "support.rs"]

@@ -10,8 +10,8 @@
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use dedup_worker::signature::ed25519::{StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS};
-use dedup_worker::signature::standard::{
+use dedup_worker_core::signature::ed25519::{StandardPublicKey, StandardSigningKey, MAX_PUBLIC_KEYS};
+use dedup_worker_core::signature::standard::{
     decode_secret, standard_signature, verify_standard_signature, StandardHeaders, StandardKeys,
     StandardSignatureError,
 };

@@ -6,7 +6,7 @@
 //! A missing or unparsable number field becomes 0.
 #![no_main]
 
-use dedup_worker::signature::stripe::{signature_header, verify_stripe_signature, SignatureError};
+use dedup_worker_core::signature::stripe::{signature_header, verify_stripe_signature, SignatureError};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "support.rs"]

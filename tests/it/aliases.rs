@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dedup_worker::store::{NewQueueMessage, ProcessedEvent, Store};
+use dedup_worker_core::store::{NewQueueMessage, ProcessedEvent, Store};
 use serde_json::Value;
 
 use crate::helpers::stripe_channels::{eventbridge_envelope, snapshot_event, thin_event};

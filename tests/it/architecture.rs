@@ -12,7 +12,7 @@
 //!   a time), in every crate of the workspace ([`crates`]);
 //! * no file of any of them is longer than [`MAX_LINES`].
 //!
-//! The floors are the pipeline's (`src/`); the other crates are small enough that "no circle"
+//! The floors are the engine's ([`ENGINE`]); the other crates are small enough that "no circle"
 //! is their whole rule, and none of them imports the pipeline (their manifests say so).
 //!
 //! Imports are read from the source text: every `crate::…` path (in `use` or inline) and every
@@ -63,17 +63,15 @@ fn floors() -> Vec<Vec<String>> {
     floors
 }
 
-/// Files of the binary, not of the library (`dedup_worker::` paths, not `crate::`): only its
-/// `main`, which runs the library's command line (see
-/// [`the_binary_is_the_librarys_command_line`]).
-const BINARY_FILES: &[&str] = &["main.rs"];
+/// The engine's source folder, whose modules the map draws.
+const ENGINE: &str = "crates/dedup-worker-core/src";
 
-/// The longest a file in `src/` may be.
+/// The longest a file in any crate may be.
 const MAX_LINES: usize = 500;
 
 /// The source folders of the workspace's crates, read from the root manifest's
 /// `[workspace] members` (so a crate added there is checked without a second list): the
-/// pipeline's (`.`) first.
+/// engine's ([`ENGINE`]) first.
 fn crates() -> Vec<String> {
     let manifest =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
@@ -92,14 +90,14 @@ fn crates() -> Vec<String> {
             other => format!("{other}/src"),
         })
         .collect();
-    roots.sort_by_key(|root| root != "src");
-    assert!(roots.len() > 1 && roots[0] == "src", "members: {roots:?}");
+    roots.sort_by_key(|root| root != ENGINE);
+    assert!(roots.len() > 1 && roots[0] == ENGINE, "members: {roots:?}");
     roots
 }
 
-/// The pipeline's source folder.
+/// The engine's source folder (the pipeline, the console, the command line).
 fn src_dir() -> PathBuf {
-    crate_dir("src")
+    crate_dir(ENGINE)
 }
 
 fn crate_dir(relative: &str) -> PathBuf {
@@ -117,8 +115,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The module path of a file: `src/queue/rabbitmq/tags.rs` is `["queue", "rabbitmq", "tags"]`,
-/// `src/queue/mod.rs` is `["queue"]`, `src/lib.rs` is `[]`.
+/// The module path of a file under its crate's `src/`: `queue/rabbitmq/tags.rs` is
+/// `["queue", "rabbitmq", "tags"]`, `queue/mod.rs` is `["queue"]`, `lib.rs` is `[]`.
 fn module_path(root: &Path, file: &Path) -> Vec<String> {
     let relative = file.strip_prefix(root).expect("under the crate's folder");
     let mut parts: Vec<String> = relative
@@ -225,10 +223,6 @@ fn file_node_of(path: &[String], nodes: &BTreeSet<String>) -> Option<String> {
 fn import_graph(root: &Path, grain: Grain) -> Graph {
     let mut files = Vec::new();
     rust_files(root, &mut files);
-    files.retain(|f| {
-        f.parent() != Some(root)
-            || !BINARY_FILES.contains(&f.file_name().and_then(|n| n.to_str()).unwrap_or(""))
-    });
     let depth = match grain {
         Grain::Modules => 2,
         Grain::Files => usize::MAX,
@@ -381,7 +375,6 @@ fn the_map_names_every_module_once_and_nothing_else() {
     let modules: BTreeSet<String> = files
         .iter()
         .filter_map(|f| module_path(&src_dir(), f).first().cloned())
-        .filter(|m| !BINARY_FILES.contains(&format!("{m}.rs").as_str()))
         .collect();
     let twice: Vec<&String> = on_map
         .windows(2)
@@ -405,65 +398,65 @@ fn the_map_names_every_module_once_and_nothing_else() {
     );
 }
 
-/// The supported surface is the prelude, `Service`, the macros and the test kit: every other
-/// module is public only for this repository's binary and tests, and hidden from the docs, so a
-/// new module does not widen what a handler crate is promised (docs/public-api/ records it).
+/// The root crate (`src/lib.rs`) is the supported surface and nothing else: it declares no module
+/// of its own and hides nothing, only re-exporting the engine's prelude, `Service`, the macros and
+/// the test kit, so a module added to the engine does not widen what a handler crate is promised
+/// (docs/public-api/ records the surface). The engine hides nothing either: it is internal as a
+/// whole, and says so, rather than public in parts that are hidden.
 #[test]
-fn every_module_but_the_prelude_and_the_test_kit_is_hidden() {
-    let lib = std::fs::read_to_string(src_dir().join("lib.rs")).expect("read lib.rs");
-    let lines: Vec<&str> = lib.lines().map(str::trim).collect();
-    let mut shown = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let Some(name) = line.strip_prefix("pub mod ") else {
-            continue;
-        };
-        let name = name.trim_end_matches([';', '{', ' ']);
-        // The attributes right above the declaration.
-        let attributes = lines[..i]
-            .iter()
-            .rev()
-            .take_while(|l| l.starts_with("#["))
-            .collect::<Vec<_>>();
-        let hidden = attributes.iter().any(|a| a.starts_with("#[doc(hidden)]"));
-        if !hidden && !["prelude", "testing"].contains(&name) {
-            shown.push(name.to_owned());
+fn the_root_crate_re_exports_the_surface_and_hides_nothing() {
+    let root = crate_dir("src");
+    let lib = code(&std::fs::read_to_string(root.join("lib.rs")).expect("read src/lib.rs"));
+    let modules: Vec<&str> = lib
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("mod ") || line.contains("mod ") && line.starts_with("pub"))
+        .collect();
+    assert!(
+        modules.is_empty(),
+        "src/lib.rs declares modules: the root crate only re-exports the engine's surface: {modules:?}"
+    );
+    for dir in [root, src_dir()] {
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("read");
+            assert!(
+                !code(&text).contains("#[doc(hidden)]"),
+                "{} hides an item from the docs: the root crate promises what it shows, and the \
+                 engine (internal as a whole) hides nothing",
+                file.display()
+            );
         }
     }
-    assert!(
-        shown.is_empty(),
-        "public modules outside the supported surface, not #[doc(hidden)] in src/lib.rs: {shown:?}"
-    );
 }
 
 #[test]
 fn the_binary_is_the_librarys_command_line() {
-    let main = code(&std::fs::read_to_string(src_dir().join("main.rs")).expect("read main.rs"));
+    let root = crate_dir("src");
+    let main = code(&std::fs::read_to_string(root.join("main.rs")).expect("read main.rs"));
     let declares_a_module = main
         .lines()
         .any(|line| line.trim_start().starts_with("mod ") || line.contains(" mod "));
     assert!(
         !declares_a_module,
-        "src/main.rs declares a module: the binary's code belongs in the library (src/cli/), \
-         where a service's own main runs it too"
+        "src/main.rs declares a module: the binary's code belongs in the engine \
+         (crates/dedup-worker-core/src/cli/), where a service's own main runs it too"
     );
     assert!(
         main.contains("Service::new().run()"),
         "src/main.rs does not run the stock Service's command line (Service::new().run())"
     );
-    // Nothing else in src/ is the binary's: a file at the top of src/ beside main.rs and lib.rs
-    // is a module of the library, declared in lib.rs.
-    let lib = code(&std::fs::read_to_string(src_dir().join("lib.rs")).expect("read lib.rs"));
-    for entry in std::fs::read_dir(src_dir()).expect("read src/") {
-        let path = entry.expect("dir entry").path();
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().is_some_and(|e| e == "rs") && !["main", "lib"].contains(&stem) {
-            assert!(
-                lib.contains(&format!("mod {stem};")),
-                "src/{stem}.rs is not a module of the library (lib.rs has no `mod {stem};`)"
-            );
-        }
+    // Nothing else is in the root crate's src/: its code is the engine's
+    // (crates/dedup-worker-core/src), where a service's own main runs it too.
+    for entry in std::fs::read_dir(&root).expect("read src/") {
+        let name = entry.expect("dir entry").file_name();
+        let name = name.to_string_lossy();
+        assert!(
+            ["main.rs", "lib.rs"].contains(&name.as_ref()),
+            "src/{name}: the root crate is lib.rs (the surface) and main.rs (the binary); code \
+             belongs in the engine, crates/dedup-worker-core/src"
+        );
     }
 }
 

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::DbTx;
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, LedgerHandler, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::DbTx;
 use serde_json::json;
 
 // The test kit a handler crate's own tests use, as they would use it; the suite's own helpers
@@ -183,13 +183,13 @@ async fn handler_failures(backend: Backend) {
     handler
         .poison_active
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let transport = dedup_worker::startup::build_transport(
+    let transport = dedup_worker_core::startup::build_transport(
         &settings,
         &store,
-        Arc::new(dedup_worker::store::Wakeups::default()),
+        Arc::new(dedup_worker_core::store::Wakeups::default()),
     )
     .await;
-    let redriven = dedup_worker::dlq::redrive(&store, transport.as_ref(), &[poison.id], None)
+    let redriven = dedup_worker_core::dlq::redrive(&store, transport.as_ref(), &[poison.id], None)
         .await
         .unwrap();
     assert_eq!(redriven, 1);
@@ -273,7 +273,7 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling() {
     use crate::helpers::{RunningBinary, TestQueue};
-    use dedup_worker::queue::{OutgoingMessage, Transport as _};
+    use dedup_worker_core::queue::{OutgoingMessage, Transport as _};
     use futures::StreamExt;
 
     let db = TestDb::new(Backend::Postgres).await;
@@ -316,7 +316,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
                         payload: stripe_event(&id, "charge.succeeded").into(),
                         traceparent: None,
                         stripe_signature: None,
-                        sender_headers: dedup_worker::event::SenderHeaders::default(),
+                        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
                     })
                     .await
                     .expect("publish");

@@ -273,7 +273,7 @@ async fn not_at_the_sink(
     db: &TestDb,
     receiver: &Receiver,
     queue: &TestQueue,
-    store: &dedup_worker::store::Store,
+    store: &dedup_worker_core::store::Store,
     ids: &[String],
     bin: &RunningBinary,
 ) -> String {

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 
 use crate::helpers::{
     ledger_counts, post_signed, stripe_event, wait_for, Backend, RunningBinary, TestDb, TestQueue,
@@ -188,8 +188,8 @@ async fn an_expired_generation_is_emptied_and_the_ring_wraps(backend: Backend) {
 /// The migrations of the single-table schema (before `20261201000003_dedup_generations`).
 async fn old_migrator(backend: Backend) -> sqlx::migrate::Migrator {
     let dir = match backend {
-        Backend::Postgres => "migrations/postgres",
-        Backend::Sqlite => "migrations/sqlite",
+        Backend::Postgres => "crates/dedup-worker-core/migrations/postgres",
+        Backend::Sqlite => "crates/dedup-worker-core/migrations/sqlite",
     };
     let mut migrator =
         sqlx::migrate::Migrator::new(Path::new(env!("CARGO_MANIFEST_DIR")).join(dir))

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use dedup_worker::inspect::{list_events, EventQuery, ListOptions, OutcomeFilter};
-use dedup_worker::store::{dedup_key, ListedKind, Store};
+use dedup_worker_core::inspect::{list_events, EventQuery, ListOptions, OutcomeFilter};
+use dedup_worker_core::store::{dedup_key, ListedKind, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
 
@@ -336,7 +336,7 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
         .map(|r| {
             (
                 r.at_ms,
-                dedup_worker::inspect::kind_name(r.kind),
+                dedup_worker_core::inspect::kind_name(r.kind),
                 r.source,
                 r.event_id,
                 r.event_type,

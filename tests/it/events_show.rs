@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use serde_json::{json, Value};
 
 use crate::helpers::app::dedup_command;

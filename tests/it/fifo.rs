@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
-use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker_core::queue::{OutgoingMessage, SqsQueue, Transport as _};
 
 use crate::helpers::{sqs_turn, Backend, RunningBinary, SqsLoad, TestDb};
 
@@ -74,7 +74,7 @@ fn message(id: &str, payload: Vec<u8>) -> OutgoingMessage {
         payload: payload.into(),
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     }
 }
 

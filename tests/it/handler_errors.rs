@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, HandlerResultExt, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::DbTx;
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, HandlerResultExt, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::DbTx;
 use serde_json::json;
 
 use crate::helpers::{

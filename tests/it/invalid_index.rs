@@ -18,7 +18,8 @@ use crate::helpers::{dedup_command, run_cli, wait_for, Backend, TestDb};
 const OUTBOX_FAILED_INDEX: i64 = 20261210000001;
 
 /// The library's migrations, as sqlx's migrator runs them without dedup-worker's runner.
-static LIBRARY: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+static LIBRARY: sqlx::migrate::Migrator =
+    sqlx::migrate!("crates/dedup-worker-core/migrations/postgres");
 
 /// Whether the migration that builds the index is recorded as applied.
 async fn recorded(pool: &PgPool) -> bool {

@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dedup_worker::config::{EnvelopeKind, StaleGuardSettings};
-use dedup_worker::consumer::{Consumer, ConsumerOptions, Handler, HandlerError, OutboxMessage};
-use dedup_worker::consumer::{StaleGuard, StepOutcome};
-use dedup_worker::event::Event;
-use dedup_worker::queue::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
-use dedup_worker::store::{DbTx, NewDeadLetter, Store, StoreTx, Wakeups};
+use dedup_worker_core::config::{EnvelopeKind, StaleGuardSettings};
+use dedup_worker_core::consumer::{
+    Consumer, ConsumerOptions, Handler, HandlerError, OutboxMessage,
+};
+use dedup_worker_core::consumer::{StaleGuard, StepOutcome};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::queue::{Delivery, DeliveryTag, OutgoingMessage, Transport, TransportError};
+use dedup_worker_core::store::{DbTx, NewDeadLetter, Store, StoreTx, Wakeups};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -104,7 +106,7 @@ fn delivery(n: i64, id: &str, object: &str) -> Delivery {
         enqueued_at: None,
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
         defect: None,
         give_up: None,
     }

@@ -17,14 +17,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dedup_worker::config::EnvelopeKind;
-use dedup_worker::consumer::{Consumer, ConsumerOptions, Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::queue::rabbitmq::RabbitOptions;
-use dedup_worker::queue::{
+use dedup_worker_core::config::EnvelopeKind;
+use dedup_worker_core::consumer::{
+    Consumer, ConsumerOptions, Handler, HandlerError, OutboxMessage,
+};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::queue::rabbitmq::RabbitOptions;
+use dedup_worker_core::queue::{
     Delivery, DeliveryTag, OutgoingMessage, RabbitMqQueue, Transport, TransportError,
 };
-use dedup_worker::store::{DbTx, Store, Wakeups};
+use dedup_worker_core::store::{DbTx, Store, Wakeups};
 use tokio_util::sync::CancellationToken;
 
 use crate::helpers::fault_proxy::{FaultProxy, Mode};
@@ -152,7 +154,7 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
                 payload: Bytes::from(payload),
                 traceparent: None,
                 stripe_signature: None,
-                sender_headers: dedup_worker::event::SenderHeaders::default(),
+                sender_headers: dedup_worker_core::event::SenderHeaders::default(),
             })
             .await
             .expect("publish");

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use dedup_worker::queue::{OutgoingMessage, Transport as _};
-use dedup_worker::store::Store;
+use dedup_worker_core::queue::{OutgoingMessage, Transport as _};
+use dedup_worker_core::store::Store;
 
 use crate::helpers::app::cli_json_lines;
 use crate::helpers::db::execute;
@@ -179,7 +179,7 @@ async fn publish_and_return(queue: &TestQueue, id: &str, returns: usize) {
             payload: stripe_event(id, "charge.refunded").into(),
             traceparent: None,
             stripe_signature: None,
-            sender_headers: dedup_worker::event::SenderHeaders::default(),
+            sender_headers: dedup_worker_core::event::SenderHeaders::default(),
         })
         .await
         .expect("publish");
@@ -236,7 +236,7 @@ async fn a_queue_with_another_delivery_limit_keeps_working_and_broker_dead_lette
     assert_eq!(dead["event_id"], "evt_parked");
     assert_eq!(
         dead["error"],
-        dedup_worker::queue::rabbitmq::BROKER_DEAD_LETTERED
+        dedup_worker_core::queue::rabbitmq::BROKER_DEAD_LETTERED
     );
     assert_eq!(dead["queue"], queue.name.as_str());
     assert_eq!(ledger_counts(&store).await.get("evt_parked"), None);

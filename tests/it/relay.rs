@@ -117,7 +117,7 @@ async fn dlq_cli_lists_and_redrives() {
     let store = db.store().await;
     let mut tx = store.begin().await.unwrap();
     for id in ["evt_d1", "evt_d2"] {
-        tx.insert_dead_letter(&dedup_worker::store::NewDeadLetter {
+        tx.insert_dead_letter(&dedup_worker_core::store::NewDeadLetter {
             source: "stripe".into(),
             event_id: id.into(),
             event_type: "x.y".into(),
@@ -224,9 +224,9 @@ async fn a_relay_whose_lease_was_taken_over_marks_nothing_and_says_so_on_sqlite(
 /// dispatched. Now A's mark changes nothing, A's step reports the lost lease without failing,
 /// and B's delivery decides the row.
 async fn lease_taken_over(backend: Backend) {
-    use dedup_worker::config::SinkSpec;
-    use dedup_worker::outbox::relay::{Relay, RelayOptions};
-    use dedup_worker::store::{NewOutboxRow, Wakeups};
+    use dedup_worker_core::config::SinkSpec;
+    use dedup_worker_core::outbox::relay::{Relay, RelayOptions};
+    use dedup_worker_core::store::{NewOutboxRow, Wakeups};
     use tokio::sync::{mpsc, oneshot};
 
     /// Each request takes the next answer, announces itself, and waits for the test to answer.
@@ -353,7 +353,7 @@ async fn lease_taken_over(backend: Backend) {
     );
 
     answer_b.send(StatusCode::OK).unwrap();
-    let b: Result<_, dedup_worker::store::StoreError> = step_b.await.unwrap();
+    let b: Result<_, dedup_worker_core::store::StoreError> = step_b.await.unwrap();
     let b = b.unwrap();
     assert_eq!((b.claimed, b.dispatched, b.lease_lost), (1, 1, 0));
     let counts = store.outbox_counts().await.unwrap();
@@ -378,9 +378,9 @@ async fn a_delivery_slower_than_the_lease_keeps_its_lease_on_sqlite() {
 /// by A, no lease lost. (Without the heartbeat B takes the row over after one lease and
 /// delivers it a second time.)
 async fn slow_delivery_keeps_its_lease(backend: Backend) {
-    use dedup_worker::config::SinkSpec;
-    use dedup_worker::outbox::relay::{Relay, RelayOptions};
-    use dedup_worker::store::{NewOutboxRow, Wakeups};
+    use dedup_worker_core::config::SinkSpec;
+    use dedup_worker_core::outbox::relay::{Relay, RelayOptions};
+    use dedup_worker_core::store::{NewOutboxRow, Wakeups};
 
     const LEASE: Duration = Duration::from_millis(600);
     let receiver = Receiver::start().await;

@@ -9,9 +9,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use dedup_worker::config::whole_days;
-use dedup_worker::signature::standard::standard_signature;
-use dedup_worker::store::Store;
+use dedup_worker_core::config::whole_days;
+use dedup_worker_core::signature::standard::standard_signature;
+use dedup_worker_core::store::Store;
 
 use crate::helpers::{dedup_command, now, post_signed, stripe_event, Backend, TestDb};
 

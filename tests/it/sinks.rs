@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dedup_worker::queue::{SqsQueue, Transport as _};
 use dedup_worker::Service;
+use dedup_worker_core::queue::{SqsQueue, Transport as _};
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_worker::queue::sqs::{CALLS_AT_ONCE, FILL_BUDGET_PER_LEASE};
-use dedup_worker::queue::{Delivery, OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker_core::queue::sqs::{CALLS_AT_ONCE, FILL_BUDGET_PER_LEASE};
+use dedup_worker_core::queue::{Delivery, OutgoingMessage, SqsQueue, Transport as _};
 use futures::stream::{self, StreamExt};
 
 use crate::helpers::fault_proxy::FaultProxy;
@@ -75,7 +75,7 @@ fn event(i: usize) -> OutgoingMessage {
         message_id: Some(id),
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     }
 }
 
@@ -217,7 +217,7 @@ async fn transport(queue: &TestQueue, sqs: &SlowSqs, lease: Duration) -> SqsQueu
     SqsQueue::with_client(sqs.client().await, queue.name.clone(), lease)
 }
 
-fn tags(deliveries: &[Delivery]) -> Vec<dedup_worker::queue::DeliveryTag> {
+fn tags(deliveries: &[Delivery]) -> Vec<dedup_worker_core::queue::DeliveryTag> {
     deliveries.iter().map(|d| d.tag.clone()).collect()
 }
 

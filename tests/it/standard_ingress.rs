@@ -10,8 +10,8 @@ use crate::helpers::{
     now, pipeline_drained, post_signed, stripe_event, test_settings, wait_for, Backend, TestApp,
     TestDb,
 };
-use dedup_worker::signature::standard::{decode_secret, standard_signature};
 use dedup_worker::Service;
+use dedup_worker_core::signature::standard::{decode_secret, standard_signature};
 use serde_json::{json, Value};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

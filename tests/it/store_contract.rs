@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::helpers::{wait_for, Backend, TestDb};
-use dedup_worker::store::{NewDeadLetter, NewOutboxRow, NewQueueMessage, Store};
+use dedup_worker_core::store::{NewDeadLetter, NewOutboxRow, NewQueueMessage, Store};
 
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
@@ -641,7 +641,7 @@ async fn two_batches_moving_one_event_at_once_list_it_once(backend: Backend) {
             let mut tx = store.begin().await?;
             let inserted = tx.insert_dead_letter_once(&row).await?;
             tx.commit().await?;
-            Ok::<_, dedup_worker::store::StoreError>(inserted)
+            Ok::<_, dedup_worker_core::store::StoreError>(inserted)
         }
     });
     // Let the second reach its wait (PostgreSQL: the event's lock; SQLite: the write lock).

@@ -351,7 +351,8 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
     );
     api.insert("evt_thin_lib", FullEvent::answering(full_event(&lib)));
     let lib_body = serde_json::to_vec(&lib).unwrap();
-    let lib_header = dedup_worker::signature::stripe::signature_header(SECRET, now(), &lib_body);
+    let lib_header =
+        dedup_worker_core::signature::stripe::signature_header(SECRET, now(), &lib_body);
     stripe_python_fetch(&api.url(), API_KEY, SECRET, &lib_body, &lib_header);
 
     let bin = fetching_binary(&db, &sink, &api, work.path());

@@ -157,7 +157,7 @@ async fn every_failed_check_is_a_400_problem_naming_it() {
             "{name}: {problem}"
         );
         // Never a hint of the expected signature.
-        let expected = dedup_worker::signature::stripe::compute_signature(SECRET, t, &payload);
+        let expected = dedup_worker_core::signature::stripe::compute_signature(SECRET, t, &payload);
         assert!(
             !problem.to_string().contains(&expected),
             "{name} leaks the signature"
@@ -222,7 +222,8 @@ async fn oversized_unparsable_and_idless_payloads_are_refused() {
         Service::new(),
     )
     .await;
-    let sign = |body: &[u8]| dedup_worker::signature::stripe::signature_header(SECRET, now(), body);
+    let sign =
+        |body: &[u8]| dedup_worker_core::signature::stripe::signature_header(SECRET, now(), body);
 
     let big = {
         let mut v = serde_json::to_vec(&json!({"id": "evt_big", "pad": "x".repeat(5000)})).unwrap();

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::{DbTx, Migrations, Store};
 use dedup_worker::testing::{
     self, post_signed_until_not_503, stripe_event_with, test_settings, Backend, TestApp, TestDb,
     TEST_SECRET,
 };
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::{DbTx, Migrations, Store};
 use serde_json::json;
 use sqlx::migrate::Migrator;
 

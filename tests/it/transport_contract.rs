@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedup_worker::queue::database::GroupCommit;
-use dedup_worker::queue::rabbitmq::RabbitOptions;
-use dedup_worker::queue::{
+use dedup_worker_core::queue::database::GroupCommit;
+use dedup_worker_core::queue::rabbitmq::RabbitOptions;
+use dedup_worker_core::queue::{
     DatabaseQueue, Delivery, OutgoingMessage, RabbitMqQueue, SqsQueue, Transport,
 };
-use dedup_worker::store::Wakeups;
+use dedup_worker_core::store::Wakeups;
 
 use crate::helpers::queue::SqsTurn;
 use crate::helpers::{amqp_url, sqs_turn, wait_for, Backend, SqsLoad, TestDb, TestQueue};
@@ -191,7 +191,7 @@ fn message(i: usize) -> OutgoingMessage {
         payload: Bytes::from(format!("{{\"id\":\"evt_{i}\",\"n\":{i}}}")),
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     }
 }
 

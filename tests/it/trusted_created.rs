@@ -18,9 +18,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
-use dedup_worker::signature::stripe::signature_header;
-use dedup_worker::store::{NewQueueMessage, Store};
+use dedup_worker_core::queue::{OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker_core::signature::stripe::signature_header;
+use dedup_worker_core::store::{NewQueueMessage, Store};
 use serde_json::json;
 
 use crate::helpers::{
@@ -128,7 +128,7 @@ fn foreign(
         payload: Bytes::from(payload),
         traceparent: None,
         stripe_signature: signature,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     }
 }
 

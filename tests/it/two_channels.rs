@@ -12,10 +12,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use dedup_worker::config::EnvelopeKind;
-use dedup_worker::consumer::{decode_delivery, ConsumerOptions};
-use dedup_worker::queue::{Delivery, DeliveryTag};
-use dedup_worker::store::{NewQueueMessage, ProcessedEvent, Store};
+use dedup_worker_core::config::EnvelopeKind;
+use dedup_worker_core::consumer::{decode_delivery, ConsumerOptions};
+use dedup_worker_core::queue::{Delivery, DeliveryTag};
+use dedup_worker_core::store::{NewQueueMessage, ProcessedEvent, Store};
 use serde_json::Value;
 
 use crate::helpers::stripe_channels::{eventbridge_envelope, snapshot_event, thin_event};
@@ -74,7 +74,7 @@ fn copy(message_id: Option<&str>, payload: &Value) -> ProcessedEvent {
         give_up: None,
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     };
     let event = decode_delivery(&delivery, &options()).expect("decodes");
     ProcessedEvent {

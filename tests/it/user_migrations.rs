@@ -8,18 +8,18 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::startup::{Application, Service};
-use dedup_worker::store::{Backend as StoreBackend, DbTx, Migrations, Store, StoreError};
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::startup::{Application, Service};
+use dedup_worker_core::store::{Backend as StoreBackend, DbTx, Migrations, Store, StoreError};
 use sqlx::migrate::Migrator;
 
 use crate::helpers::{test_settings, Backend, TestDb};
 
 static APP_POSTGRES: Migrator = sqlx::migrate!("tests/it/fixtures/app_migrations/postgres");
 static APP_SQLITE: Migrator = sqlx::migrate!("tests/it/fixtures/app_migrations/sqlite");
-static LIBRARY_POSTGRES: Migrator = sqlx::migrate!("migrations/postgres");
-static LIBRARY_SQLITE: Migrator = sqlx::migrate!("migrations/sqlite");
+static LIBRARY_POSTGRES: Migrator = sqlx::migrate!("crates/dedup-worker-core/migrations/postgres");
+static LIBRARY_SQLITE: Migrator = sqlx::migrate!("crates/dedup-worker-core/migrations/sqlite");
 
 fn app_migrations() -> Migrations {
     Migrations::new(&APP_POSTGRES, &APP_SQLITE)

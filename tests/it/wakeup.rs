@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::helpers::{file_sink_ids, test_settings, wait_for, Backend, TestApp, TestDb};
-use dedup_worker::store::{NewOutboxRow, NewQueueMessage};
 use dedup_worker::Service;
+use dedup_worker_core::store::{NewOutboxRow, NewQueueMessage};
 use serde_json::json;
 
 const POLL_MS: u64 = 600_000;

@@ -28,8 +28,8 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use dedup_worker::store::Store;
 use dedup_worker::Service;
+use dedup_worker_core::store::Store;
 use serde_json::{json, Value};
 
 use crate::helpers::{post_signed, serve, stripe_event, test_settings, TestApp, TestDb};

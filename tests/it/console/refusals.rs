@@ -4,11 +4,11 @@
 use axum::response::Html;
 use axum::routing::get;
 use axum::Router;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::DbTx;
 use dedup_worker::testing::TestApp;
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::DbTx;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, COOKIE};
 use reqwest::StatusCode;
 use serde_json::{json, Value};

@@ -32,7 +32,7 @@ mod sut;
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
-use dedup_worker::store::{RingMaintenance, Store, StoreError, StoreTx};
+use dedup_worker_core::store::{RingMaintenance, Store, StoreError, StoreTx};
 use proptest::test_runner::{Config, RngSeed, TestRunner};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use sqlx::PgPool;

@@ -15,7 +15,7 @@ mod insert;
 
 use std::fmt;
 
-use dedup_worker::store::dedup::RING_SLOTS;
+use dedup_worker_core::store::dedup::RING_SLOTS;
 
 pub use insert::Row;
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use dedup_worker::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
+use dedup_worker_core::store::{ProcessedEvent, RingMaintenance, StoreError, StoreTx};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tokio::task::JoinHandle;
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use sqlx::PgPool;
 
 use super::{deliver, seal, start_binary, wait_for_waiters, Holder};

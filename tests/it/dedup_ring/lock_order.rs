@@ -37,7 +37,7 @@ async fn expiring_a_generation_while_a_batch_holds_the_ring_lock_is_no_deadlock(
     // A batch in flight: the shared ring lock taken, no generation read yet.
     let mut batch = store.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(dedup_worker::store::dedup::RING_LOCK)
+        .bind(dedup_worker_core::store::dedup::RING_LOCK)
         .execute(batch.conn().postgres().unwrap())
         .await
         .unwrap();
@@ -96,7 +96,7 @@ async fn a_pass_with_nothing_to_do_leaves_the_ring_lock_alone() {
         exclusive
             .run(&format!(
                 "SELECT pg_advisory_xact_lock({})",
-                dedup_worker::store::dedup::RING_LOCK
+                dedup_worker_core::store::dedup::RING_LOCK
             ))
             .await;
         exclusive

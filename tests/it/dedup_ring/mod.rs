@@ -13,8 +13,8 @@ mod lock_order;
 
 use std::time::{Duration, Instant};
 
-use dedup_worker::store::dedup::RING_LOCK;
-use dedup_worker::store::{RingMaintenance, Store};
+use dedup_worker_core::store::dedup::RING_LOCK;
+use dedup_worker_core::store::{RingMaintenance, Store};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::helpers::{

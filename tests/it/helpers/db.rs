@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 
 pub use dedup_worker::testing::{pg_admin_url, Backend, TestDb};
 
@@ -13,7 +13,7 @@ pub use dedup_worker::testing::{pg_admin_url, Backend, TestDb};
 pub struct HeldDedupRow {
     /// The open transaction that inserted the row (through the store, into the current dedup
     /// generation, holding the generation lock shared as every batch does).
-    lock: dedup_worker::store::StoreTx,
+    lock: dedup_worker_core::store::StoreTx,
     /// The backend holding the row.
     holder_pid: i32,
     observer: sqlx::PgPool,
@@ -26,7 +26,7 @@ impl HeldDedupRow {
             .await
             .expect("connect");
         let mut lock = holder.begin().await.expect("begin");
-        let dedup_worker::store::StoreTx::Postgres(tx) = &mut lock else {
+        let dedup_worker_core::store::StoreTx::Postgres(tx) = &mut lock else {
             panic!("a held dedup row needs PostgreSQL");
         };
         let holder_pid = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -101,7 +101,7 @@ pub async fn pipeline_drained(store: &Store, queue: &str) -> bool {
 /// `timeout`.
 pub async fn wait_for_outbox<F>(store: &Store, what: &str, timeout: Duration, done: F)
 where
-    F: Fn(&dedup_worker::store::OutboxCounts) -> bool,
+    F: Fn(&dedup_worker_core::store::OutboxCounts) -> bool,
 {
     super::wait_for(what, timeout, || async {
         let counts = store.outbox_counts().await.ok()?;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::amqp_url;
@@ -121,11 +121,11 @@ impl TestQueue {
 
     /// A RabbitMQ transport on this queue, declaring it (if new) with this queue's delivery
     /// limit; the caller closes it.
-    pub fn rabbit(&self) -> dedup_worker::queue::RabbitMqQueue {
-        dedup_worker::queue::RabbitMqQueue::new(
+    pub fn rabbit(&self) -> dedup_worker_core::queue::RabbitMqQueue {
+        dedup_worker_core::queue::RabbitMqQueue::new(
             amqp_url(),
             self.name.clone(),
-            dedup_worker::queue::rabbitmq::RabbitOptions {
+            dedup_worker_core::queue::rabbitmq::RabbitOptions {
                 prefetch: 1,
                 delivery_limit: self.delivery_limit,
                 retry_max: Duration::from_secs(600),

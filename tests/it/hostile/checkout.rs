@@ -28,7 +28,7 @@ async fn start(env: &TestEnv) -> (String, CancellationToken, tokio::task::JoinHa
         listen: "127.0.0.1:0".into(),
         provider_listen: "127.0.0.1:0".into(),
         limits: Limits::default(),
-        metrics: dedup_worker::telemetry::metrics_handle(),
+        metrics: dedup_worker_core::telemetry::metrics_handle(),
     })
     .await
     .expect("checkout app");

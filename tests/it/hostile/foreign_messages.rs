@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::queue::{OutgoingMessage, SqsQueue, Transport as _};
-use dedup_worker::store::{DbTx, DeadLetter, Store};
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::queue::{OutgoingMessage, SqsQueue, Transport as _};
+use dedup_worker_core::store::{DbTx, DeadLetter, Store};
 use serde_json::json;
 
 use crate::helpers::{
@@ -29,7 +29,7 @@ fn message(message_id: Option<&str>, payload: impl Into<Bytes>) -> OutgoingMessa
         payload: payload.into(),
         traceparent: None,
         stripe_signature: None,
-        sender_headers: dedup_worker::event::SenderHeaders::default(),
+        sender_headers: dedup_worker_core::event::SenderHeaders::default(),
     }
 }
 

@@ -5,10 +5,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedup_worker::queue::database::GroupCommit;
-use dedup_worker::queue::{DatabaseQueue, OutgoingMessage, Transport, TransportError};
-use dedup_worker::signature::standard::{decode_secret, standard_signature};
-use dedup_worker::store::Wakeups;
+use dedup_worker_core::queue::database::GroupCommit;
+use dedup_worker_core::queue::{DatabaseQueue, OutgoingMessage, Transport, TransportError};
+use dedup_worker_core::signature::standard::{decode_secret, standard_signature};
+use dedup_worker_core::store::Wakeups;
 use futures::stream::{self, StreamExt};
 
 use crate::helpers::{
@@ -258,7 +258,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
                     payload: bytes::Bytes::from_static(b"{}"),
                     traceparent: None,
                     stripe_signature: None,
-                    sender_headers: dedup_worker::event::SenderHeaders::default(),
+                    sender_headers: dedup_worker_core::event::SenderHeaders::default(),
                 };
                 (id, queue.publish(message).await)
             }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use sqlx::PgPool;
 
 use super::previous::{

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::{Store, StoreError};
+use dedup_worker_core::store::{Store, StoreError};
 use sqlx::migrate::MigrateError;
 
 use crate::helpers::{Backend, TestDb};

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use dedup_worker::store::{dedup_key, Store};
+use dedup_worker_core::store::{dedup_key, Store};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{PgPool, SqlitePool};
@@ -98,8 +98,8 @@ impl Raw {
 
 pub(super) fn migrations_dir(backend: Backend) -> PathBuf {
     let dir = match backend {
-        Backend::Postgres => "migrations/postgres",
-        Backend::Sqlite => "migrations/sqlite",
+        Backend::Postgres => "crates/dedup-worker-core/migrations/postgres",
+        Backend::Sqlite => "crates/dedup-worker-core/migrations/sqlite",
     };
     Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)
 }

@@ -112,7 +112,7 @@ async fn the_dashboard_and_the_alert_rules_name_only_exposed_metrics() {
         .iter()
         .flat_map(|e| metric_names(e).unwrap_or_default())
         .collect();
-    for (name, _) in dedup_worker::telemetry::HISTOGRAM_BUCKETS {
+    for (name, _) in dedup_worker_core::telemetry::HISTOGRAM_BUCKETS {
         if name.ends_with("_seconds") {
             assert!(
                 read.contains(&format!("{name}_bucket")),

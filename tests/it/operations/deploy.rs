@@ -35,8 +35,8 @@ const FIXED_NAMES: &[(&str, &str)] = &[
 /// name would otherwise be silently ignored by the binary.
 fn assert_settings_load(role: &str, what: &str, env: &BTreeMap<String, String>) {
     use figment::providers::{Format, Serialized, Toml};
-    let mut figment = figment::Figment::from(Toml::string(dedup_worker::config::DEFAULT_TOML));
-    // As src/cli/mod.rs sets them for each subcommand.
+    let mut figment = figment::Figment::from(Toml::string(dedup_worker_core::config::DEFAULT_TOML));
+    // As crates/dedup-worker-core/src/cli/mod.rs sets them for each subcommand.
     for (key, on) in [
         ("ingress", "ingest"),
         ("consumer", "consume"),
@@ -58,7 +58,7 @@ fn assert_settings_load(role: &str, what: &str, env: &BTreeMap<String, String>) 
         let parsed: Value = serde_json::from_str(value).unwrap_or_else(|_| json!(value));
         figment = figment.merge(Serialized::default(&key, parsed));
     }
-    if let Err(error) = dedup_worker::config::Settings::from_figment(figment) {
+    if let Err(error) = dedup_worker_core::config::Settings::from_figment(figment) {
         panic!("{what}: the binary would refuse these settings: {error}");
     }
 }

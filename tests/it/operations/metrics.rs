@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dedup_worker::store::{NewDeadLetter, NewOutboxRow};
+use dedup_worker_core::store::{NewDeadLetter, NewOutboxRow};
 
 use super::{checkout_exposition, scrape, Exposition, Pipeline, SECRET};
 use crate::helpers::{
@@ -20,7 +20,7 @@ fn assert_histogram(e: &Exposition, name: &str, labels: &[(&str, &str)], observa
         Some("histogram"),
         "{name}"
     );
-    let (_, bounds) = dedup_worker::telemetry::HISTOGRAM_BUCKETS
+    let (_, bounds) = dedup_worker_core::telemetry::HISTOGRAM_BUCKETS
         .iter()
         .find(|(n, _)| *n == name)
         .unwrap_or_else(|| panic!("{name} has buckets of its own"));

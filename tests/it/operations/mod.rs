@@ -127,7 +127,7 @@ pub async fn checkout_exposition() -> Exposition {
         listen: "127.0.0.1:0".into(),
         provider_listen: "127.0.0.1:0".into(),
         limits: Limits::default(),
-        metrics: dedup_worker::telemetry::metrics_handle(),
+        metrics: dedup_worker_core::telemetry::metrics_handle(),
     })
     .await
     .expect("checkout app");

@@ -148,7 +148,7 @@ async fn one_trace_per_event(transport: Transport) {
         let body = stripe_event(id, "invoice.paid");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let header = dedup_worker::signature::stripe::signature_header(
+            let header = dedup_worker_core::signature::stripe::signature_header(
                 SECRET,
                 crate::helpers::now(),
                 &body,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use dedup_worker::store::Store;
+use dedup_worker_core::store::Store;
 use serde_json::{json, Value};
 
 use crate::helpers::app::{dedup_command, RunningBinary};
@@ -91,7 +91,7 @@ fn deliveries(receiver: &Receiver) -> BTreeMap<String, Vec<String>> {
 
 /// The newest recorded action, as JSON (its filter parsed).
 async fn last_action(store: &Store) -> Value {
-    let actions = dedup_worker::operator::recent_actions(store, 1)
+    let actions = dedup_worker_core::operator::recent_actions(store, 1)
         .await
         .unwrap();
     let action = actions.first().expect("an action recorded");

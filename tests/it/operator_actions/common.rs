@@ -2,8 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use dedup_worker::operator::{self, Actor, RowFilter};
-use dedup_worker::store::Store;
+use dedup_worker_core::operator::{self, Actor, RowFilter};
+use dedup_worker_core::store::Store;
 
 use crate::helpers::Backend;
 

@@ -3,10 +3,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use dedup_worker::operator::{self, Actor, RowFilter};
-use dedup_worker::startup::build_transport;
-use dedup_worker::store::{NewDeadLetter, Store, Wakeups};
 use dedup_worker::testing::test_settings;
+use dedup_worker_core::operator::{self, Actor, RowFilter};
+use dedup_worker_core::startup::build_transport;
+use dedup_worker_core::store::{NewDeadLetter, Store, Wakeups};
 
 use super::common::{assert_recorded, at, expected, filters, paged, texts, ROWS, T0};
 use crate::helpers::db::execute;

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use dedup_worker::operator::{self, Actor, RowFilter};
-use dedup_worker::store::{NewOutboxRow, Store};
+use dedup_worker_core::operator::{self, Actor, RowFilter};
+use dedup_worker_core::store::{NewOutboxRow, Store};
 
 use super::common::{assert_recorded, at, expected, filters, paged, ROWS, T0};
 use crate::helpers::db::execute;

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-use dedup_worker::event::Event;
-use dedup_worker::store::DbTx;
 use dedup_worker::Service;
+use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+use dedup_worker_core::event::Event;
+use dedup_worker_core::store::DbTx;
 use serde_json::{json, Value};
 
 use super::{post, sources, Delivery};

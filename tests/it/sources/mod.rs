@@ -12,8 +12,8 @@
 use std::time::Duration;
 
 use crate::helpers::{pipeline_drained, test_settings, wait_for, Backend, TestApp, TestDb};
-use dedup_worker::store::{QueuedMessage, Store};
 use dedup_worker::Service;
+use dedup_worker_core::store::{QueuedMessage, Store};
 use serde_json::{json, Value};
 
 mod adyen;

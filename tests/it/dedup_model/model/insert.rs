@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use dedup_worker::store::dedup::dedup_key;
+use dedup_worker_core::store::dedup::dedup_key;
 
 use super::{alias_of, event_id, Delivery, Insert, Place, Seen, State, Wait, BATCHES, SOURCE};
 

@@ -2,8 +2,8 @@
 //! on the library runs with its own handler and migrations. Its `main` is one call:
 //!
 //! ```no_run
-//! use dedup_worker::prelude::*;
-//! # use dedup_worker::consumer::LedgerHandler as MyHandler;
+//! use dedup_worker_core::prelude::*;
+//! # use dedup_worker_core::consumer::LedgerHandler as MyHandler;
 //!
 //! #[tokio::main]
 //! async fn main() -> std::process::ExitCode {

@@ -51,7 +51,7 @@ pub use sources::{
 };
 
 /// The defaults, compiled in so the binary runs from any directory.
-pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
 
 /// Shortest dedup window accepted without `consumer.allow_short_dedup_retention`: Stripe retries
 /// a webhook for up to 3 days, plus a day of margin (a retry scheduled just inside the window,

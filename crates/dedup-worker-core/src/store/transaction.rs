@@ -11,10 +11,10 @@ use super::{dead_letters, outbox_rows, NewDeadLetter, NewOutboxRow, StaleEvent, 
 /// type: map an `execute` to its `rows_affected()`, fetch rows into your own `FromRow` type:
 ///
 /// ```
-/// use dedup_worker::store::DbTx;
+/// use dedup_worker_core::store::DbTx;
 ///
 /// async fn credit(tx: &mut DbTx<'_>, event_id: &str) -> Result<u64, sqlx::Error> {
-///     dedup_worker::with_connection!(tx, |conn| {
+///     dedup_worker_core::with_connection!(tx, |conn| {
 ///         sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
 ///             .bind(event_id)
 ///             .execute(&mut **conn)
@@ -39,10 +39,10 @@ macro_rules! with_connection {
 /// it). The statement must be one both stores accept (`$1`-style parameters do on both).
 ///
 /// ```
-/// use dedup_worker::store::DbTx;
+/// use dedup_worker_core::store::DbTx;
 ///
-/// async fn record(tx: &mut DbTx<'_>, invoice: &str, cents: i64) -> Result<u64, dedup_worker::sqlx::Error> {
-///     dedup_worker::execute!(
+/// async fn record(tx: &mut DbTx<'_>, invoice: &str, cents: i64) -> Result<u64, dedup_worker_core::sqlx::Error> {
+///     dedup_worker_core::execute!(
 ///         tx,
 ///         "INSERT INTO paid_invoices (invoice_id, amount) VALUES ($1, $2) ON CONFLICT DO NOTHING",
 ///         invoice,

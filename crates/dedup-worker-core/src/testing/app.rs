@@ -39,8 +39,8 @@ pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> Sett
 ///
 /// ```no_run
 /// # async fn example() {
-/// use dedup_worker::Service;
-/// use dedup_worker::testing::{test_settings, Backend, TestApp, TestDb};
+/// use dedup_worker_core::Service;
+/// use dedup_worker_core::testing::{test_settings, Backend, TestApp, TestDb};
 ///
 /// let db = TestDb::new(Backend::Sqlite).await;
 /// let app = TestApp::spawn(test_settings(&db.url, &[]), Service::new()).await;

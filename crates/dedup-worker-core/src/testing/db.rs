@@ -29,7 +29,7 @@ pub fn pg_admin_url() -> String {
 ///
 /// ```no_run
 /// # async fn example() {
-/// use dedup_worker::testing::{Backend, TestDb};
+/// use dedup_worker_core::testing::{Backend, TestDb};
 ///
 /// let db = TestDb::new(Backend::Sqlite).await;
 /// let store = db.store().await; // connected, the library's migrations applied

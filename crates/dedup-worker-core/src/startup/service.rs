@@ -2,8 +2,8 @@
 //! migrations), built in one expression and run as a command line:
 //!
 //! ```no_run
-//! use dedup_worker::prelude::*;
-//! # use dedup_worker::consumer::LedgerHandler as MyHandler;
+//! use dedup_worker_core::prelude::*;
+//! # use dedup_worker_core::consumer::LedgerHandler as MyHandler;
 //!
 //! #[tokio::main]
 //! async fn main() -> std::process::ExitCode {

@@ -17,18 +17,18 @@
 //!   slows it ([`fault_proxy::FaultProxy`]).
 //!
 //! ```
-//! use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-//! use dedup_worker::event::Event;
-//! use dedup_worker::store::DbTx;
-//! use dedup_worker::testing::{self, Backend, TestDb};
+//! use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+//! use dedup_worker_core::event::Event;
+//! use dedup_worker_core::store::DbTx;
+//! use dedup_worker_core::testing::{self, Backend, TestDb};
 //!
 //! /// Records each event's id; fails (fatally) on `charge.failed`, after writing.
 //! struct Record;
 //!
-//! #[dedup_worker::async_trait]
+//! #[dedup_worker_core::async_trait]
 //! impl Handler for Record {
 //!     async fn handle(&self, event: &Event, tx: &mut DbTx<'_>) -> Result<Vec<OutboxMessage>, HandlerError> {
-//!         dedup_worker::execute!(tx, "INSERT INTO seen (event_id) VALUES ($1)", &event.id)?;
+//!         dedup_worker_core::execute!(tx, "INSERT INTO seen (event_id) VALUES ($1)", &event.id)?;
 //!         if event.event_type == "charge.failed" {
 //!             return Err(HandlerError::Fatal("declined".into()));
 //!         }
@@ -71,13 +71,17 @@ pub use app::{test_settings, TestApp, TEST_SECRET};
 pub use db::{pg_admin_url, TestDb, DEFAULT_POSTGRES, POSTGRES_VAR};
 pub use signing::{post_signed, post_signed_until_not_503, stripe_event, stripe_event_with};
 
-/// Which store a test runs on (the store's own [`crate::store::Backend`]).
-pub use crate::store::Backend;
-
+/// What the kit hands out and takes, nameable where the kit is (`dedup_worker::testing::…`) without
+/// reaching into the engine: the store a test database opens ([`TestDb::store`], its pools for
+/// the handler's own tables) and the settings an application runs on ([`test_settings`],
+/// [`TestApp::spawn`]).
+pub use crate::config::Settings;
 use crate::consumer::{Handler, HandlerError};
 use crate::event::{check_event_field, Event, EventField};
 use crate::outbox::OutboxMessage;
-use crate::store::Store;
+/// Which store a test runs on (the store's own [`crate::store::Backend`]).
+pub use crate::store::Backend;
+pub use crate::store::Store;
 
 /// An event as the consumer hands it to a handler: `source` and `id` its dedup key,
 /// `event_type`, `payload` the body as received, on its first delivery.

@@ -9,9 +9,9 @@
 //!
 //! ```
 //! use async_trait::async_trait;
-//! use dedup_worker::consumer::{Handler, HandlerError, OutboxMessage};
-//! use dedup_worker::event::Event;
-//! use dedup_worker::store::DbTx;
+//! use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
+//! use dedup_worker_core::event::Event;
+//! use dedup_worker_core::store::DbTx;
 //!
 //! /// Credits an account for each `payment_intent.succeeded`, exactly once.
 //! struct CreditAccount;
@@ -25,7 +25,7 @@
 //!         // Same transaction as the dedup row: a redelivered event never credits twice, and
 //!         // a crash before commit leaves neither the credit nor the "processed" mark.
 //!         // Written once, run on whichever store this is (PostgreSQL or SQLite).
-//!         dedup_worker::with_connection!(tx, |conn| {
+//!         dedup_worker_core::with_connection!(tx, |conn| {
 //!             sqlx::query("INSERT INTO credits (event_id) VALUES ($1)")
 //!                 .bind(&event.id)
 //!                 .execute(&mut **conn)

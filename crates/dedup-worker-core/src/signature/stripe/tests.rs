@@ -2,7 +2,8 @@
 
 use super::*;
 
-const VECTOR: &[u8] = include_bytes!("../../../tests/vectors/stripe_invoiceitem_created.json");
+const VECTOR: &[u8] =
+    include_bytes!("../../../../../tests/vectors/stripe_invoiceitem_created.json");
 const VECTOR_T: i64 = 1_533_204_620;
 const VECTOR_SIG: &str = "d7373bc68f4bd320b253cd7461f87af6e1cdf1b4d7db1614d8d1d746972d2d0a";
 

@@ -22,7 +22,7 @@ pub(crate) const APPLICATION_HISTORY: &str = "the application's";
 /// is an error only when the service runs on that store.
 ///
 /// ```no_run
-/// use dedup_worker::store::Migrations;
+/// use dedup_worker_core::store::Migrations;
 /// use sqlx::migrate::Migrator;
 ///
 /// static POSTGRES: Migrator = sqlx::migrate!("migrations/postgres");
