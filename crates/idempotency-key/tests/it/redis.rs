@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use http::StatusCode;
+use idempotency_key::test_util::StoreProtocol;
 
 use super::{app, http, layer, post};
-use crate::helpers::idempotency::{Counting, TestEnv};
+use crate::helpers::{Counting, TestEnv};
 use crate::helpers::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,11 +6,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::StatusCode;
+use idempotency_key::test_util::StoreProtocol;
 use idempotency_key::{PgIdempotencyStore, RedisCache};
 
 use super::{app, layer, post, Reply};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};
-use crate::helpers::idempotency::{Counting, TestEnv};
+use crate::helpers::{Counting, TestEnv};
 use crate::helpers::{redis_url, wait_for};
 
 /// Generous: a Redis call is bounded by the cache's timeout (half a second); an answer this

@@ -15,7 +15,7 @@ use sqlx::Connection;
 
 use super::atomic::{created, insert_order, key_rows, post_order};
 use super::{http, layer, post, Reply};
-use crate::helpers::idempotency::{order_rows, TestEnv};
+use crate::helpers::{order_rows, TestEnv};
 use crate::helpers::serve;
 
 fn assert_problem(r: &Reply, what: &str) {

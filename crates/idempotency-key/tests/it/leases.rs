@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use axum::Router;
 use http::StatusCode;
-use idempotency_key::{Claim, Fingerprint, IdempotencyLayer, Ownership, PgIdempotencyStore};
+use idempotency_key::test_util::{Claim, Ownership, StoreProtocol};
+use idempotency_key::{Fingerprint, IdempotencyLayer, PgIdempotencyStore};
 
 use super::{app, http, layer, layer_with_redis_if, post, stored};
-use crate::helpers::idempotency::{Counting, DoomedServer, TestEnv};
+use crate::helpers::{Counting, DoomedServer, TestEnv};
 use crate::helpers::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
