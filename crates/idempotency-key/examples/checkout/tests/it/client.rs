@@ -9,11 +9,10 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::Router;
-use http::{HeaderMap, Method, StatusCode};
+use http::StatusCode;
 use idempotency_key::{IdempotencyLayer, IdempotentClient, RetryPolicy};
 use idempotency_key_checkout::{self as example, CheckoutState, PaymentRequest};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::helpers::{serve, TestEnv};
 
