@@ -303,7 +303,12 @@ impl RedisCache {
     }
 
     /// Drops our lock (after a released 5xx).
-    pub(crate) async fn unlock(&self, account: &str, key: &str, token: &str) -> Result<(), CacheError> {
+    pub(crate) async fn unlock(
+        &self,
+        account: &str,
+        key: &str,
+        token: &str,
+    ) -> Result<(), CacheError> {
         let (script, id) = (&self.inner.unlock, self.id("lock", account, key));
         self.call(|mut conn| async move {
             script

@@ -12,9 +12,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::layer::BoxFuture;
 pub use crate::layer::FaultPoint;
 pub use crate::records::{Claim, ClaimToken, Ownership, StoredResponse};
-pub use crate::layer::BoxFuture;
 use crate::{Fingerprint, IdempotencyLayerBuilder, PgIdempotencyStore, StoreError};
 
 /// The PostgreSQL store's claim protocol, as the layer drives it for each request.

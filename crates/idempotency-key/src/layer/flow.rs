@@ -24,11 +24,11 @@ use http::request::Parts;
 use http::{response, Request, Response};
 use tower::Service;
 
+#[cfg(feature = "redis")]
+use super::cache_error;
 use super::held::{Committed, HeldClaim, KeyHold};
 use super::stored::{keep_header, releases_key, replay};
 use super::tx::{Lent, TxSlot};
-#[cfg(feature = "redis")]
-use super::cache_error;
 use super::{
     outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared, IDEMPOTENCY_KEY,
 };

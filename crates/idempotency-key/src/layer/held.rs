@@ -15,9 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tx::{HeldKey, Lent};
 #[cfg(feature = "redis")]
 use super::cache_error;
+use super::tx::{HeldKey, Lent};
 use super::{outcome, IdempotencyConfig, Shared};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::{app, http, layer, layer_with_redis, layer_with_redis_if, post, Reply};
-use crate::helpers::{Counting, TestEnv};
 use crate::helpers::wait_for;
+use crate::helpers::{Counting, TestEnv};
 
 /// While the first request runs, the same key with another body is 422 (not a 409 that
 /// invites a retry of the wrong request) and the same request is 409 with `Retry-After`;

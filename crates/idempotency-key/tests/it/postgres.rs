@@ -11,8 +11,8 @@ use idempotency_key::{Fingerprint, GroupOptions, PgIdempotencyStore};
 
 use super::{app, http, layer_on, post, stored};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};
-use crate::helpers::{Counting, TestEnv};
 use crate::helpers::wait_for;
+use crate::helpers::{Counting, TestEnv};
 
 /// `(seq_tup_read, idx_scan)` of `idempotency_keys` as PostgreSQL's statistics last saw them:
 /// rows read by sequential scans, and index scans.
@@ -218,8 +218,8 @@ fn account_of_4kb() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grouped_claim_the_database_refuses_fails_only_its_own_request() {
-    // Past the layer's own checks (the store's protocol called directly): claims for 4 KB accounts,
-    // whose index entries PostgreSQL refuses, written at once with 60 ordinary claims.
+    // Past the layer's own checks (the store's protocol called directly): claims for 4 KB
+    // accounts, whose index entries PostgreSQL refuses, written at once with 60 ordinary claims.
     let env = TestEnv::new().await;
     let store = env.store();
     let fingerprint = Fingerprint([7; 32]);

@@ -173,4 +173,3 @@ async fn order(State(c): State<Counting>, headers: HeaderMap, body: Bytes) -> Re
     )
         .into_response()
 }
-
