@@ -61,6 +61,16 @@ if [ "${LINT:-1}" != 0 ]; then
       exit 1
     fi
   done
+  # Its Redis fast path and retrying client are features (both default): without them it
+  # builds neither redis nor reqwest, and still builds.
+  bare_tree=$(cargo tree --locked -p idempotency-key --no-default-features -e normal --prefix none)
+  for optional in redis reqwest; do
+    if grep -q "^$optional v" <<<"$bare_tree"; then
+      log "idempotency-key --no-default-features depends on $optional (cargo tree -p idempotency-key --no-default-features -e normal -i $optional shows how)"
+      exit 1
+    fi
+  done
+  cargo check --locked -p idempotency-key --no-default-features
   section "gates: the book (docs/) built, its links and README's checked, its configuration table against config/default.toml"
   if ! command -v mdbook >/dev/null; then
     log "installing mdbook"
@@ -184,6 +194,9 @@ log "moto_server on $AWS_ENDPOINT_URL"
 section "the suite"
 cargo build --locked --example paid_invoices
 run_tests --locked "$@"
+# The Idempotency-Key layer's integration tests and its checkout example's, each crate's one
+# binary `it` (their unit tests ran in the fast lane).
+run_tests --locked -p idempotency-key -p idempotency-key-checkout --test it "$@"
 
 # --- fault soak -------------------------------------------------------------------------------
 # bench/soak.sh for 60 s, a fresh seed each run (printed first, with the command that replays

@@ -42,8 +42,6 @@
 //!   5-minute window once;
 //! * [`hostile`]: hostile input (deep JSON, ids the store cannot hold, huge signature headers,
 //!   slow clients, foreign queue messages) is a clear 4xx or a dead letter, never a crash;
-//! * [`idempotency`]: the Idempotency-Key layer: replays, conflicts, leases, the Redis fast path
-//!   and its faults, PostgreSQL outages, the client's retries, the double-charge timeline;
 //! * [`invalid_index`]: a concurrent index build cancelled mid-way leaves an invalid index;
 //!   the next `migrate` rebuilds it (and drops what a cancelled `REINDEX CONCURRENTLY` left);
 //! * [`layout_upgrade`]: a database of the previous version (library tables in `public`, one
@@ -139,7 +137,6 @@ mod events_show;
 mod fifo;
 mod handler_errors;
 mod hostile;
-mod idempotency;
 mod invalid_index;
 mod layout_upgrade;
 mod lock_order;

@@ -33,6 +33,8 @@ use hyper_util::rt::TokioIo;
 use idempotency_key::{
     GroupOptions, IdempotencyLayer, IdempotentTx, PgIdempotencyStore, RedisCache,
 };
+// The store's statement counter (statements per request), the crate's `test-util`.
+use idempotency_key::test_util::StoreProtocol;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
 

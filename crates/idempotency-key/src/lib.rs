@@ -6,11 +6,24 @@
 //!   a handler that writes through an [`IdempotentTx`] or splits its work into [`Phases`]
 //!   commits its writes with the stored result;
 //! - [`PgIdempotencyStore`]: the PostgreSQL key store, the source of truth (concurrent writes
-//!   grouped, [`GroupOptions`]), created by [`migrate`];
-//! - [`RedisCache`]: the optional Redis fast path in front of it;
-//! - [`IdempotentClient`]: a client that retries with one key until it gets an answer;
+//!   grouped, [`GroupOptions`]), created by [`migrate`], and its expired keys' collection;
+//! - [`RedisCache`] (feature `redis`): the optional Redis fast path in front of it;
+//! - [`IdempotentClient`] (feature `client`): a client that retries with one key until it gets
+//!   an answer;
 //! - [`IdempotencyKey`] and [`Fingerprint`]: a key as the header carries it, and the request
-//!   it was first used for.
+//!   it was first used for;
+//! - the errors: [`StoreError`], [`CacheError`], [`ClientError`], [`KeyError`], and the answers
+//!   the layer gives itself ([`Rejection`], [`TxRejection`], [`PhaseError`]).
+//!
+//! How the store claims, completes and releases a key, and how the layer uses Redis, is the
+//! crate's own business: no service implements a store of its own (the layer takes a
+//! [`PgIdempotencyStore`]), so that protocol is private, and can change without breaking anyone.
+//!
+//! Cargo features: `redis` (the fast path, on the `redis` crate) and `client` (the retrying
+//! client, on `reqwest`), both on by default; with `default-features = false` neither crate is
+//! built, and the layer answers from PostgreSQL alone. `test-util` (off) opens the store's
+//! protocol, its statement counter and the layer's crash points to this crate's own tests
+//! (module `test_util`); it is not part of the promised surface.
 //!
 //! The checkout example (`examples/checkout`, crate `idempotency-key-checkout`) shows all of
 //! them in one service. Inside, the modules are private: `key.rs`, `fingerprint/`, `layer/`
@@ -31,32 +44,35 @@
 //!   a crash or a 5xx resumes at the first unfinished phase;
 //! - reusing a key for a different request is refused with 422 and changes nothing.
 
+#[cfg(feature = "client")]
 mod client;
 mod fingerprint;
 mod group;
 mod key;
 mod layer;
 mod records;
+#[cfg(feature = "redis")]
 mod redis;
 mod store;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 #[cfg(test)]
 mod proptest_support;
 
+#[cfg(feature = "client")]
 pub use client::{ClientError, ClientResponse, IdempotentClient, RetryPolicy};
 pub use fingerprint::Fingerprint;
 pub use group::GroupOptions;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-/// Where a test can stop a request (the integration tests' crash points); not for services.
-#[doc(hidden)]
-pub use layer::FaultPoint;
 pub use layer::{
     ErrorStyle, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService, IdempotentTx,
     NotExecuted, Phase, PhaseError, PhaseErrorKind, PhaseRun, Phases, Rejection, TxRejection,
     IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_ACCOUNT_LEN,
 };
-pub use records::{Claim, ClaimToken, Ownership, StoreError, StoredResponse};
-pub use redis::{CacheError, LockOutcome, LockToken, RedisCache};
+pub use records::StoreError;
+#[cfg(feature = "redis")]
+pub use redis::{CacheError, RedisCache};
 pub use store::PgIdempotencyStore;
 
 /// Applies the crate's PostgreSQL migrations, this module's table included.

@@ -42,27 +42,27 @@ pub enum CacheError {
 
 /// A cached completed response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CachedResponse {
+pub(crate) struct CachedResponse {
     /// Fingerprint of the request that produced it.
-    pub fingerprint: Fingerprint,
+    pub(crate) fingerprint: Fingerprint,
     /// The response.
-    pub response: StoredResponse,
+    pub(crate) response: StoredResponse,
 }
 
 /// Proof of holding the short lock (its value in Redis), for unlocking it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockToken(String);
+pub(crate) struct LockToken(String);
 
 impl LockToken {
     /// The lock's value.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// What [`RedisCache::try_lock`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockOutcome {
+pub(crate) enum LockOutcome {
     /// This request holds the lock.
     Acquired(LockToken),
     /// Another request holds it; its fingerprint, if the value could be read.
@@ -229,7 +229,7 @@ impl RedisCache {
     }
 
     /// The cached response for `(account, key)`, if any.
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         account: &str,
         key: &str,
@@ -247,7 +247,7 @@ impl RedisCache {
     /// Tries the short lock for a request with `fingerprint`. The lock's value names the
     /// holder's fingerprint, so a different request arriving meanwhile is told apart (422)
     /// from a duplicate (409) without asking PostgreSQL.
-    pub async fn try_lock(
+    pub(crate) async fn try_lock(
         &self,
         account: &str,
         key: &str,
@@ -278,7 +278,7 @@ impl RedisCache {
     }
 
     /// Mirrors a completed response for `ttl` and drops our lock, in one round trip.
-    pub async fn store(
+    pub(crate) async fn store(
         &self,
         account: &str,
         key: &str,
@@ -303,7 +303,12 @@ impl RedisCache {
     }
 
     /// Drops our lock (after a released 5xx).
-    pub async fn unlock(&self, account: &str, key: &str, token: &str) -> Result<(), CacheError> {
+    pub(crate) async fn unlock(
+        &self,
+        account: &str,
+        key: &str,
+        token: &str,
+    ) -> Result<(), CacheError> {
         let (script, id) = (&self.inner.unlock, self.id("lock", account, key));
         self.call(|mut conn| async move {
             script
@@ -320,7 +325,7 @@ impl RedisCache {
     /// the request finished). Left in place, the lock would answer every retry of a request that
     /// has completed with 409 until the lock's `ttl`, although PostgreSQL holds its result. In
     /// the background, one try per breaker period, until the lock would have expired anyway.
-    pub fn unlock_when_back(&self, account: &str, key: &str, token: &str, ttl: Duration) {
+    pub(crate) fn unlock_when_back(&self, account: &str, key: &str, token: &str, ttl: Duration) {
         let cache = self.clone();
         let (account, key, token) = (account.to_owned(), key.to_owned(), token.to_owned());
         let deadline = tokio::time::Instant::now() + ttl;

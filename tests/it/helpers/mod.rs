@@ -22,10 +22,9 @@
 //!   and how many overlapped, and holding back short polls;
 //! * [`fault_proxy`] (the test kit's): a TCP proxy that black-holes, refuses, cuts or slows a
 //!   dependency;
-//! * [`idempotency`]: a database and Redis prefix for the Idempotency-Key layer, and the
-//!   counting handler behind it;
 //!
-//! and, here, polling with a deadline, serving a router on port 0, and the brokers' URLs.
+//! and, here, polling with a deadline, serving a router on port 0, and the broker's URL. (The
+//! Idempotency-Key layer's tests are its crate's, with a harness of their own.)
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -35,7 +34,6 @@ pub mod app;
 pub mod db;
 pub mod hmac_senders;
 pub use dedup_worker::testing::fault_proxy;
-pub mod idempotency;
 pub mod queue;
 pub mod receiver;
 pub mod senders;
@@ -99,10 +97,4 @@ pub async fn serve(router: axum::Router) -> SocketAddr {
 /// The RabbitMQ broker: `AMQP_URL` (the binary reads the same variable), else the local one.
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-/// The Redis server for tests: `DEDUP_TEST_REDIS`, else the local one. Each test keeps to a key
-/// prefix of its own.
-pub fn redis_url() -> String {
-    std::env::var("DEDUP_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }

@@ -25,10 +25,7 @@ use std::time::Duration;
 use idempotency_key_checkout::{CheckoutApp, CheckoutConfig, Limits};
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::idempotency::TestEnv;
-use crate::helpers::{
-    file_sink_ids, post_signed, redis_url, stripe_event, Backend, RunningBinary, TestDb,
-};
+use crate::helpers::{file_sink_ids, post_signed, stripe_event, Backend, RunningBinary, TestDb};
 pub use exposition::Exposition;
 
 const SECRET: &str = "whsec_operations";
@@ -117,13 +114,14 @@ impl Pipeline {
 /// The checkout example (the Idempotency-Key layer in a service of its own) in this process,
 /// after one payment and its replay; returns what its `/metrics` serves of the layer. The
 /// recorder is this test process's, shared with the tests beside it, so only `idempotency_*`
-/// names are taken from it: the pipeline's come from the binary.
+/// names are taken from it: the pipeline's come from the binary. Without Redis: the layer's
+/// metric names are the same with it, and this suite keeps no Redis keys to clean up.
 pub async fn checkout_exposition() -> Exposition {
-    let env = TestEnv::new().await;
+    let db = TestDb::new(Backend::Postgres).await;
     let app = CheckoutApp::build(CheckoutConfig {
-        database_url: env.url.clone(),
-        redis_url: Some(redis_url()),
-        redis_prefix: env.prefix.clone(),
+        database_url: db.url.clone(),
+        redis_url: None,
+        redis_prefix: String::new(),
         listen: "127.0.0.1:0".into(),
         provider_listen: "127.0.0.1:0".into(),
         limits: Limits::default(),
@@ -159,7 +157,7 @@ pub async fn checkout_exposition() -> Exposition {
         .retain(|name, _| name.starts_with("idempotency_"));
     shutdown.cancel();
     let _ = task.await;
-    env.cleanup().await;
+    db.remove().await;
     exposition
 }
 

@@ -24,16 +24,18 @@ use http::request::Parts;
 use http::{response, Request, Response};
 use tower::Service;
 
+#[cfg(feature = "redis")]
+use super::cache_error;
 use super::held::{Committed, HeldClaim, KeyHold};
 use super::stored::{keep_header, releases_key, replay};
 use super::tx::{Lent, TxSlot};
 use super::{
-    cache_error, outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared,
-    IDEMPOTENCY_KEY,
+    outcome, FaultPoint, IdempotencyConfig, NotExecuted, Rejection, Shared, IDEMPOTENCY_KEY,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError};
 use crate::records::{Claim, StoredResponse};
+#[cfg(feature = "redis")]
 use crate::redis::LockOutcome;
 
 /// The longest `Retry-After` for a 409: short, since the holder usually finishes soon.
@@ -171,6 +173,7 @@ fn storable_account(account: &str) -> bool {
 
 /// Step 3, the Redis fast path: a plain GET. A mirrored result is the answer; every error falls
 /// through to PostgreSQL, which alone decides.
+#[cfg(feature = "redis")]
 async fn replay_from_redis(
     shared: &Shared,
     account: &str,
@@ -259,8 +262,20 @@ where
     Ok(finish(held, tx, head, body).await)
 }
 
+/// Without the `redis` feature there is no fast path: PostgreSQL answers every request.
+#[cfg(not(feature = "redis"))]
+async fn replay_from_redis(
+    _: &Shared,
+    _: &str,
+    _: &IdempotencyKey,
+    _: &Fingerprint,
+) -> Option<Response<Body>> {
+    None
+}
+
 /// The Redis short lock: a duplicate arriving while we hold it is answered without PostgreSQL.
 /// `Break` carries the answer when another request holds it.
+#[cfg(feature = "redis")]
 async fn lock(hold: &mut KeyHold) -> ControlFlow<Response<Body>> {
     let Some(cache) = &hold.shared.redis else {
         return ControlFlow::Continue(());
@@ -291,6 +306,12 @@ async fn lock(hold: &mut KeyHold) -> ControlFlow<Response<Body>> {
         }
         Err(e) => cache_error(&e, "redis lock failed; using PostgreSQL"),
     }
+    ControlFlow::Continue(())
+}
+
+/// Without the `redis` feature there is no short lock: the PostgreSQL claim alone decides.
+#[cfg(not(feature = "redis"))]
+async fn lock(_: &mut KeyHold) -> ControlFlow<Response<Body>> {
     ControlFlow::Continue(())
 }
 

@@ -15,11 +15,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use super::cache_error;
 use super::tx::{HeldKey, Lent};
-use super::{cache_error, outcome, IdempotencyConfig, Shared};
+use super::{outcome, IdempotencyConfig, Shared};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::records::{ClaimToken, Ownership, StoredResponse};
+#[cfg(feature = "redis")]
 use crate::redis::CachedResponse;
 use crate::store::RequestTx;
 
@@ -32,6 +35,7 @@ pub(super) struct KeyHold {
     /// The request's fingerprint: what a result stored under the key is checked against.
     pub(super) fingerprint: Fingerprint,
     /// The Redis short lock's value, while this request holds it.
+    #[cfg(feature = "redis")]
     pub(super) lock: Option<String>,
 }
 
@@ -48,6 +52,7 @@ impl KeyHold {
             account,
             key,
             fingerprint,
+            #[cfg(feature = "redis")]
             lock: None,
         }
     }
@@ -55,6 +60,7 @@ impl KeyHold {
     /// Copies a stored result to Redis under its remaining TTL, dropping the short lock in the
     /// same call. If Redis fails, the lock is dropped once it is back, or lapses with the lease
     /// it was taken with.
+    #[cfg(feature = "redis")]
     pub(super) async fn mirror(&self, response: &StoredResponse, ttl: Duration) {
         let Some(cache) = &self.shared.redis else {
             return;
@@ -73,8 +79,13 @@ impl KeyHold {
         }
     }
 
+    /// Without the `redis` feature there is no mirror.
+    #[cfg(not(feature = "redis"))]
+    pub(super) async fn mirror(&self, _: &StoredResponse, _: Duration) {}
+
     /// Drops the short lock, if held, so that a duplicate goes to PostgreSQL at once instead of
     /// being told 409 until the lock lapses.
+    #[cfg(feature = "redis")]
     pub(super) async fn unlock(&self) {
         let (Some(cache), Some(token)) = (&self.shared.redis, self.lock.as_deref()) else {
             return;
@@ -85,6 +96,10 @@ impl KeyHold {
             cache.unlock_when_back(account, key, token, self.shared.config.lease);
         }
     }
+
+    /// Without the `redis` feature no short lock is ever taken.
+    #[cfg(not(feature = "redis"))]
+    pub(super) async fn unlock(&self) {}
 }
 
 /// A key this request has claimed in PostgreSQL: the handler may run. Consumed by

@@ -46,6 +46,7 @@ use http::{Method, Request, Response};
 use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
+#[cfg(feature = "redis")]
 use super::redis::{CacheError, RedisCache};
 use super::store::PgIdempotencyStore;
 use flow::KeyHeader;
@@ -75,8 +76,7 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// every request in one scope.
 pub type AccountExtractor = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
-/// Where a test may pause (and crash) a request; see [`IdempotencyLayerBuilder::fault_hook`].
-#[doc(hidden)]
+/// Where a test may pause (and crash) a request (`test_util::LayerFaults::fault_hook`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FaultPoint {
     /// The handler has returned a result to keep, which is about to be stored (in its
@@ -88,7 +88,7 @@ pub enum FaultPoint {
     PhaseCommitted(String),
 }
 
-type FaultHook = Arc<dyn Fn(FaultPoint) -> BoxFuture<()> + Send + Sync>;
+pub(crate) type FaultHook = Arc<dyn Fn(FaultPoint) -> BoxFuture<()> + Send + Sync>;
 
 /// Configuration, built with [`IdempotencyLayer::builder`].
 #[derive(Clone)]
@@ -129,6 +129,7 @@ impl std::fmt::Debug for IdempotencyConfig {
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayerBuilder {
     store: PgIdempotencyStore,
+    #[cfg(feature = "redis")]
     redis: Option<RedisCache>,
     config: IdempotencyConfig,
 }
@@ -219,16 +220,14 @@ impl IdempotencyLayerBuilder {
 
     /// Tests only: awaits `hook` at each [`FaultPoint`], so a test can stop the process there
     /// (drop its runtime) and show what a crash at that point leaves behind.
-    #[doc(hidden)]
-    pub fn fault_hook<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(FaultPoint) -> BoxFuture<()> + Send + Sync + 'static,
-    {
-        self.config.fault_hook = Some(Arc::new(hook));
+    #[cfg(feature = "test-util")]
+    pub(crate) fn set_fault_hook(mut self, hook: FaultHook) -> Self {
+        self.config.fault_hook = Some(hook);
         self
     }
 
-    /// Redis fast path (optional).
+    /// Redis fast path (optional; feature `redis`).
+    #[cfg(feature = "redis")]
     pub fn redis(mut self, cache: RedisCache) -> Self {
         self.redis = Some(cache);
         self
@@ -239,6 +238,7 @@ impl IdempotencyLayerBuilder {
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 store: self.store,
+                #[cfg(feature = "redis")]
                 redis: self.redis,
                 config: self.config,
                 tasks: TaskTracker::new(),
@@ -250,6 +250,7 @@ impl IdempotencyLayerBuilder {
 #[derive(Debug)]
 struct Shared {
     store: PgIdempotencyStore,
+    #[cfg(feature = "redis")]
     redis: Option<RedisCache>,
     config: IdempotencyConfig,
     /// Requests running detached from their connection, and results still being stored: what
@@ -268,6 +269,7 @@ impl IdempotencyLayer {
     pub fn builder(store: PgIdempotencyStore) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
             store,
+            #[cfg(feature = "redis")]
             redis: None,
             config: IdempotencyConfig {
                 methods: vec![Method::POST, Method::PATCH],
@@ -286,7 +288,7 @@ impl IdempotencyLayer {
         }
     }
 
-    /// The PostgreSQL store (e.g. for its query counter or expiry task).
+    /// The PostgreSQL store (e.g. for its expiry task).
     pub fn store(&self) -> &PgIdempotencyStore {
         &self.shared.store
     }
@@ -413,6 +415,7 @@ pub struct NotExecuted;
 
 /// Redis trouble never fails a request; while the breaker is open, say so quietly rather than
 /// once per request.
+#[cfg(feature = "redis")]
 fn cache_error(e: &CacheError, what: &'static str) {
     if matches!(e, CacheError::Skipped) {
         tracing::debug!(error = %e, "{what}");

@@ -35,7 +35,7 @@ use super::records::{
 #[derive(Debug, Clone)]
 pub struct PgIdempotencyStore {
     pool: PgPool,
-    /// Statements sent, for tests and the benchmark (see [`Self::query_count`]).
+    /// Statements sent, for tests and the load harness (see `query_count`).
     queries: Arc<AtomicU64>,
     /// How first claims and completions are grouped; `None` writes each on its own.
     grouping: Option<GroupOptions>,
@@ -171,9 +171,10 @@ impl PgIdempotencyStore {
         RequestTx::begin(&self.pool, &self.kept).await
     }
 
-    /// How many statements this store has sent to PostgreSQL (lets tests and metrics show that
-    /// Redis replays do not touch PostgreSQL).
-    pub fn query_count(&self) -> u64 {
+    /// How many statements this store has sent to PostgreSQL (lets the tests and the load
+    /// harness show that Redis replays do not touch PostgreSQL; see `test_util`).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn query_count(&self) -> u64 {
         self.queries.load(Ordering::Relaxed)
     }
 
@@ -181,22 +182,9 @@ impl PgIdempotencyStore {
         count_statement(&self.queries);
     }
 
-    /// Claims `(account, key)` for a request with `fingerprint`, or reports what holds it.
-    pub async fn claim(
-        &self,
-        account: &str,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.claim_noting_new(account, key, fingerprint, lease, ttl)
-            .await
-            .map(|(claim, _)| claim)
-    }
-
-    /// [`claim`](Self::claim), and whether the claim created the key's row: a new key has
-    /// no recorded phases, so the layer need not read them. `false` whenever it cannot tell
+    /// Claims `(account, key)` for a request with `fingerprint`, or reports what holds it; and
+    /// whether the claim created the key's row: a new key has no recorded phases, so the layer
+    /// need not read them. `false` whenever it cannot tell
     /// (a takeover, or the single-row statement).
     pub(crate) async fn claim_noting_new(
         &self,
@@ -262,7 +250,7 @@ impl PgIdempotencyStore {
     }
 
     /// Stores the response of a claimed request.
-    pub async fn complete(
+    pub(crate) async fn complete(
         &self,
         account: &str,
         key: &str,
@@ -302,7 +290,7 @@ impl PgIdempotencyStore {
     /// in (see [`IdempotentTx`](super::IdempotentTx)): it becomes visible, with the handler's
     /// rows, when `tx` commits. `Lost` if the claim was taken over meanwhile; the caller then
     /// rolls back.
-    pub async fn complete_in(
+    pub(crate) async fn complete_in(
         &self,
         tx: &mut sqlx::PgConnection,
         account: &str,
@@ -320,7 +308,7 @@ impl PgIdempotencyStore {
     /// Gives the key up so that a retry executes again (5xx results, panics). A request that
     /// has recorded a phase keeps its progress: its row stays, unclaimed and with its lease
     /// ended, so the retry (the same request) takes it over at once and resumes there.
-    pub async fn release(
+    pub(crate) async fn release(
         &self,
         account: &str,
         key: &str,
@@ -355,7 +343,7 @@ impl PgIdempotencyStore {
     }
 
     /// Extends the lease of a claim still held (a heartbeat for handlers slower than the lease).
-    pub async fn extend(
+    pub(crate) async fn extend(
         &self,
         account: &str,
         key: &str,

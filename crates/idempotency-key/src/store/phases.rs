@@ -13,7 +13,7 @@ impl PgIdempotencyStore {
     /// The phases a claimed request has recorded (see
     /// [`Phases`](crate::Phases)): each finished phase's name and output. `None` if the claim
     /// was lost.
-    pub async fn recorded_phases(
+    pub(crate) async fn recorded_phases(
         &self,
         account: &str,
         key: &str,
@@ -36,7 +36,7 @@ impl PgIdempotencyStore {
 
     /// Records phase `name` as finished with `output`, inside `tx` (the phase's own writes
     /// commit with it). `Lost` if the claim was taken over; the caller then rolls back.
-    pub async fn record_phase_in(
+    pub(crate) async fn record_phase_in(
         &self,
         tx: &mut sqlx::PgConnection,
         account: &str,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use idempotency_key::FaultPoint;
+use idempotency_key::test_util::{FaultPoint, LayerFaults, StoreProtocol};
 use idempotency_key::{
     IdempotencyKey, IdempotencyLayer, IdempotentClient, PgIdempotencyStore, RetryPolicy,
 };
@@ -17,8 +17,7 @@ use idempotency_key_checkout::{
 };
 use serde_json::{json, Value};
 
-use crate::helpers::idempotency::{DoomedServer, TestEnv};
-use crate::helpers::{serve, wait_for};
+use crate::helpers::{serve, wait_for, DoomedServer, TestEnv};
 
 /// Retries long enough to outlast the dead request's lease (2 s here).
 fn patient_client() -> IdempotentClient {

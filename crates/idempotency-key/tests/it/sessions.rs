@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
 
 use super::{http, layer_on, post};
-use crate::helpers::idempotency::TestEnv;
+use crate::helpers::TestEnv;
 use crate::helpers::{serve, wait_for};
 
 /// What the pool's `after_connect` sets, as dedup-db's `put_schema_first` does: the reset of a

@@ -15,8 +15,8 @@ use sqlx::Connection;
 
 use super::atomic::{created, insert_order, key_rows, post_order};
 use super::{http, layer, post, Reply};
-use crate::helpers::idempotency::{order_rows, TestEnv};
 use crate::helpers::serve;
+use crate::helpers::{order_rows, TestEnv};
 
 fn assert_problem(r: &Reply, what: &str) {
     assert!(

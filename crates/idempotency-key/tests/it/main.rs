@@ -1,6 +1,10 @@
 //! The Idempotency-Key layer (issue 3) against the real PostgreSQL and Redis, with the real
-//! router served on port 0. Every test owns a database and a Redis key prefix
-//! ([`TestEnv`]); the handler behind the layer counts its executions ([`Counting`]).
+//! router served on port 0: this crate's one integration-test binary (`cargo test -p
+//! idempotency-key`; `--test it leases::` runs one module). Every test owns a database and a
+//! Redis key prefix ([`TestEnv`]); the handler behind the layer counts its executions
+//! ([`Counting`]); the harness is [`helpers`], the crate's own. Without the `redis` feature the
+//! Redis modules are left out and a layer "with Redis" answers from PostgreSQL alone; without
+//! `client`, the client's module is left out.
 //!
 //! * [`replay`]: a key replays its stored response (status, headers, body) and runs once; reuse
 //!   with another body is 422; key forms, accounts, what is stored and what is not;
@@ -23,20 +27,23 @@
 //! * [`sessions`]: a kept connection carries no session state from one request to the next,
 //!   and goes back to a pool someone waits on;
 //! * [`commits`]: a commit at the wrong depth, or answered with `ROLLBACK`, fails the request;
-//! * [`phases`]: recovery points: the checkout killed between any two phases, retried by the
-//!   client helper, charges once and answers the same;
-//! * [`client`]: the retrying client keeps one key; the double-charge timeline of the checkout
-//!   example.
+//! * [`client`]: the retrying client keeps one key.
+//!
+//! The checkout example's tests (recovery points, the double-charge timeline, hostile input)
+//! are the example crate's own (`cargo test -p idempotency-key-checkout`).
 
 mod atomic;
+#[cfg(feature = "client")]
 mod client;
 mod commits;
 mod concurrency;
 mod connections;
+mod helpers;
 mod leases;
-mod phases;
 mod postgres;
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
 mod redis_faults;
 mod replay;
 mod sessions;
@@ -45,11 +52,11 @@ mod transactional;
 use std::net::SocketAddr;
 
 use http::{HeaderMap, StatusCode};
-use idempotency_key::{IdempotencyLayer, PgIdempotencyStore, StoredResponse};
+use idempotency_key::test_util::StoredResponse;
+use idempotency_key::{IdempotencyLayer, PgIdempotencyStore};
 use serde_json::Value;
 
-use crate::helpers::idempotency::{Counting, TestEnv};
-use crate::helpers::serve;
+use crate::helpers::{serve, Counting, TestEnv};
 
 struct Reply {
     status: StatusCode,
@@ -106,12 +113,21 @@ fn layer_with_redis_if(
     env: &TestEnv,
     with_redis: bool,
 ) -> idempotency_key::IdempotencyLayerBuilder {
-    let b = layer(env);
     if with_redis {
-        b.redis(env.redis())
+        layer_with_redis(env)
     } else {
-        b
+        layer(env)
     }
+}
+
+/// [`layer`] with the Redis fast path; without the `redis` feature, PostgreSQL's alone. Redis
+/// never decides, so a test's answers are the same either way (what only Redis shows is in
+/// [`redis`] and [`redis_faults`]).
+fn layer_with_redis(env: &TestEnv) -> idempotency_key::IdempotencyLayerBuilder {
+    #[cfg(feature = "redis")]
+    return layer(env).redis(env.redis());
+    #[cfg(not(feature = "redis"))]
+    layer(env)
 }
 
 fn layer_on(store: PgIdempotencyStore) -> idempotency_key::IdempotencyLayerBuilder {

@@ -4,7 +4,7 @@
 //! answer the same in both modes. The tests only the transactional mode has are in
 //! [`atomic`](super::atomic).
 
-use crate::helpers::idempotency::in_transactional_mode;
+use crate::helpers::in_transactional_mode;
 
 #[test]
 fn same_key_same_body_replays_status_headers_body_and_runs_once() {
@@ -76,6 +76,7 @@ fn a_handler_slower_than_the_lease_keeps_its_claim() {
     in_transactional_mode(super::leases::a_handler_slower_than_the_lease_keeps_its_claim);
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn redis_replays_skip_postgres_and_a_flushed_or_stopped_redis_changes_nothing() {
     in_transactional_mode(
@@ -83,16 +84,19 @@ fn redis_replays_skip_postgres_and_a_flushed_or_stopped_redis_changes_nothing() 
     );
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn a_black_holed_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns() {
     in_transactional_mode(super::redis_faults::a_black_holed_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns);
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn a_refusing_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns() {
     in_transactional_mode(super::redis_faults::a_refusing_redis_leaves_every_answer_to_postgres_and_the_fast_path_returns);
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn cut_redis_connections_leave_every_answer_to_postgres_and_the_fast_path_returns() {
     in_transactional_mode(super::redis_faults::cut_redis_connections_leave_every_answer_to_postgres_and_the_fast_path_returns);

@@ -14,13 +14,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Json, Router};
 use http::StatusCode;
-use idempotency_key::FaultPoint;
+use idempotency_key::test_util::{FaultPoint, LayerFaults};
 use idempotency_key::{IdempotencyLayer, IdempotentTx, PgIdempotencyStore};
 use serde_json::json;
 use sqlx::PgPool;
 
 use super::{app, http, layer, post, Reply};
-use crate::helpers::idempotency::{order_rows, Counting, DoomedServer, TestEnv};
+use crate::helpers::{order_rows, Counting, DoomedServer, TestEnv};
 use crate::helpers::{serve, wait_for};
 
 /// One row per execution into `layer_test_orders` (no unique key of its own): through the

@@ -6,12 +6,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::StatusCode;
+use idempotency_key::test_util::StoreProtocol;
 use idempotency_key::{PgIdempotencyStore, RedisCache};
 
 use super::{app, layer, post, Reply};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};
-use crate::helpers::idempotency::{Counting, TestEnv};
 use crate::helpers::{redis_url, wait_for};
+use crate::helpers::{Counting, TestEnv};
 
 /// Generous: a Redis call is bounded by the cache's timeout (half a second); an answer this
 /// late means a request waited on Redis instead of falling through to PostgreSQL.

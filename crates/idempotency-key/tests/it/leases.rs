@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use axum::Router;
 use http::StatusCode;
-use idempotency_key::{Claim, Fingerprint, IdempotencyLayer, Ownership, PgIdempotencyStore};
+use idempotency_key::test_util::{Claim, Ownership, StoreProtocol};
+use idempotency_key::{Fingerprint, IdempotencyLayer, PgIdempotencyStore};
 
 use super::{app, http, layer, layer_with_redis_if, post, stored};
-use crate::helpers::idempotency::{Counting, DoomedServer, TestEnv};
 use crate::helpers::wait_for;
+use crate::helpers::{Counting, DoomedServer, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn after_the_ttl_a_key_executes_again_and_expired_rows_are_deleted() {

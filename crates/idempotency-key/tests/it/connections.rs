@@ -18,7 +18,7 @@ use sqlx::Connection;
 
 use super::atomic::{created, insert_order, post_order};
 use super::{http, layer, layer_on};
-use crate::helpers::idempotency::{order_rows, TestEnv};
+use crate::helpers::{order_rows, TestEnv};
 use crate::helpers::{serve, wait_for};
 
 /// A connection that died idle costs no request in the transactional mode: its `BEGIN` fails

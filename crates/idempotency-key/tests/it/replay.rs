@@ -4,8 +4,8 @@
 use http::StatusCode;
 use idempotency_key::ErrorStyle;
 
-use super::{app, http, layer, layer_with_redis_if, post};
-use crate::helpers::idempotency::{Counting, TestEnv};
+use super::{app, http, layer, layer_with_redis, layer_with_redis_if, post};
+use crate::helpers::{Counting, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn same_key_same_body_replays_status_headers_body_and_runs_once() {
@@ -53,7 +53,7 @@ pub(super) async fn same_key_same_body_replays_status_headers_body_and_runs_once
 pub(super) async fn same_key_different_body_is_422_and_stored_result_is_untouched() {
     let env = TestEnv::new().await;
     let h = Counting::default();
-    let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
+    let addr = app(&env, &h, layer_with_redis(&env).build()).await;
     let c = http();
     let first = post(&c, addr, Some("k-reuse"), None, r#"{"amount":100}"#).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -186,7 +186,7 @@ pub(super) async fn key_presence_length_and_forms() {
 pub(super) async fn same_key_under_two_accounts_is_two_requests() {
     let env = TestEnv::new().await;
     let h = Counting::default();
-    let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
+    let addr = app(&env, &h, layer_with_redis(&env).build()).await;
     let c = http();
     let a = post(
         &c,
@@ -249,7 +249,7 @@ pub(super) async fn same_key_under_two_accounts_is_two_requests() {
 pub(super) async fn declined_402_is_replayed_and_5xx_releases_the_key() {
     let env = TestEnv::new().await;
     let h = Counting::default();
-    let addr = app(&env, &h, layer(&env).redis(env.redis()).build()).await;
+    let addr = app(&env, &h, layer_with_redis(&env).build()).await;
     let c = http();
 
     let d1 = post(&c, addr, Some("k-402"), None, r#"{"mode":"declined"}"#).await;

@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use http::StatusCode;
+use idempotency_key::test_util::StoreProtocol;
 
 use super::{app, http, layer, post};
-use crate::helpers::idempotency::{Counting, TestEnv};
 use crate::helpers::wait_for;
+use crate::helpers::{Counting, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn redis_replays_skip_postgres_and_a_flushed_or_stopped_redis_changes_nothing() {

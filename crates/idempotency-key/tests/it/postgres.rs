@@ -1,15 +1,18 @@
 //! PostgreSQL under the layer: the grouped writes keep probing the primary key as the table
 //! grows; a PostgreSQL that stops answering is a 503 (never a success, never a hang) and the
-//! writer's breaker refuses the queue behind it.
+//! writer's breaker refuses the queue behind it; a grouped claim PostgreSQL refuses (an account
+//! too long to index) fails only its own request.
 use std::time::Duration;
 
+use futures::stream::{self, StreamExt};
 use http::StatusCode;
-use idempotency_key::{Claim, Fingerprint, GroupOptions, Ownership, PgIdempotencyStore};
+use idempotency_key::test_util::{Claim, Ownership, StoreProtocol};
+use idempotency_key::{Fingerprint, GroupOptions, PgIdempotencyStore};
 
 use super::{app, http, layer_on, post, stored};
 use crate::helpers::fault_proxy::{FaultProxy, Mode};
-use crate::helpers::idempotency::{Counting, TestEnv};
 use crate::helpers::wait_for;
+use crate::helpers::{Counting, TestEnv};
 
 /// `(seq_tup_read, idx_scan)` of `idempotency_keys` as PostgreSQL's statistics last saw them:
 /// rows read by sequential scans, and index scans.
@@ -203,5 +206,59 @@ pub(super) async fn postgres_that_stops_answering_is_503_and_the_breaker_refuses
     );
     drop(proxy);
     pool.close().await;
+    env.cleanup().await;
+}
+
+/// A 4 KB account, random so that PostgreSQL cannot compress it into an index entry.
+fn account_of_4kb() -> String {
+    (0..128)
+        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grouped_claim_the_database_refuses_fails_only_its_own_request() {
+    // Past the layer's own checks (the store's protocol called directly): claims for 4 KB
+    // accounts, whose index entries PostgreSQL refuses, written at once with 60 ordinary claims.
+    let env = TestEnv::new().await;
+    let store = env.store();
+    let fingerprint = Fingerprint([7; 32]);
+    let huge = account_of_4kb();
+    let accounts: Vec<String> = (0..64)
+        .map(|i| {
+            if i % 16 == 5 {
+                format!("{huge}{i}")
+            } else {
+                format!("acct_{i}")
+            }
+        })
+        .collect();
+    let results: Vec<(String, bool)> = stream::iter(accounts)
+        .map(|account| {
+            let store = store.clone();
+            async move {
+                let claim = store
+                    .claim(
+                        &account,
+                        "key",
+                        &fingerprint,
+                        Duration::from_secs(30),
+                        Duration::from_secs(600),
+                    )
+                    .await;
+                (account, matches!(claim, Ok(Claim::Acquired(_))))
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    for (account, acquired) in &results {
+        assert_eq!(
+            *acquired,
+            account.len() < 100,
+            "account of {} bytes",
+            account.len()
+        );
+    }
     env.cleanup().await;
 }
