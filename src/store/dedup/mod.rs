@@ -69,8 +69,8 @@ pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The dedup record (the generation tables, `dedup_generations`, the duplicate deliveries and
 /// the legacy table; see the module): what the backfill, retention and `events show` ask of it.
-/// The batch transaction's writes are [`insert_processed`], [`record_duplicates`] and
-/// [`delete_processed`], which [`StoreTx`] calls. Each method picks the store's form of the
+/// The batch transaction's writes are this folder's `insert_processed`, `record_duplicates`
+/// and `delete_processed`, which [`StoreTx`] calls. Each method picks the store's form of the
 /// ring's protocol: `postgres.rs` and `sqlite.rs` (inserts, lookups, maintenance), `trail.rs`
 /// (what `events show` reads, and the duplicates' write), each statement's two forms in this
 /// folder.
