@@ -96,7 +96,7 @@ impl DrainWatch<'_> {
 
     async fn queues_empty(&self) -> bool {
         let depths = self.infra.queue_depths(self.store).await;
-        let pending = tokio::time::timeout(CALL_TIMEOUT, self.store.outbox_counts()).await;
+        let pending = tokio::time::timeout(CALL_TIMEOUT, self.store.outbox().counts()).await;
         depths == [0, 0, 0] && matches!(pending, Ok(Ok(c)) if c.pending == 0)
     }
 
@@ -187,8 +187,8 @@ pub async fn read_final(
         .collect();
     write_jsonl(&run_dir.join("api_effects.jsonl"), &api_effects)?;
 
-    let dead_letters = bounded("reading dead letters", store.dead_letters(100_000)).await?;
-    let failed = bounded("reading failed outbox rows", store.failed_outbox(100_000)).await?;
+    let dead_letters = bounded("reading dead letters", store.dead_letters().list(100_000)).await?;
+    let failed = bounded("reading failed outbox rows", store.outbox().failed(100_000)).await?;
     std::fs::write(
         run_dir.join("dead_letters.txt"),
         format!("{dead_letters:#?}\n"),
@@ -205,7 +205,7 @@ pub async fn read_final(
         .collect();
     write_jsonl(&run_dir.join("dead_letters.jsonl"), &dead_letters)?;
     std::fs::write(run_dir.join("outbox_failed.txt"), format!("{failed:#?}\n"))?;
-    let pending = bounded("counting the outbox", store.outbox_counts())
+    let pending = bounded("counting the outbox", store.outbox().counts())
         .await?
         .pending;
     let left_in_queues = infra.queue_depths(store).await;

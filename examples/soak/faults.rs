@@ -64,7 +64,7 @@ pub enum FaultKind {
         ms: u64,
         backlog_ms: u64,
     },
-    /// The current dedup generation sealed now (`Store::seal_dedup_generation`).
+    /// The current dedup generation sealed now (`store.dedup().seal`).
     Seal,
     /// A retention pass (generations sealed longer than the window ago emptied, outbox purged).
     Retention,

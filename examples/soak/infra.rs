@@ -203,7 +203,7 @@ impl Infra {
     /// could not be read): the database queue's rows, RabbitMQ's ready messages (unacked ones
     /// are not counted by the broker), SQS's visible, in-flight and delayed ones.
     pub async fn queue_depths(&self, store: &Store) -> [i64; 3] {
-        let database = async { Ok::<_, anyhow::Error>(store.queue_depth(DATABASE_QUEUE).await?) };
+        let database = async { Ok::<_, anyhow::Error>(store.queue().depth(DATABASE_QUEUE).await?) };
         let (database, rabbit, sqs) = tokio::join!(
             tokio::time::timeout(CALL_TIMEOUT, database),
             tokio::time::timeout(CALL_TIMEOUT, self.rabbit_depth()),

@@ -128,8 +128,7 @@ impl Nemesis {
             FaultKind::Seal => {
                 let window = Duration::from_secs(self.plan.window_secs);
                 let sealed =
-                    tokio::time::timeout(CALL_TIMEOUT, self.store.seal_dedup_generation(window))
-                        .await;
+                    tokio::time::timeout(CALL_TIMEOUT, self.store.dedup().seal(window)).await;
                 effective = matches!(&sealed, Ok(Ok(done)) if done.sealed);
                 format!("{sealed:?}")
             }
@@ -184,11 +183,11 @@ impl Nemesis {
     /// A retention pass as a consumer runs it, with the run's window.
     async fn retention(&self) -> String {
         let window = Duration::from_secs(self.plan.window_secs);
-        let rotated =
-            tokio::time::timeout(CALL_TIMEOUT, self.store.maintain_dedup_generations(window)).await;
+        let rotated = tokio::time::timeout(CALL_TIMEOUT, self.store.dedup().maintain(window)).await;
         let purged = tokio::time::timeout(
             CALL_TIMEOUT,
             self.store
+                .retention()
                 .purge_expired(window, Duration::from_secs(60), 5_000),
         )
         .await;

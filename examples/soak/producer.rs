@@ -157,6 +157,7 @@ impl Producer {
                     sender_headers: None,
                 };
                 self.store
+                    .queue()
                     .enqueue(DATABASE_QUEUE, &[row])
                     .await
                     .map(drop)

@@ -68,7 +68,7 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
     // Earlier records: one in a generation then sealed, one in the current generation, one in
     // the legacy table of the single-table schema, one under another source.
     record(&store, "stripe", &[processed("evt_old_sealed", None)]).await;
-    assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
+    assert!(store.dedup().seal(WINDOW).await.unwrap().sealed);
     record(&store, "stripe", &[processed("evt_old_current", None)]).await;
     record(&store, "github", &[processed("evt_old_github", None)]).await;
     let legacy = match backend {
@@ -101,6 +101,7 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
     let ids = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
     assert!(
         store
+            .dedup()
             .processed_among(
                 "stripe",
                 &ids(&["evt_never_recorded", "evt_new_1", "evt_new_2"])
@@ -112,7 +113,7 @@ async fn an_alias_is_looked_up_everywhere_and_never_recorded(backend: Backend) {
     );
     // After a seal too, the keys recorded are duplicates, and an alias that is a recorded key
     // makes another event one.
-    assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
+    assert!(store.dedup().seal(WINDOW).await.unwrap().sealed);
     let new = record(
         &store,
         "stripe",
@@ -147,7 +148,7 @@ async fn handled(bin: &RunningBinary, store: &Store, key: &str, deliveries: i64)
         Duration::from_secs(30),
         || async {
             // Duplicates first: one is recorded only after the delivery it repeats committed.
-            let duplicates = store.duplicates_of("stripe", key, 100).await.ok()?;
+            let duplicates = store.dedup().duplicates_of("stripe", key, 100).await.ok()?;
             let handled = *ledger_counts(store).await.get(key).unwrap_or(&0);
             (handled + duplicates.count >= deliveries).then_some(handled)
         },
@@ -166,7 +167,7 @@ async fn enqueue(store: &Store, source: Option<&str>, message_id: Option<&str>, 
         stripe_signature: None,
         sender_headers: None,
     };
-    store.enqueue(QUEUE, &[message]).await.unwrap();
+    store.queue().enqueue(QUEUE, &[message]).await.unwrap();
 }
 
 async fn post(bin: &RunningBinary, body: &Value) {

@@ -299,7 +299,7 @@ async fn backfill_stops(later: LaterPage, wanted: &str) {
     );
     assert!(stderr.contains(wanted), "{wanted:?} missing from: {stderr}");
     assert!(out.stdout.is_empty(), "no summary line after a failure");
-    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 100);
+    assert_eq!(store.queue().depth("dedup.events").await.unwrap(), 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

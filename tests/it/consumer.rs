@@ -124,7 +124,7 @@ async fn handler_failures(backend: Backend) {
             let (store, sink) = (store.clone(), sink.clone());
             async move {
                 let delivered = file_sink_ids(&sink).len();
-                let dead = store.dead_letters(10).await.unwrap().len();
+                let dead = store.dead_letters().list(10).await.unwrap().len();
                 (delivered == 21 && dead == 3 && pipeline_drained(&store, "dedup.events").await)
                     .then_some(())
             }
@@ -157,7 +157,7 @@ async fn handler_failures(backend: Backend) {
         "max_attempts deliveries"
     );
 
-    let dead = store.dead_letters(10).await.unwrap();
+    let dead = store.dead_letters().list(10).await.unwrap();
     let poison = dead
         .iter()
         .find(|d| d.event_id == "evt_poison_1")

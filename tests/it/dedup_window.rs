@@ -80,7 +80,7 @@ async fn an_id_recorded_before_a_seal_is_a_duplicate_after_every_seal_inside_the
     let store = db.store().await;
     assert_eq!(record(&store, "stripe", &["evt_a"]).await, ["evt_a"]);
 
-    let sealed = store.seal_dedup_generation(WINDOW).await.unwrap();
+    let sealed = store.dedup().seal(WINDOW).await.unwrap();
     assert!(sealed.sealed && sealed.expired == 0);
     assert_eq!(generations(&store).await, [(0, true), (1, false)]);
     // Just after the boundary: a duplicate, also in a batch with a new id, and for another
@@ -97,7 +97,7 @@ async fn an_id_recorded_before_a_seal_is_a_duplicate_after_every_seal_inside_the
 
     // Sealed three more times: evt_a's generation is four back, evt_b's three.
     for _ in 0..3 {
-        assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
+        assert!(store.dedup().seal(WINDOW).await.unwrap().sealed);
         assert_eq!(
             record(&store, "stripe", &["evt_a", "evt_b"]).await,
             Vec::<String>::new()
@@ -108,13 +108,14 @@ async fn an_id_recorded_before_a_seal_is_a_duplicate_after_every_seal_inside_the
         [(0, true), (1, true), (2, true), (3, true), (4, false)]
     );
     // The next slot is evt_a's, sealed inside the window: no rotation, nothing dropped.
-    let refused = store.seal_dedup_generation(WINDOW).await.unwrap();
+    let refused = store.dedup().seal(WINDOW).await.unwrap();
     assert!(!refused.sealed && refused.next_slot_busy && refused.expired == 0);
     assert_eq!(
         record(&store, "stripe", &["evt_a", "evt_b", "evt_c"]).await,
         ["evt_c"]
     );
     let mut among = store
+        .dedup()
         .processed_among(
             "stripe",
             &[
@@ -138,10 +139,11 @@ async fn an_expired_generation_is_emptied_and_the_ring_wraps(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     assert_eq!(record(&store, "stripe", &["evt_old"]).await, ["evt_old"]);
-    assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
+    assert!(store.dedup().seal(WINDOW).await.unwrap().sealed);
     // Inside a window of an hour it stays.
     let kept = store
-        .maintain_dedup_generations(Duration::from_secs(3600))
+        .dedup()
+        .maintain(Duration::from_secs(3600))
         .await
         .unwrap();
     assert_eq!(kept.expired, 0);
@@ -151,10 +153,7 @@ async fn an_expired_generation_is_emptied_and_the_ring_wraps(backend: Backend) {
         "the sealed generation to expire",
         Duration::from_secs(10),
         || async {
-            let done = store
-                .maintain_dedup_generations(Duration::ZERO)
-                .await
-                .unwrap();
+            let done = store.dedup().maintain(Duration::ZERO).await.unwrap();
             (done.expired > 0).then_some(())
         },
     )
@@ -168,7 +167,7 @@ async fn an_expired_generation_is_emptied_and_the_ring_wraps(backend: Backend) {
         assert_eq!(record(&store, "stripe", &[&id]).await, [id.as_str()]);
         assert!(record(&store, "stripe", &[&id]).await.is_empty());
         wait_for("a seal", Duration::from_secs(10), || async {
-            let done = store.seal_dedup_generation(Duration::ZERO).await.unwrap();
+            let done = store.dedup().seal(Duration::ZERO).await.unwrap();
             done.sealed.then_some(())
         })
         .await;
@@ -272,13 +271,24 @@ async fn the_upgrade_from_one_table_keeps_every_processed_id(backend: Backend) {
                 "ids recorded before the upgrade are duplicates after it"
             );
             assert_eq!(
-                store.processed_among(source, batch).await.unwrap().len(),
+                store
+                    .dedup()
+                    .processed_among(source, batch)
+                    .await
+                    .unwrap()
+                    .len(),
                 batch.len()
             );
         }
     }
     // Retention deletes the legacy ids past the window, and only those.
-    while store.purge_expired(WINDOW, WINDOW, 1_000).await.unwrap() > 0 {}
+    while store
+        .retention()
+        .purge_expired(WINDOW, WINDOW, 1_000)
+        .await
+        .unwrap()
+        > 0
+    {}
     assert_eq!(
         scalar(&store, "SELECT count(*) FROM processed_events").await,
         RECENT
@@ -334,7 +344,7 @@ async fn an_event_handled_before_a_seal_is_not_handled_again_after_it(backend: B
 
     deliver("evt_before_seal").await;
     for seal in 0..4 {
-        assert!(store.seal_dedup_generation(WINDOW).await.unwrap().sealed);
+        assert!(store.dedup().seal(WINDOW).await.unwrap().sealed);
         deliver("evt_before_seal").await;
         deliver(["evt_after_1", "evt_after_2", "evt_after_3", "evt_after_4"][seal]).await;
     }
@@ -360,7 +370,7 @@ async fn a_seal_waits_for_a_batch_still_inserting_into_the_old_generation() {
     );
     let sealing = tokio::spawn({
         let store = store.clone();
-        async move { store.seal_dedup_generation(WINDOW).await }
+        async move { store.dedup().seal(WINDOW).await }
     });
     // The seal waits on the generation lock while the first batch is open.
     let pool = store.postgres_pool().unwrap().clone();

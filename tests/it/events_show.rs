@@ -119,6 +119,7 @@ where
 
 async fn processed(store: &Store, id: &str) -> bool {
     store
+        .dedup()
         .processed_record("stripe", id)
         .await
         .ok()
@@ -143,7 +144,11 @@ async fn handled(backend: Backend) {
     let store = db.store().await;
     post(&bin, stripe_event("evt_show_handled", "invoice.paid")).await;
     until(&bin, "the outbox row dispatched", || async {
-        store.outbox_counts().await.is_ok_and(|c| c.dispatched == 1)
+        store
+            .outbox()
+            .counts()
+            .await
+            .is_ok_and(|c| c.dispatched == 1)
     })
     .await;
 
@@ -218,7 +223,10 @@ async fn deduplicated(backend: Backend) {
     post(&bin, body.clone()).await;
     post(&bin, body).await;
     until(&bin, "two duplicates recorded", || async {
-        let dups = store.duplicates_of("stripe", "evt_show_twice", 100).await;
+        let dups = store
+            .dedup()
+            .duplicates_of("stripe", "evt_show_twice", 100)
+            .await;
         dups.is_ok_and(|d| d.count == 2)
     })
     .await;
@@ -303,7 +311,10 @@ async fn dead_lettered(backend: Backend) {
     }
     post(&bin, stripe_event("evt_show_poison", "charge.failed")).await;
     until(&bin, "the dead letter", || async {
-        let dead = store.dead_letters_of("stripe", "evt_show_poison", 10).await;
+        let dead = store
+            .reads()
+            .dead_letters_of("stripe", "evt_show_poison", 10)
+            .await;
         dead.is_ok_and(|d| !d.is_empty())
     })
     .await;
@@ -468,7 +479,7 @@ async fn failed_outbox_row(backend: Backend) {
     let store = db.store().await;
     post(&bin, stripe_event("evt_show_refused", "payout.paid")).await;
     until(&bin, "the outbox row failed", || async {
-        store.outbox_counts().await.is_ok_and(|c| c.failed == 1)
+        store.outbox().counts().await.is_ok_and(|c| c.failed == 1)
     })
     .await;
 

@@ -149,7 +149,7 @@ async fn classified(backend: Backend) {
         || {
             let store = store.clone();
             async move {
-                let dead = store.dead_letters(100).await.unwrap();
+                let dead = store.dead_letters().list(100).await.unwrap();
                 (dead.len() == failing).then_some(dead)
             }
         },

@@ -305,7 +305,8 @@ async fn dead_letters_listed_in_opposite_orders_both_commit() {
         "both batches must commit: A {a:?}, B {b:?}"
     );
     let listed: Vec<String> = store
-        .dead_letters(10)
+        .dead_letters()
+        .list(10)
         .await
         .expect("dead letters")
         .into_iter()

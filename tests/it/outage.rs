@@ -178,7 +178,7 @@ async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery()
         || {
             let store = store.clone();
             async move {
-                let counts = store.outbox_counts().await.ok()?;
+                let counts = store.outbox().counts().await.ok()?;
                 (counts.pending == 0 && counts.dispatched == 1).then_some(())
             }
         },

@@ -214,7 +214,7 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
     proxy.set_latency(Duration::ZERO);
     proxy.set(Mode::Pass).await;
     let settled = poll_until(Duration::from_secs(90), || async {
-        let dead = store.dead_letters(100).await.ok()?;
+        let dead = store.dead_letters().list(100).await.ok()?;
         let handled = handler.0.lock().unwrap().len();
         (handled + dead.len() >= EVENTS).then_some(dead)
     })

@@ -135,9 +135,9 @@ async fn dlq_cli_lists_and_redrives() {
     assert_eq!(rows[0]["error"], "fatal: bad");
     let first_id = rows[0]["id"].to_string();
     assert!(cli(&db, &["dlq", "redrive", &first_id]).contains("redriven: 1"));
-    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 1);
+    assert_eq!(store.queue().depth("dedup.events").await.unwrap(), 1);
     assert!(cli(&db, &["dlq", "redrive", "--all"]).contains("redriven: 1"));
-    assert_eq!(store.queue_depth("dedup.events").await.unwrap(), 2);
+    assert_eq!(store.queue().depth("dedup.events").await.unwrap(), 2);
     assert_eq!(cli(&db, &["dlq", "list"]).trim(), "");
 }
 
@@ -345,7 +345,7 @@ async fn lease_taken_over(backend: Backend) {
         (a.claimed, a.dispatched, a.failed_attempts, a.lease_lost),
         (1, 0, 1, 1)
     );
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
         (1, 0, 0),
@@ -356,7 +356,7 @@ async fn lease_taken_over(backend: Backend) {
     let b: Result<_, dedup_worker_core::store::StoreError> = step_b.await.unwrap();
     let b = b.unwrap();
     assert_eq!((b.claimed, b.dispatched, b.lease_lost), (1, 1, 0));
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
         (0, 1, 0)

@@ -231,7 +231,7 @@ async fn outlives_the_wrapping_window(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     assert!(record(&store, "evt_two_days_old").await);
-    let sealed = store.seal_dedup_generation(whole_days(30)).await.unwrap();
+    let sealed = store.dedup().seal(whole_days(30)).await.unwrap();
     assert!(sealed.sealed, "{sealed:?}");
     let two_days_back = match backend {
         Backend::Postgres => {
@@ -245,10 +245,7 @@ async fn outlives_the_wrapping_window(backend: Backend) {
     };
     crate::helpers::db::execute(&store, two_days_back).await;
 
-    match store
-        .maintain_dedup_generations(whole_days(WRAPPING_DAYS))
-        .await
-    {
+    match store.dedup().maintain(whole_days(WRAPPING_DAYS)).await {
         Ok(pass) => assert_eq!(pass.expired, 0, "{pass:?}"),
         Err(error) => assert!(
             backend == Backend::Postgres && error.to_string().contains("out of range"),
@@ -263,7 +260,7 @@ async fn outlives_the_wrapping_window(backend: Backend) {
     // What the bound and the saturation prevent: the release build's product.
     let wrapped = Duration::from_secs(WRAPPING_DAYS.wrapping_mul(86_400));
     assert_eq!(wrapped, Duration::from_secs(61_184));
-    let pass = store.maintain_dedup_generations(wrapped).await.unwrap();
+    let pass = store.dedup().maintain(wrapped).await.unwrap();
     assert_eq!(pass.expired, 1, "{pass:?}");
     assert!(record(&store, "evt_two_days_old").await, "handled twice");
 }

@@ -117,7 +117,7 @@ async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
     let got = std::mem::take(&mut *received.lock().unwrap());
     // Nothing more arrives once the outbox is drained.
     wait_for("the outbox to drain", Duration::from_secs(30), || async {
-        (app.store.outbox_counts().await.unwrap().pending == 0).then_some(())
+        (app.store.outbox().counts().await.unwrap().pending == 0).then_some(())
     })
     .await;
     assert!(channel
@@ -183,7 +183,7 @@ async fn sqs_sink_sends_each_event_once_to_the_queue() {
     .await;
     let mut got = std::mem::take(&mut *received.lock().unwrap());
     wait_for("the outbox to drain", Duration::from_secs(30), || async {
-        (app.store.outbox_counts().await.unwrap().pending == 0).then_some(())
+        (app.store.outbox().counts().await.unwrap().pending == 0).then_some(())
     })
     .await;
     got.extend(reader.receive(10, Duration::from_secs(1)).await.unwrap());

@@ -72,7 +72,7 @@ async fn post_bodies_in_order(bin: &RunningBinary, db: &TestDb, bodies: Vec<(Str
         bin.wait_for(&format!("{id} processed"), Duration::from_secs(30), || {
             let (store, id) = (store.clone(), id.clone());
             async move {
-                let processed = store.processed_among("stripe", &[id]).await.ok()?;
+                let processed = store.dedup().processed_among("stripe", &[id]).await.ok()?;
                 (!processed.is_empty()).then_some(())
             }
         })
@@ -143,7 +143,7 @@ async fn guard_holds_back_the_older_update(backend: Backend) {
         .wait_for("the outbox delivered", Duration::from_secs(30), || {
             let (store, sink) = (store.clone(), sink.clone());
             async move {
-                let pending = store.outbox_counts().await.ok()?.pending;
+                let pending = store.outbox().counts().await.ok()?.pending;
                 let ids = file_sink_ids(&sink);
                 (pending == 0 && ids.len() >= 5).then_some(ids)
             }
@@ -244,7 +244,7 @@ async fn thin_and_snapshot_events_are_guarded_together(backend: Backend) {
         .wait_for("the outbox delivered", Duration::from_secs(30), || {
             let (store, sink) = (store.clone(), sink.clone());
             async move {
-                let pending = store.outbox_counts().await.ok()?.pending;
+                let pending = store.outbox().counts().await.ok()?.pending;
                 let ids = file_sink_ids(&sink);
                 (pending == 0 && ids.len() >= 3).then_some(ids)
             }

@@ -61,7 +61,8 @@ async fn official_vector_and_failures() {
     assert_eq!(body["id"], ID);
     let queued = app
         .store
-        .claim_messages("dedup.events", 10, Duration::from_secs(30))
+        .queue()
+        .claim("dedup.events", 10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(queued.len(), 1);

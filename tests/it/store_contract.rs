@@ -147,7 +147,7 @@ async fn a_transaction_that_read_first_writes_after_another_commit(backend: Back
     assert_eq!(queued, 0);
     let other_writer = tokio::spawn({
         let store = store.clone();
-        async move { store.enqueue("q", &[message("evt_other")]).await }
+        async move { store.queue().enqueue("q", &[message("evt_other")]).await }
     });
     // The other writer commits now (PostgreSQL; SQLite with a deferred transaction) or waits
     // for this one (SQLite, write lock taken at begin): either way this one writes next.
@@ -176,7 +176,8 @@ async fn outbox_write_claim_mark(backend: Backend) {
     tx.insert_outbox(&[outbox_row("evt_0")]).await.unwrap();
     tx.rollback().await.unwrap();
     assert!(store
-        .claim_outbox(10, Duration::from_secs(30))
+        .outbox()
+        .claim(10, Duration::from_secs(30))
         .await
         .unwrap()
         .is_empty());
@@ -191,7 +192,8 @@ async fn outbox_write_claim_mark(backend: Backend) {
     .unwrap();
     tx.commit().await.unwrap();
     let first = store
-        .claim_outbox(2, Duration::from_secs(30))
+        .outbox()
+        .claim(2, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
@@ -200,23 +202,25 @@ async fn outbox_write_claim_mark(backend: Backend) {
         .all(|r| r.attempts == 1 && r.idempotency_key == r.event_id));
     // Leased rows are not handed out again.
     let second = store
-        .claim_outbox(10, Duration::from_secs(30))
+        .outbox()
+        .claim(10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
     let claims: Vec<_> = first.iter().chain(&second).map(|r| r.claim()).collect();
     assert_eq!(claims.iter().map(|c| c.id).collect::<HashSet<_>>().len(), 3);
-    assert_eq!(store.mark_dispatched(&claims).await.unwrap(), 3);
+    assert_eq!(store.outbox().mark_dispatched(&claims).await.unwrap(), 3);
     // Marking again under the same claims (a retry after an outage hid the commit) is no
     // lost lease: the rows count as marked and stay as they are.
-    assert_eq!(store.mark_dispatched(&claims).await.unwrap(), 3);
-    let counts = store.outbox_counts().await.unwrap();
+    assert_eq!(store.outbox().mark_dispatched(&claims).await.unwrap(), 3);
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
         (0, 3, 0)
     );
     assert!(store
-        .claim_outbox(10, Duration::from_secs(0))
+        .outbox()
+        .claim(10, Duration::from_secs(0))
         .await
         .unwrap()
         .is_empty());
@@ -229,19 +233,22 @@ async fn outbox_claim_comes_back_after_lease(backend: Backend) {
     tx.insert_outbox(&[outbox_row("evt_lease")]).await.unwrap();
     tx.commit().await.unwrap();
     let claimed = store
-        .claim_outbox(10, Duration::from_millis(300))
+        .outbox()
+        .claim(10, Duration::from_millis(300))
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert!(store
-        .claim_outbox(10, Duration::from_millis(300))
+        .outbox()
+        .claim(10, Duration::from_millis(300))
         .await
         .unwrap()
         .is_empty());
     // The relay "died": after the lease the row is claimable again, same key, attempt 2.
     let again = wait_for("the lease to expire", Duration::from_secs(10), || async {
         let rows = store
-            .claim_outbox(10, Duration::from_secs(30))
+            .outbox()
+            .claim(10, Duration::from_secs(30))
             .await
             .unwrap();
         (!rows.is_empty()).then_some(rows)
@@ -259,34 +266,38 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
     tx.insert_outbox(&[outbox_row("evt_fail")]).await.unwrap();
     tx.commit().await.unwrap();
     let row = store
-        .claim_outbox(1, Duration::from_secs(30))
+        .outbox()
+        .claim(1, Duration::from_secs(30))
         .await
         .unwrap()
         .remove(0);
     assert_eq!(
         store
+            .outbox()
             .mark_delivery_failed(row.claim(), "receiver answered 500", Duration::ZERO, 2)
             .await
             .unwrap(),
         1
     );
-    assert_eq!(store.outbox_counts().await.unwrap().pending, 1);
+    assert_eq!(store.outbox().counts().await.unwrap().pending, 1);
     let row = store
-        .claim_outbox(1, Duration::from_secs(30))
+        .outbox()
+        .claim(1, Duration::from_secs(30))
         .await
         .unwrap()
         .remove(0);
     assert_eq!(row.attempts, 2);
     assert_eq!(
         store
+            .outbox()
             .mark_delivery_failed(row.claim(), "receiver answered 500", Duration::ZERO, 2)
             .await
             .unwrap(),
         1
     );
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!((counts.pending, counts.failed), (0, 1));
-    let failed = store.failed_outbox(10).await.unwrap();
+    let failed = store.outbox().failed(10).await.unwrap();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].event_id, "evt_fail");
 }
@@ -303,7 +314,8 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
         .unwrap();
     tx.commit().await.unwrap();
     let mut stale = store
-        .claim_outbox(10, Duration::from_millis(300))
+        .outbox()
+        .claim(10, Duration::from_millis(300))
         .await
         .unwrap();
     assert_eq!(stale.len(), 2);
@@ -312,7 +324,8 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
         Duration::from_secs(10),
         || async {
             let rows = store
-                .claim_outbox(10, Duration::from_secs(30))
+                .outbox()
+                .claim(10, Duration::from_secs(30))
                 .await
                 .unwrap();
             (!rows.is_empty()).then_some(rows)
@@ -332,11 +345,15 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
 
     // The stale relay's marks change nothing, and say so.
     let stale_claims: Vec<_> = stale.iter().map(|r| r.claim()).collect();
-    assert_eq!(store.mark_dispatched(&stale_claims).await.unwrap(), 0);
+    assert_eq!(
+        store.outbox().mark_dispatched(&stale_claims).await.unwrap(),
+        0
+    );
     for row in &stale {
         for max_attempts in [1, 100] {
             assert_eq!(
                 store
+                    .outbox()
                     .mark_delivery_failed(row.claim(), "stale", Duration::ZERO, max_attempts)
                     .await
                     .unwrap(),
@@ -344,25 +361,31 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
             );
         }
     }
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
         (2, 0, 0)
     );
     // Not made due early either: the current relay still holds both leases.
     assert!(store
-        .claim_outbox(10, Duration::from_secs(30))
+        .outbox()
+        .claim(10, Duration::from_secs(30))
         .await
         .unwrap()
         .is_empty());
 
     // The current relay's marks work.
     assert_eq!(
-        store.mark_dispatched(&[current[0].claim()]).await.unwrap(),
+        store
+            .outbox()
+            .mark_dispatched(&[current[0].claim()])
+            .await
+            .unwrap(),
         1
     );
     assert_eq!(
         store
+            .outbox()
             .mark_delivery_failed(
                 current[1].claim(),
                 "receiver answered 500",
@@ -373,7 +396,7 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
             .unwrap(),
         1
     );
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!(
         (counts.pending, counts.dispatched, counts.failed),
         (1, 1, 0)
@@ -381,13 +404,15 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
     // A row the current relay dispatched stays dispatched whatever the stale one says.
     assert_eq!(
         store
+            .outbox()
             .mark_delivery_failed(stale[0].claim(), "stale", Duration::ZERO, 1)
             .await
             .unwrap(),
         0
     );
     let again = store
-        .claim_outbox(10, Duration::from_secs(30))
+        .outbox()
+        .claim(10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(again.len(), 1);
@@ -398,16 +423,22 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     store
+        .queue()
         .enqueue(
             "q1",
             &[message("evt_1"), message("evt_2"), message("evt_3")],
         )
         .await
         .unwrap();
-    store.enqueue("q2", &[message("evt_other")]).await.unwrap();
-    assert_eq!(store.queue_depth("q1").await.unwrap(), 3);
+    store
+        .queue()
+        .enqueue("q2", &[message("evt_other")])
+        .await
+        .unwrap();
+    assert_eq!(store.queue().depth("q1").await.unwrap(), 3);
     let first = store
-        .claim_messages("q1", 2, Duration::from_secs(30))
+        .queue()
+        .claim("q1", 2, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
@@ -416,43 +447,53 @@ async fn queue_enqueue_claim_ack(backend: Backend) {
     assert_eq!(first[0].payload, br#"{"id":"evt_1"}"#);
     assert_eq!(first[0].attempts, 1);
     let second = store
-        .claim_messages("q1", 10, Duration::from_secs(30))
+        .queue()
+        .claim("q1", 10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
     store
-        .ack_messages(&first.iter().map(|m| m.id).collect::<Vec<_>>())
+        .queue()
+        .ack(&first.iter().map(|m| m.id).collect::<Vec<_>>())
         .await
         .unwrap();
-    assert_eq!(store.queue_depth("q1").await.unwrap(), 1);
+    assert_eq!(store.queue().depth("q1").await.unwrap(), 1);
     // A released message is visible again at once with delay 0.
     assert_eq!(
         store
-            .release_message(second[0].id, second[0].claim_token, Duration::ZERO)
+            .queue()
+            .release(second[0].id, second[0].claim_token, Duration::ZERO)
             .await
             .unwrap(),
         1
     );
     let again = store
-        .claim_messages("q1", 10, Duration::from_secs(30))
+        .queue()
+        .claim("q1", 10, Duration::from_secs(30))
         .await
         .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].attempts, 2);
-    assert_eq!(store.queue_depth("q2").await.unwrap(), 1);
+    assert_eq!(store.queue().depth("q2").await.unwrap(), 1);
 }
 
 async fn queue_redelivers_after_expired_lease(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    store.enqueue("q", &[message("evt_1")]).await.unwrap();
+    store
+        .queue()
+        .enqueue("q", &[message("evt_1")])
+        .await
+        .unwrap();
     let claimed = store
-        .claim_messages("q", 10, Duration::from_millis(300))
+        .queue()
+        .claim("q", 10, Duration::from_millis(300))
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert!(store
-        .claim_messages("q", 10, Duration::from_secs(30))
+        .queue()
+        .claim("q", 10, Duration::from_secs(30))
         .await
         .unwrap()
         .is_empty());
@@ -461,7 +502,8 @@ async fn queue_redelivers_after_expired_lease(backend: Backend) {
         Duration::from_secs(10),
         || async {
             let rows = store
-                .claim_messages("q", 10, Duration::from_secs(30))
+                .queue()
+                .claim("q", 10, Duration::from_secs(30))
                 .await
                 .unwrap();
             (!rows.is_empty()).then_some(rows)
@@ -476,7 +518,7 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let messages: Vec<_> = (0..200).map(|i| message(&format!("evt_{i}"))).collect();
-    store.enqueue("q", &messages).await.unwrap();
+    store.queue().enqueue("q", &messages).await.unwrap();
     let mut handles = Vec::new();
     for _ in 0..4 {
         let store: Store = store.clone();
@@ -484,7 +526,8 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
             let mut mine = Vec::new();
             loop {
                 let batch = store
-                    .claim_messages("q", 7, Duration::from_secs(60))
+                    .queue()
+                    .claim("q", 7, Duration::from_secs(60))
                     .await
                     .unwrap();
                 if batch.is_empty() {
@@ -509,13 +552,18 @@ async fn queue_concurrent_claims_never_overlap(backend: Backend) {
 /// A consumer whose lease expired and whose message another consumer claimed cannot move the
 /// message's visibility (a backoff it retries with would cut the other's lease short, or
 /// postpone it). Its ack still deletes the message: it acks only a committed outcome, which
-/// the other consumer's dedup insert would find (see `Store::ack_messages`).
+/// the other consumer's dedup insert would find (see `store.queue().ack`).
 async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    store.enqueue("q", &[message("evt_1")]).await.unwrap();
+    store
+        .queue()
+        .enqueue("q", &[message("evt_1")])
+        .await
+        .unwrap();
     let stale = store
-        .claim_messages("q", 10, Duration::from_millis(300))
+        .queue()
+        .claim("q", 10, Duration::from_millis(300))
         .await
         .unwrap()
         .remove(0);
@@ -524,7 +572,8 @@ async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
         Duration::from_secs(10),
         || async {
             let rows = store
-                .claim_messages("q", 10, Duration::from_secs(30))
+                .queue()
+                .claim("q", 10, Duration::from_secs(30))
                 .await
                 .unwrap();
             (!rows.is_empty()).then_some(rows)
@@ -537,7 +586,8 @@ async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
 
     assert_eq!(
         store
-            .release_message(stale.id, stale.claim_token, Duration::ZERO)
+            .queue()
+            .release(stale.id, stale.claim_token, Duration::ZERO)
             .await
             .unwrap(),
         0,
@@ -545,7 +595,8 @@ async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
     );
     assert!(
         store
-            .claim_messages("q", 10, Duration::from_secs(30))
+            .queue()
+            .claim("q", 10, Duration::from_secs(30))
             .await
             .unwrap()
             .is_empty(),
@@ -553,20 +604,22 @@ async fn queue_release_applies_only_under_the_current_claim(backend: Backend) {
     );
     assert_eq!(
         store
-            .release_message(current.id, current.claim_token, Duration::ZERO)
+            .queue()
+            .release(current.id, current.claim_token, Duration::ZERO)
             .await
             .unwrap(),
         1
     );
     let again = store
-        .claim_messages("q", 10, Duration::from_secs(30))
+        .queue()
+        .claim("q", 10, Duration::from_secs(30))
         .await
         .unwrap()
         .remove(0);
     assert_eq!(again.attempts, 3);
 
-    store.ack_messages(&[stale.id]).await.unwrap();
-    assert_eq!(store.queue_depth("q").await.unwrap(), 0);
+    store.queue().ack(&[stale.id]).await.unwrap();
+    assert_eq!(store.queue().depth("q").await.unwrap(), 0);
 }
 
 async fn dead_letters_list_and_redrive(backend: Backend) {
@@ -596,26 +649,27 @@ async fn dead_letters_list_and_redrive(backend: Backend) {
     assert!(tx.insert_dead_letter_once(&row("", "no id")).await.unwrap());
     assert!(tx.insert_dead_letter_once(&row("", "no id")).await.unwrap());
     tx.commit().await.unwrap();
-    let listed = store.dead_letters(10).await.unwrap();
+    let listed = store.dead_letters().list(10).await.unwrap();
     assert_eq!(listed.len(), 4);
     assert_eq!(listed[0].error, "fatal: no such account");
 
     // A redrive pages through the selection in id order, then deletes what it published.
     let ids = [listed[0].id, listed[2].id];
-    let first = store.dead_letters_selected(&ids, 0, 1).await.unwrap();
+    let first = store.dead_letters().selected(&ids, 0, 1).await.unwrap();
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].event_id, "evt_dead");
     assert_eq!(first[0].source, "stripe");
     let next = store
-        .dead_letters_selected(&ids, first[0].id, 10)
+        .dead_letters()
+        .selected(&ids, first[0].id, 10)
         .await
         .unwrap();
     assert_eq!(next.iter().map(|d| d.id).collect::<Vec<_>>(), [ids[1]]);
-    let all = store.dead_letters_selected(&[], 0, 10).await.unwrap();
+    let all = store.dead_letters().selected(&[], 0, 10).await.unwrap();
     assert_eq!(all.len(), 4);
-    assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 1);
-    assert_eq!(store.delete_dead_letter(ids[0]).await.unwrap(), 0);
-    assert_eq!(store.dead_letters(10).await.unwrap().len(), 3);
+    assert_eq!(store.dead_letters().delete(ids[0]).await.unwrap(), 1);
+    assert_eq!(store.dead_letters().delete(ids[0]).await.unwrap(), 0);
+    assert_eq!(store.dead_letters().list(10).await.unwrap().len(), 3);
 }
 
 /// SQS may hand one message to two receivers at once, so two batches may dead-letter one event
@@ -656,7 +710,7 @@ async fn two_batches_moving_one_event_at_once_list_it_once(backend: Backend) {
         !second.await.unwrap().expect("the second move"),
         "the second move inserted a row"
     );
-    assert_eq!(store.dead_letters(10).await.unwrap().len(), 1);
+    assert_eq!(store.dead_letters().list(10).await.unwrap().len(), 1);
 }
 
 async fn retention_purges_old_rows(backend: Backend) {
@@ -669,10 +723,12 @@ async fn retention_purges_old_rows(backend: Backend) {
     tx.commit().await.unwrap();
     // A long window keeps it.
     store
-        .maintain_dedup_generations(Duration::from_secs(3600))
+        .dedup()
+        .maintain(Duration::from_secs(3600))
         .await
         .unwrap();
     store
+        .retention()
         .purge_expired(Duration::from_secs(3600), Duration::from_secs(3600), 100)
         .await
         .unwrap();
@@ -690,11 +746,9 @@ async fn retention_purges_old_rows(backend: Backend) {
         || async {
             // Seals the id's generation, then (on a later pass, once the clock has moved)
             // empties it.
+            store.dedup().maintain(Duration::ZERO).await.unwrap();
             store
-                .maintain_dedup_generations(Duration::ZERO)
-                .await
-                .unwrap();
-            store
+                .retention()
                 .purge_expired(Duration::ZERO, Duration::ZERO, 100)
                 .await
                 .unwrap();

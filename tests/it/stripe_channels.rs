@@ -74,7 +74,7 @@ async fn wait_processed(bin: &RunningBinary, db: &TestDb, key: &str) {
     bin.wait_for(&format!("{key} processed"), Duration::from_secs(30), || {
         let (store, key) = (store.clone(), key.to_owned());
         async move {
-            let done = store.processed_among("stripe", &[key]).await.ok()?;
+            let done = store.dedup().processed_among("stripe", &[key]).await.ok()?;
             (!done.is_empty()).then_some(())
         }
     })
@@ -393,7 +393,7 @@ async fn with_fetching_the_handler_gets_the_full_event_and_a_failing_api_retries
             let (store, sink) = (store.clone(), sink.clone());
             async move {
                 let at_sink: HashSet<String> = sink_events(&sink).iter().map(change_key).collect();
-                let dead = store.dead_letters(10).await.ok()?.len();
+                let dead = store.dead_letters().list(10).await.ok()?.len();
                 let done = handled.iter().all(|k| at_sink.contains(*k)) && dead == 5;
                 (done && pipeline_drained(&store, "dedup.events").await).then_some(())
             }
@@ -573,7 +573,7 @@ async fn eventbridge_envelopes_on_sqs_are_handled_once_in_the_webhooks_key_space
             let (store, sink, keys, queue) = (store.clone(), sink.clone(), keys.clone(), &queue);
             async move {
                 let at_sink: HashSet<String> = sink_events(&sink).iter().map(change_key).collect();
-                let dead = store.dead_letters(10).await.ok()?.len();
+                let dead = store.dead_letters().list(10).await.ok()?.len();
                 (at_sink == keys && dead == 1 && queue.drained(&store).await).then_some(())
             }
         },
@@ -603,7 +603,7 @@ async fn eventbridge_envelopes_on_sqs_are_handled_once_in_the_webhooks_key_space
     let ledger = ledger_counts(&store).await;
     assert_eq!(ledger.len(), keys.len(), "{ledger:?}");
     assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
-    let dead = store.dead_letters(10).await.unwrap();
+    let dead = store.dead_letters().list(10).await.unwrap();
     assert!(String::from_utf8_lossy(&dead[0].payload).contains("aws.ec2"));
     assert!(
         dead[0].error.contains("not a Stripe partner event source"),
@@ -654,7 +654,7 @@ async fn a_thin_event_whose_snapshot_event_cannot_be_a_key_is_400_and_not_enqueu
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.json::<Value>().await.unwrap()["id"], "evt_A");
-    assert_eq!(app.store.queue_depth("dedup.events").await.unwrap(), 1);
+    assert_eq!(app.store.queue().depth("dedup.events").await.unwrap(), 1);
     app.stop().await;
     db.remove().await;
 }

@@ -68,7 +68,7 @@ async fn events_signed_by_the_official_library_are_accepted() {
     );
     let (status, _, _) = post(&app, Some(&old[0]), &stripe_event("evt_py_old", "x.y")).await;
     assert_eq!(status, 200);
-    assert_eq!(app.store.queue_depth(QUEUE).await.unwrap(), 6);
+    assert_eq!(app.store.queue().depth(QUEUE).await.unwrap(), 6);
     app.stop().await;
 }
 
@@ -164,7 +164,7 @@ async fn every_failed_check_is_a_400_problem_naming_it() {
         );
     }
     assert_eq!(
-        app.store.queue_depth(QUEUE).await.unwrap(),
+        app.store.queue().depth(QUEUE).await.unwrap(),
         0,
         "nothing rejected is enqueued"
     );
@@ -250,7 +250,7 @@ async fn oversized_unparsable_and_idless_payloads_are_refused() {
         "{problem}"
     );
 
-    assert_eq!(app.store.queue_depth(QUEUE).await.unwrap(), 0);
+    assert_eq!(app.store.queue().depth(QUEUE).await.unwrap(), 0);
     app.stop().await;
 }
 

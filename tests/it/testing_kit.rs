@@ -141,7 +141,12 @@ async fn the_application_runs_the_handler_once_per_event_with_its_migrations() {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let dead = app.store.dead_letters(10).await.expect("dead letters");
+        let dead = app
+            .store
+            .dead_letters()
+            .list(10)
+            .await
+            .expect("dead letters");
         if dead.len() == 1 && credits(&app.store).await.len() == 2 {
             assert_eq!(dead[0].event_id, "evt_bad");
             break;

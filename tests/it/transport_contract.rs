@@ -141,7 +141,7 @@ impl Harness {
         match self.kind {
             Kind::DatabasePostgres | Kind::DatabaseSqlite => {
                 let store = self.db.as_ref().expect("db").store().await;
-                store.queue_depth(&self.queue).await.expect("queue depth")
+                store.queue().depth(&self.queue).await.expect("queue depth")
             }
             Kind::Sqs => {
                 use aws_sdk_sqs::types::QueueAttributeName as A;

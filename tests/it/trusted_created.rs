@@ -154,7 +154,11 @@ impl Setup {
                     stripe_signature: message.stripe_signature,
                     sender_headers: None,
                 };
-                self.store.enqueue(&self.queue.name, &[row]).await.unwrap();
+                self.store
+                    .queue()
+                    .enqueue(&self.queue.name, &[row])
+                    .await
+                    .unwrap();
             }
             Transport::Rabbitmq => {
                 let producer = self.queue.rabbit();
@@ -180,7 +184,12 @@ impl Setup {
                 || async {
                     // Duplicates first: one is recorded only after the delivery it repeats was
                     // committed, so the ledger read next includes that one.
-                    let duplicates = self.store.duplicates_of("stripe", id, 100).await.ok()?;
+                    let duplicates = self
+                        .store
+                        .dedup()
+                        .duplicates_of("stripe", id, 100)
+                        .await
+                        .ok()?;
                     let handled = *ledger_counts(&self.store).await.get(id).unwrap_or(&0);
                     (handled + duplicates.count >= deliveries).then_some(handled)
                 },
@@ -192,7 +201,7 @@ impl Setup {
     /// Tried again while the binary's own retention pass holds the ring's maintenance lock.
     async fn seal(&self) -> f64 {
         crate::helpers::wait_for("a seal", Duration::from_secs(10), || async {
-            let done = self.store.seal_dedup_generation(WINDOW).await.unwrap();
+            let done = self.store.dedup().seal(WINDOW).await.unwrap();
             done.sealed.then_some(())
         })
         .await;

@@ -213,7 +213,7 @@ async fn copies_queued_together_are_each_handled_once(backend: Backend) {
             message(None, &eventbridge_envelope(&snapshot))
         });
     }
-    store.enqueue(QUEUE, &messages).await.unwrap();
+    store.queue().enqueue(QUEUE, &messages).await.unwrap();
     let bin = start(&db, work.path());
     bin.wait_for(
         "both copies of every change settled",

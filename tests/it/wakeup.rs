@@ -43,6 +43,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
     .await;
 
     other
+        .queue()
         .enqueue(
             "dedup.events",
             &[NewQueueMessage {

@@ -190,6 +190,7 @@ pub async fn backfill(
         summary.listed += events.len() as u64;
         let ids: Vec<String> = events.iter().map(|(e, _)| e.id.to_owned()).collect();
         let processed = store
+            .dedup()
             .processed_among(crate::stripe::SOURCE, &ids)
             .await
             .map_err(BackfillError::Store)?;

@@ -102,12 +102,14 @@ pub async fn redrive_where(
     let mut redriven = 0;
     let store_error = |redriven| move |source| RedriveError::Store { redriven, source };
     let through = store
+        .bulk()
         .newest_id(BulkRows::DeadLetters)
         .await
         .map_err(store_error(0))?;
     let mut after = 0;
     loop {
         let page = store
+            .bulk()
             .dead_letters_where(filter, after, through, PAGE)
             .await
             .map_err(store_error(redriven))?;
@@ -152,7 +154,8 @@ async fn redrive_one(
             source,
         })?;
     store
-        .redrive_dead_letter(id, &queue)
+        .dead_letters()
+        .redrive(id, &queue)
         .await
         .map_err(|source| RedriveError::Store { redriven, source })
 }

@@ -90,7 +90,7 @@ pub fn next_wait(failures: u32) -> Duration {
 async fn sample(sources: &GaugeSources, queue: &[Label; 2]) -> bool {
     let (backlog, counts) = tokio::join!(
         tokio::time::timeout(sources.timeout, sources.transport.backlog()),
-        tokio::time::timeout(sources.timeout, sources.store.alert_counts()),
+        tokio::time::timeout(sources.timeout, sources.store.reads().alert_counts()),
     );
     let backlog_ok = match backlog {
         Ok(Ok(backlog)) => {

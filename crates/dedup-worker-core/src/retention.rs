@@ -38,7 +38,7 @@ pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: Ca
     loop {
         match bounded(
             options.statement_timeout,
-            store.maintain_dedup_generations(options.dedup_window),
+            store.dedup().maintain(options.dedup_window),
         )
         .await
         {
@@ -62,8 +62,11 @@ pub async fn run_retention(store: Store, options: RetentionOptions, shutdown: Ca
             }
         }
         loop {
-            let purge =
-                store.purge_expired(options.dedup_window, options.outbox_window, options.batch);
+            let purge = store.retention().purge_expired(
+                options.dedup_window,
+                options.outbox_window,
+                options.batch,
+            );
             match bounded(options.statement_timeout, purge).await {
                 Ok(n) if n > 0 && !shutdown.is_cancelled() => {
                     tracing::debug!(deleted = n, "retention");

@@ -42,7 +42,7 @@ async fn twenty_failed_deliveries_retried_by_filter_end_dispatched_after_a_dry_r
         post_event(&app, &id, "charge.refunded").await;
     }
     wait_for("24 failed deliveries", WAIT, || async {
-        let counts = app.store.outbox_counts().await.ok()?;
+        let counts = app.store.outbox().counts().await.ok()?;
         (counts.failed == 24).then_some(())
     })
     .await;

@@ -37,13 +37,18 @@ async fn a_duplicate_events_page_shows_handled_and_its_duplicate_delivery() {
     post_event(&app, "evt_console_other", "invoice.paid").await;
     post_event(&app, id, "invoice.paid").await;
     wait_for("the event handled", WAIT, || async {
-        let record = app.store.processed_record("stripe", id).await;
+        let record = app.store.dedup().processed_record("stripe", id).await;
         record.ok().flatten().map(drop)
     })
     .await;
     post_event(&app, id, "invoice.paid").await;
     wait_for("the duplicate recorded", WAIT, || async {
-        let dups = app.store.duplicates_of("stripe", id, 10).await.ok()?;
+        let dups = app
+            .store
+            .dedup()
+            .duplicates_of("stripe", id, 10)
+            .await
+            .ok()?;
         (dups.count == 1).then_some(())
     })
     .await;
@@ -141,7 +146,12 @@ async fn a_dead_letter_redriven_from_its_page_ends_handled_on_postgres() {
     let id = "evt_console_poison";
     post_event(&app, id, "charge.failed").await;
     wait_for("the dead letter", WAIT, || async {
-        let dead = app.store.dead_letters_of("stripe", id, 10).await.ok()?;
+        let dead = app
+            .store
+            .reads()
+            .dead_letters_of("stripe", id, 10)
+            .await
+            .ok()?;
         (!dead.is_empty()).then_some(())
     })
     .await;
@@ -182,6 +192,7 @@ async fn a_dead_letter_redriven_from_its_page_ends_handled_on_postgres() {
     assert_eq!(handler.handled.load(Ordering::SeqCst), 1, "handled once");
     assert!(
         app.store
+            .reads()
             .dead_letters_of("stripe", id, 10)
             .await
             .expect("dead letters")
@@ -190,7 +201,7 @@ async fn a_dead_letter_redriven_from_its_page_ends_handled_on_postgres() {
     );
     // Its delivery, dispatched to the log sink.
     wait_for("the outbox row dispatched", WAIT, || async {
-        let counts = app.store.outbox_counts().await.ok()?;
+        let counts = app.store.outbox().counts().await.ok()?;
         (counts.dispatched == 1).then_some(())
     })
     .await;

@@ -175,15 +175,15 @@ async fn something_to_act_on(db: &TestDb, sink: &Sink) -> TestApp {
     post_event(&app, "evt_refuse_failed", "invoice.paid").await;
     post_event(&app, "evt_refuse_dead", "charge.failed").await;
     wait_for("a failed delivery and a dead letter", WAIT, || async {
-        let counts = app.store.outbox_counts().await.ok()?;
-        let dead = app.store.dead_letters(10).await.ok()?;
+        let counts = app.store.outbox().counts().await.ok()?;
+        let dead = app.store.dead_letters().list(10).await.ok()?;
         (counts.failed == 1 && dead.len() == 1).then_some(())
     })
     .await;
     sink.recover();
     post_event(&app, "evt_refuse_sent", "invoice.paid").await;
     wait_for("a dispatched delivery", WAIT, || async {
-        let counts = app.store.outbox_counts().await.ok()?;
+        let counts = app.store.outbox().counts().await.ok()?;
         (counts.dispatched == 1).then_some(())
     })
     .await;
@@ -454,7 +454,7 @@ async fn a_cross_origin_post_is_refused() {
         post_event(&app, &format!("evt_cross_{n}"), "invoice.paid").await;
     }
     wait_for("3 failed deliveries", WAIT, || async {
-        let counts = app.store.outbox_counts().await.ok()?;
+        let counts = app.store.outbox().counts().await.ok()?;
         (counts.failed == 3).then_some(())
     })
     .await;

@@ -14,7 +14,7 @@
 //!   recorded as new again, nor is a change whose copies all carry an alias recorded (committed
 //!   before the insert, or by the same batch) ("ACCEPTED TWICE"); nor is an id taken for a
 //!   duplicate if neither it nor its alias was ever committed ("LOST");
-//! * it is still recorded (`processed_among`) until then ("LOST EARLY"), and an id no committed
+//! * it is still recorded (`store.dedup().processed_among`) until then ("LOST EARLY"), and an id no committed
 //!   batch recorded (or one its batch undid) is not ("ROLLED BACK");
 //! * the ring has one current generation ("RING");
 //! * and every answer, every wait, the ring's shape and what is recorded are the model's

@@ -66,9 +66,9 @@ pub enum Step {
     Rollback(usize),
     /// An earlier release recorded this id in the legacy table (committed at once).
     Legacy(usize),
-    /// `seal_dedup_generation(window)`.
+    /// `store.dedup().seal(window)`.
     Seal,
-    /// `maintain_dedup_generations(window)`: retention's pass.
+    /// `store.dedup().maintain(window)`: retention's pass.
     Retention,
     /// The window retention and seals use from now on, in days.
     Window(i64),

@@ -208,9 +208,9 @@ impl Sut {
                 self.maintenance_since = Some(Instant::now());
                 self.maintenance = Some(ctx.rt.spawn(async move {
                     if seal {
-                        store.seal_dedup_generation(window).await
+                        store.dedup().seal(window).await
                     } else {
-                        store.maintain_dedup_generations(window).await
+                        store.dedup().maintain(window).await
                     }
                 }));
             }

@@ -43,7 +43,7 @@ async fn expiring_a_generation_while_a_batch_holds_the_ring_lock_is_no_deadlock(
         .unwrap();
     let expiring = tokio::spawn({
         let store = store.clone();
-        async move { store.maintain_dedup_generations(WINDOW).await }
+        async move { store.dedup().maintain(WINDOW).await }
     });
     // Retention waits for the batch (on the ring lock, or before the fix on it with generation
     // 0's table already locked).
@@ -108,13 +108,10 @@ async fn a_pass_with_nothing_to_do_leaves_the_ring_lock_alone() {
         "the exclusive request to queue",
     )
     .await;
-    let done = tokio::time::timeout(
-        Duration::from_secs(10),
-        store.maintain_dedup_generations(WINDOW),
-    )
-    .await
-    .expect("a pass with nothing to do never waits on the ring lock")
-    .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), store.dedup().maintain(WINDOW))
+        .await
+        .expect("a pass with nothing to do never waits on the ring lock")
+        .unwrap();
     assert_eq!(done, Default::default());
     held.commit().await;
     queued.await.unwrap().commit().await;

@@ -129,13 +129,13 @@ fn start_binary(
     )
 }
 
-/// Seals the current generation (expiring what is due first), as [`Store::seal_dedup_generation`]
+/// Seals the current generation (expiring what is due first), as `store.dedup().seal`
 /// does, asking again while another process's retention pass holds the retention lock (the
 /// binary runs one at start and every interval): a pass that was not ours did nothing.
 async fn seal(store: &Store) -> RingMaintenance {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let done = store.seal_dedup_generation(WINDOW).await.expect("seal");
+        let done = store.dedup().seal(WINDOW).await.expect("seal");
         if done.sealed || done.next_slot_busy {
             return done;
         }

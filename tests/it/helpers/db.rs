@@ -88,9 +88,10 @@ pub async fn execute(store: &Store, sql: &str) {
 
 /// True when nothing is left to do: queue empty and no pending outbox rows.
 pub async fn pipeline_drained(store: &Store, queue: &str) -> bool {
-    let depth = store.queue_depth(queue).await.unwrap_or(i64::MAX);
+    let depth = store.queue().depth(queue).await.unwrap_or(i64::MAX);
     let counts = store
-        .outbox_counts()
+        .outbox()
+        .counts()
         .await
         .map(|c| c.pending)
         .unwrap_or(i64::MAX);
@@ -104,7 +105,7 @@ where
     F: Fn(&dedup_worker_core::store::OutboxCounts) -> bool,
 {
     super::wait_for(what, timeout, || async {
-        let counts = store.outbox_counts().await.ok()?;
+        let counts = store.outbox().counts().await.ok()?;
         done(&counts).then_some(())
     })
     .await;

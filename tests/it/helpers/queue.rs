@@ -137,13 +137,15 @@ impl TestQueue {
     /// broker's count, read with a passive declare.)
     pub async fn drained(&self, store: &Store) -> bool {
         let outbox_pending = store
-            .outbox_counts()
+            .outbox()
+            .counts()
             .await
             .map(|c| c.pending)
             .unwrap_or(i64::MAX);
         let queue_empty = match self.transport {
             Transport::Database => store
-                .queue_depth(&self.name)
+                .queue()
+                .depth(&self.name)
                 .await
                 .map(|n| n == 0)
                 .unwrap_or(false),

@@ -99,7 +99,7 @@ async fn expect_dead_letters_and_good_ones(
         let (sink, store) = (sink.clone(), store.clone());
         async move {
             let delivered = file_sink_ids(&sink).len();
-            let dead = store.dead_letters(100).await.ok()?;
+            let dead = store.dead_letters().list(100).await.ok()?;
             let mut payloads: Vec<Vec<u8>> = dead.into_iter().map(|d| d.payload).collect();
             payloads.sort();
             payloads.dedup();
@@ -115,7 +115,8 @@ async fn expect_dead_letters_and_good_ones(
             .filter(|id| !delivered.contains(id))
             .collect();
         let dead: Vec<(String, String)> = store
-            .dead_letters(100)
+            .dead_letters()
+            .list(100)
             .await
             .map(|d| d.into_iter().map(|d| (d.event_id, d.error)).collect())
             .unwrap_or_default();
@@ -132,7 +133,7 @@ async fn expect_dead_letters_and_good_ones(
     delivered.sort();
     let expected: Vec<String> = (0..100).map(|i| format!("evt_good_{i:03}")).collect();
     assert_eq!(delivered, expected, "each good message handled once");
-    let dead = store.dead_letters(100).await.unwrap();
+    let dead = store.dead_letters().list(100).await.unwrap();
     // One dead letter per foreign message. On SQS a message may be one of two: a standard
     // queue may hand a message to two receivers at once (the emulator does so when two
     // workers' receives overlap), and a message with no id cannot be told from a second
@@ -295,13 +296,13 @@ async fn a_batch_refused_for_one_events_data_dead_letters_that_event_alone() {
             let (sink, store) = (sink.clone(), store.clone());
             async move {
                 let delivered = file_sink_ids(&sink).len();
-                let dead = store.dead_letters(10).await.ok()?.len();
+                let dead = store.dead_letters().list(10).await.ok()?.len();
                 (delivered == 29 && dead == 1).then_some(())
             }
         },
     )
     .await;
-    let dead = store.dead_letters(10).await.unwrap();
+    let dead = store.dead_letters().list(10).await.unwrap();
     assert_eq!(dead[0].event_id, "evt_poison_outbox");
     assert!(
         dead[0].error.contains("refused this event's data"),

@@ -124,7 +124,7 @@ async fn ids_the_store_cannot_hold_are_400_and_the_300_events_beside_them_arrive
     assert_eq!(unique.len(), 300);
     assert!(delivered.iter().all(|id| id.starts_with("evt_good_")));
     let store = db.store().await;
-    assert!(store.dead_letters(10).await.unwrap().is_empty());
+    assert!(store.dead_letters().list(10).await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,7 +276,7 @@ async fn the_database_queue_refuses_a_row_it_cannot_hold_alone() {
             assert!(result.is_ok(), "{id}: {result:?}");
         }
     }
-    assert_eq!(store.queue_depth("hostile").await.unwrap(), 100);
+    assert_eq!(store.queue().depth("hostile").await.unwrap(), 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,7 +312,7 @@ async fn an_id_beyond_ascii_is_forwarded_to_an_http_sink() {
     )
     .await;
     let store = db.store().await;
-    let counts = store.outbox_counts().await.unwrap();
+    let counts = store.outbox().counts().await.unwrap();
     assert_eq!((counts.dispatched, counts.failed), (1, 0));
     assert_eq!(receiver.snapshot()[0].body.as_ref(), &body[..]);
 }

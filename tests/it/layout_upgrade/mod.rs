@@ -75,7 +75,8 @@ async fn todays_database_upgrades_keeping_every_row(backend: Backend) {
     }
     // What operators read goes on: dead letters, failed outbox rows, the queue's depth.
     let dead: Vec<String> = store
-        .dead_letters(100)
+        .dead_letters()
+        .list(100)
         .await
         .unwrap()
         .into_iter()
@@ -84,7 +85,8 @@ async fn todays_database_upgrades_keeping_every_row(backend: Backend) {
     assert_eq!(dead.len(), 4);
     assert!((0..4).all(|i| dead.contains(&format!("evt_dead_{i}"))));
     let mut failed: Vec<String> = store
-        .failed_outbox(100)
+        .outbox()
+        .failed(100)
         .await
         .unwrap()
         .into_iter()
@@ -92,12 +94,12 @@ async fn todays_database_upgrades_keeping_every_row(backend: Backend) {
         .collect();
     failed.sort();
     assert_eq!(failed, ["evt_failed_0", "evt_failed_1"]);
-    let outbox = store.outbox_counts().await.unwrap();
+    let outbox = store.outbox().counts().await.unwrap();
     assert_eq!(
         (outbox.pending, outbox.failed, outbox.dispatched),
         (3, 2, 5)
     );
-    assert_eq!(store.queue_depth(QUEUE).await.unwrap(), 6);
+    assert_eq!(store.queue().depth(QUEUE).await.unwrap(), 6);
 
     // The application's history row and table are untouched, and its own stock migrator, the
     // one that refused to run beside the library's rows, runs without a workaround.

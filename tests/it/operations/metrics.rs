@@ -215,10 +215,12 @@ async fn gauges_follow_the_database_queue_dead_letters_and_the_outbox_on_both_st
             .unwrap();
         tx.commit().await.unwrap();
         let claimed = store
-            .claim_outbox(1, Duration::from_secs(10))
+            .outbox()
+            .claim(1, Duration::from_secs(10))
             .await
             .unwrap();
         let failed = store
+            .outbox()
             .mark_delivery_failed(claimed[0].claim(), "refused", Duration::ZERO, 1)
             .await
             .unwrap();

@@ -71,7 +71,7 @@ async fn post_all(bin: &RunningBinary, events: &[(&str, &str)]) {
 async fn outbox_settles(bin: &RunningBinary, store: &Store, dispatched: i64, failed: i64) {
     let what = format!("{dispatched} rows dispatched and {failed} failed");
     bin.wait_for(&what, WAIT, || async {
-        let c = store.outbox_counts().await.ok()?;
+        let c = store.outbox().counts().await.ok()?;
         (c.pending == 0 && (c.dispatched, c.failed) == (dispatched, failed)).then_some(())
     })
     .await;
@@ -144,7 +144,7 @@ async fn outbox_resend_redelivers_a_dispatched_range_under_the_original_keys(bac
     assert_eq!(dry, want);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(deliveries(&receiver), first, "a dry run delivers nothing");
-    assert_eq!(store.outbox_counts().await.unwrap().dispatched, 8);
+    assert_eq!(store.outbox().counts().await.unwrap().dispatched, 8);
 
     let done = summary(&db, &args);
     assert_eq!(

@@ -31,7 +31,8 @@ async fn write_dead_letters(store: &Store, backend: Backend) -> Vec<i64> {
     }
     tx.commit().await.unwrap();
     let ids: Vec<i64> = store
-        .dead_letters(100)
+        .dead_letters()
+        .list(100)
         .await
         .unwrap()
         .iter()
@@ -93,7 +94,8 @@ async fn dead_letter_counts_match_their_redrives(backend: Backend) {
         assert_eq!((count, redriven), (want.len() as u64, count), "{filter:?}");
         left = left.difference(&want).copied().collect();
         let now: BTreeSet<i64> = store
-            .dead_letters(100)
+            .dead_letters()
+            .list(100)
             .await
             .unwrap()
             .iter()

@@ -248,7 +248,7 @@ async fn a_retry_larger_than_a_chunk_takes_every_row(backend: Backend) {
     );
     let retried = operator::retry_failed_deliveries(&store, &filter, &actor).await;
     assert_eq!(retried.unwrap(), 2_500);
-    assert_eq!(store.outbox_counts().await.unwrap().pending, 2_500);
+    assert_eq!(store.outbox().counts().await.unwrap().pending, 2_500);
 
     let now = chrono::Utc::now().timestamp_millis();
     execute(
@@ -265,7 +265,7 @@ async fn a_retry_larger_than_a_chunk_takes_every_row(backend: Backend) {
     };
     let resent = operator::resend_dispatched_deliveries(&store, &since, &actor).await;
     assert_eq!(resent.unwrap(), 2_500);
-    assert_eq!(store.outbox_counts().await.unwrap().pending, 2_500);
+    assert_eq!(store.outbox().counts().await.unwrap().pending, 2_500);
     let recorded: Vec<i64> = operator::recent_actions(&store, 10)
         .await
         .unwrap()

@@ -131,7 +131,8 @@ pub(super) async fn assert_refused(app: &TestApp, name: &str, cases: &[(&str, De
 /// Every message waiting in the test's queue (claimed, so read once).
 pub(super) async fn queued(store: &Store) -> Vec<QueuedMessage> {
     store
-        .claim_messages("dedup.events", 100, Duration::from_secs(60))
+        .queue()
+        .claim("dedup.events", 100, Duration::from_secs(60))
         .await
         .expect("claim")
 }

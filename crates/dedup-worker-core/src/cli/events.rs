@@ -54,7 +54,7 @@ pub(super) async fn events(
         EventsCommand::List(args) => list(config, args).await.map(|()| ExitCode::SUCCESS),
         EventsCommand::Stale { limit } => {
             let store = connect(config).await?;
-            for stale in store.stale_events(limit).await? {
+            for stale in store.stale_events().list(limit).await? {
                 let line = serde_json::json!({
                     "source": stale.source, "event_id": stale.event_id,
                     "event_type": stale.event_type, "object_id": stale.object_id,

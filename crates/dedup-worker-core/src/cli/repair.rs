@@ -143,6 +143,7 @@ pub(super) async fn dlq(config: Option<PathBuf>, command: DlqCommand) -> anyhow:
             let store = connect(config).await?;
             let filter = filter.filter(Vec::new());
             for dl in store
+                .bulk()
                 .dead_letters_where(&filter, 0, i64::MAX, limit)
                 .await?
             {
@@ -204,7 +205,7 @@ pub(super) async fn outbox(config: Option<PathBuf>, command: OutboxCommand) -> a
     let store = connect(config).await?;
     match command {
         OutboxCommand::Failed { limit } => {
-            for row in store.failed_outbox(limit).await? {
+            for row in store.outbox().failed(limit).await? {
                 let line = serde_json::json!({
                     "id": row.id, "event_id": row.event_id,
                     "destination": row.destination.as_deref().map(shown_destination),

@@ -204,11 +204,13 @@ async fn belongs(
     let store = &state.store;
     let ids: Vec<i64> = if dead_letter {
         store
+            .reads()
             .dead_letters_of(source, event_id, 1000)
             .await
             .map(|r| r.into_iter().map(|d| d.id).collect())
     } else {
         store
+            .reads()
             .outbox_of(source, event_id, 1000)
             .await
             .map(|r| r.into_iter().map(|o| o.id).collect())

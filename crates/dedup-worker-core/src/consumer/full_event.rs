@@ -147,6 +147,7 @@ impl Consumer {
         }
         let processed: HashSet<String> = self
             .store
+            .dedup()
             .processed_among(crate::stripe::SOURCE, &keys)
             .await?
             .into_iter()

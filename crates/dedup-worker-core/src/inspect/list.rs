@@ -222,7 +222,7 @@ pub async fn list_events(
         async move {
             bounded(
                 options.statement_timeout,
-                store.list_events(kind, filter, limit + 1),
+                store.reads().list_events(kind, filter, limit + 1),
             )
             .await
             .map_err(|source| ListError::Store { kind, source })

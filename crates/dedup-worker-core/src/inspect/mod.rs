@@ -111,30 +111,38 @@ pub async fn event_report(
     let limit = options.limit;
     let read = |what: &'static str| move |source: StoreError| ShowError { what, source };
     let within = options.statement_timeout;
-    let processed = bounded(within, store.processed_record(source, event_id))
+    let processed = bounded(within, store.dedup().processed_record(source, event_id))
         .await
         .map_err(read("the dedup record"))?;
-    let duplicates = bounded(within, store.duplicates_of(source, event_id, limit))
+    let duplicates = bounded(within, store.dedup().duplicates_of(source, event_id, limit))
         .await
         .map_err(read("the duplicate deliveries"))?;
-    let stale = bounded(within, store.stale_records_of(source, event_id, limit))
-        .await
-        .map_err(read("the stale guard's records"))?;
-    let dead_letters = bounded(within, store.dead_letters_of(source, event_id, limit))
-        .await
-        .map_err(read("the dead letters"))?;
-    let redrives = bounded(within, store.redrives_of(source, event_id, limit))
+    let stale = bounded(
+        within,
+        store.reads().stale_records_of(source, event_id, limit),
+    )
+    .await
+    .map_err(read("the stale guard's records"))?;
+    let dead_letters = bounded(
+        within,
+        store.reads().dead_letters_of(source, event_id, limit),
+    )
+    .await
+    .map_err(read("the dead letters"))?;
+    let redrives = bounded(within, store.reads().redrives_of(source, event_id, limit))
         .await
         .map_err(read("the redrives"))?;
     let outbox = match processed {
         // Outbox rows are written with the processed id, and found by its time.
-        Some(_) => bounded(within, store.outbox_of(source, event_id, limit))
+        Some(_) => bounded(within, store.reads().outbox_of(source, event_id, limit))
             .await
             .map_err(read("the outbox rows"))?,
         None => Vec::new(),
     };
     let queued = if options.database_queue {
-        let lookup = store.queued_of(source, event_id, &options.default_source, limit);
+        let lookup = store
+            .reads()
+            .queued_of(source, event_id, &options.default_source, limit);
         Some(
             bounded(within, lookup)
                 .await

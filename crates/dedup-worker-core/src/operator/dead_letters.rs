@@ -8,7 +8,10 @@ use crate::store::{BulkRows, Store, StoreError};
 
 /// How many dead letters `filter` selects: what [`redrive_dead_letters`] would publish now.
 pub async fn count_dead_letters(store: &Store, filter: &RowFilter) -> Result<u64, StoreError> {
-    store.count_where(BulkRows::DeadLetters, filter).await
+    store
+        .bulk()
+        .count_where(BulkRows::DeadLetters, filter)
+        .await
 }
 
 /// Redrives what the filter selects (through [`crate::dlq`]'s publish-then-delete, in id order,
@@ -47,6 +50,7 @@ pub async fn list_dead_letters(
     limit: i64,
 ) -> Result<Vec<DeadLetterListing>, StoreError> {
     store
+        .bulk()
         .list_dead_letters_where(filter, before_id, limit)
         .await
 }

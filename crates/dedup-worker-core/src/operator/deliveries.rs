@@ -7,7 +7,10 @@ use crate::store::{BulkRows, Store, StoreError};
 
 /// How many failed deliveries (status `failed`, time `created_at`) `filter` selects.
 pub async fn count_failed_deliveries(store: &Store, filter: &RowFilter) -> Result<u64, StoreError> {
-    store.count_where(BulkRows::FailedDeliveries, filter).await
+    store
+        .bulk()
+        .count_where(BulkRows::FailedDeliveries, filter)
+        .await
 }
 
 /// Failed -> pending, attempts 0, due now (`last_error` kept until the next attempt); recorded.
@@ -33,6 +36,7 @@ pub async fn count_dispatched_deliveries(
     filter: &RowFilter,
 ) -> Result<u64, StoreError> {
     store
+        .bulk()
         .count_where(BulkRows::DispatchedDeliveries, filter)
         .await
 }
@@ -62,6 +66,7 @@ pub async fn list_failed_deliveries(
     limit: i64,
 ) -> Result<Vec<DeliveryListing>, StoreError> {
     store
+        .bulk()
         .list_deliveries_where(BulkRows::FailedDeliveries, filter, before_id, limit)
         .await
 }
@@ -76,11 +81,15 @@ async fn requeue(
     filter: &RowFilter,
     actor: &Actor,
 ) -> Result<u64, StoreError> {
-    let through = store.newest_id(rows).await?;
+    let through = store.bulk().newest_id(rows).await?;
     let mut moved = 0;
     let mut after = 0;
     let result = loop {
-        match store.requeue_chunk(rows, filter, after, through).await {
+        match store
+            .bulk()
+            .requeue_chunk(rows, filter, after, through)
+            .await
+        {
             Ok(chunk) => {
                 moved += chunk.moved;
                 match chunk.last_id {

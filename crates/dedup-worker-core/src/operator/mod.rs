@@ -67,7 +67,7 @@ impl Action {
 
 /// The newest `limit` recorded actions, newest first.
 pub async fn recent_actions(store: &Store, limit: i64) -> Result<Vec<AdminAction>, StoreError> {
-    store.admin_actions(limit).await
+    store.admin_actions().newest(limit).await
 }
 
 /// Records that `actor` took `action` on `count` rows selected by `filter`.
@@ -82,7 +82,8 @@ async fn record(
     let filter = serde_json::to_string(filter).unwrap_or_else(|_| "{}".into());
     let count = i64::try_from(count).unwrap_or(i64::MAX);
     store
-        .record_admin_action(&actor.0, action.name(), &filter, count)
+        .admin_actions()
+        .record(&actor.0, action.name(), &filter, count)
         .await
         .map(drop)
 }

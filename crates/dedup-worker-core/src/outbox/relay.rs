@@ -155,7 +155,8 @@ impl Relay {
         let rows = bounded(
             self.options.statement_timeout,
             self.store
-                .claim_outbox(self.options.batch_size, self.options.lease),
+                .outbox()
+                .claim(self.options.batch_size, self.options.lease),
         )
         .await?;
         outcome.claimed = rows.len();
@@ -189,7 +190,7 @@ impl Relay {
         .await;
         // Deliveries are marked first: an outage now must not lose what the sink already has.
         let limit = self.options.statement_timeout;
-        let marked = match bounded(limit, self.store.mark_dispatched(&delivered)).await {
+        let marked = match bounded(limit, self.store.outbox().mark_dispatched(&delivered)).await {
             Ok(marked) => marked,
             Err(error) => {
                 self.lock_unmarked().extend_from_slice(&delivered);
@@ -207,7 +208,7 @@ impl Relay {
             // If this mark is lost, the row is simply retried when its lease ends.
             let marked = bounded(
                 limit,
-                self.store.mark_delivery_failed(
+                self.store.outbox().mark_delivery_failed(
                     row.claim(),
                     &error.to_string(),
                     delay,
@@ -265,7 +266,7 @@ impl Relay {
         for (claim_token, ids) in by_claim(claims) {
             match tokio::time::timeout(
                 OUTSIDE_CALL_TIMEOUT,
-                self.store.release_outbox_leases(claim_token, &ids),
+                self.store.outbox().release_leases(claim_token, &ids),
             )
             .await
             {
@@ -294,7 +295,7 @@ impl Relay {
             return Ok(0);
         }
         let limit = self.options.statement_timeout;
-        match bounded(limit, self.store.mark_dispatched(&claims)).await {
+        match bounded(limit, self.store.outbox().mark_dispatched(&claims)).await {
             Ok(marked) => {
                 metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
                 tracing::info!(rows = marked, "marked deliveries an outage left unmarked");
@@ -365,7 +366,7 @@ async fn extend_outbox_leases(
         .clone();
     let mut extended = std::collections::HashSet::new();
     for (claim_token, ids) in by_claim(&claims) {
-        match store.extend_outbox_leases(claim_token, &ids, lease).await {
+        match store.outbox().extend_leases(claim_token, &ids, lease).await {
             Ok(ids) => extended.extend(ids.into_iter().map(|id| (id, claim_token))),
             Err(error) => return report_failed("outbox", &error),
         }

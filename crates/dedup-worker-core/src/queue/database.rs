@@ -117,6 +117,7 @@ async fn write_groups(
         // retry, which the consumer recognises as a duplicate. Never the other way round.
         let enqueued = async {
             store
+                .queue()
                 .enqueue(&queue, &messages)
                 .await
                 .map_err(write_failure)
@@ -184,6 +185,7 @@ async fn write_one_by_one(
 ) {
     for (message, reply) in messages.into_iter().zip(replies) {
         let result = store
+            .queue()
             .enqueue(queue, std::slice::from_ref(&message))
             .await
             .map_err(TransportError::from);
@@ -233,7 +235,7 @@ impl Transport for DatabaseQueue {
             stripe_signature: message.stripe_signature,
             sender_headers: message.sender_headers.to_wire(),
         };
-        self.store.enqueue(queue, &[message]).await?;
+        self.store.queue().enqueue(queue, &[message]).await?;
         self.wakeups.queue.notify_waiters();
         Ok(())
     }
@@ -251,7 +253,7 @@ impl Transport for DatabaseQueue {
         let claim = || {
             bounded(
                 self.statement_timeout,
-                self.store.claim_messages(&self.queue, max, self.lease),
+                self.store.queue().claim(&self.queue, max, self.lease),
             )
         };
         let mut rows = claim().await?;
@@ -283,7 +285,7 @@ impl Transport for DatabaseQueue {
 
     /// Deletes the rows even if another consumer re-claimed them after our lease expired: the
     /// outcome we ack for is committed, so that consumer could only find the event processed
-    /// (see [`Store::ack_messages`]).
+    /// (see [`crate::store::Queue::ack`]).
     async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
         let ids: Vec<i64> = tags
             .iter()
@@ -292,7 +294,7 @@ impl Transport for DatabaseQueue {
                 _ => None,
             })
             .collect();
-        Ok(bounded(self.statement_timeout, self.store.ack_messages(&ids)).await?)
+        Ok(bounded(self.statement_timeout, self.store.queue().ack(&ids)).await?)
     }
 
     async fn release(&self, tags: &[DeliveryTag]) -> Result<(), TransportError> {
@@ -303,7 +305,8 @@ impl Transport for DatabaseQueue {
                 bounded(
                     self.statement_timeout,
                     self.store
-                        .release_message(*id, *claim_token, Duration::ZERO),
+                        .queue()
+                        .release(*id, *claim_token, Duration::ZERO),
                 )
                 .await?;
             }
@@ -328,7 +331,7 @@ impl Transport for DatabaseQueue {
         for (claim_token, ids) in by_token {
             let held: std::collections::HashSet<i64> = bounded(
                 self.statement_timeout,
-                self.store.extend_message_leases(claim_token, &ids, lease),
+                self.store.queue().extend_leases(claim_token, &ids, lease),
             )
             .await?
             .into_iter()
@@ -354,7 +357,7 @@ impl Transport for DatabaseQueue {
         };
         let released = bounded(
             self.statement_timeout,
-            self.store.release_message(id, claim_token, delay),
+            self.store.queue().release(id, claim_token, delay),
         )
         .await?;
         if released == 0 {
@@ -379,7 +382,7 @@ impl Transport for DatabaseQueue {
     async fn backlog(&self) -> Result<Backlog, TransportError> {
         let (depth, oldest) = bounded(
             self.statement_timeout,
-            self.store.queue_backlog(&self.queue),
+            self.store.queue().backlog(&self.queue),
         )
         .await?;
         Ok(Backlog {

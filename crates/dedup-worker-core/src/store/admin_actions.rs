@@ -1,8 +1,14 @@
-//! The record of the operator's bulk actions (`admin_actions`): who took which action, when,
-//! with which filter, and how many rows it acted on. Written once per action, never updated;
-//! read newest first. Each statement once per store: the method, then its two forms below.
+//! The record of the operator's bulk actions (`admin_actions`): [`AdminActions`], reached as
+//! `store.admin_actions()`, each statement's PostgreSQL and SQLite form side by side.
 
-use super::{Pool, Store, StoreError};
+use super::{now_ms, Pool, StoreError};
+
+/// Who took which bulk action, when, with which filter, and how many rows it acted on. Written
+/// once per action, never updated; read newest first.
+#[derive(Debug, Clone, Copy)]
+pub struct AdminActions<'a> {
+    pub(super) pool: &'a Pool,
+}
 
 /// One recorded bulk action.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
@@ -20,102 +26,66 @@ pub struct AdminAction {
     pub count: i64,
 }
 
-impl Store {
+impl AdminActions<'_> {
     /// Records one action; returns its id.
-    pub async fn record_admin_action(
-        &self,
+    pub async fn record(
+        self,
         actor: &str,
         action: &str,
         filter: &str,
         count: i64,
     ) -> Result<i64, StoreError> {
-        on_pool!(self, record_admin_action(actor, action, filter, count))
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_scalar(
+                    "INSERT INTO admin_actions (actor, action, filter, count)
+             VALUES ($1, $2, $3, $4) RETURNING id",
+                )
+                .bind(actor)
+                .bind(action)
+                .bind(filter)
+                .bind(count)
+                .fetch_one(pool)
+                .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_scalar(
+                    "INSERT INTO admin_actions (at, actor, action, filter, count)
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                )
+                .bind(now_ms())
+                .bind(actor)
+                .bind(action)
+                .bind(filter)
+                .bind(count)
+                .fetch_one(pool)
+                .await?
+            }
+        })
     }
 
     /// The newest `limit` actions, newest first.
-    pub async fn admin_actions(&self, limit: i64) -> Result<Vec<AdminAction>, StoreError> {
-        on_pool!(self, admin_actions(limit))
-    }
-}
-
-/// The PostgreSQL forms.
-pub(super) mod postgres {
-    use sqlx::PgPool;
-
-    use super::AdminAction;
-    use crate::store::StoreError;
-
-    pub(super) async fn record_admin_action(
-        pool: &PgPool,
-        actor: &str,
-        action: &str,
-        filter: &str,
-        count: i64,
-    ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "INSERT INTO admin_actions (actor, action, filter, count)
-             VALUES ($1, $2, $3, $4) RETURNING id",
-        )
-        .bind(actor)
-        .bind(action)
-        .bind(filter)
-        .bind(count)
-        .fetch_one(pool)
-        .await?)
-    }
-
-    pub(super) async fn admin_actions(
-        pool: &PgPool,
-        limit: i64,
-    ) -> Result<Vec<AdminAction>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, floor(extract(epoch FROM at) * 1000)::int8 AS at_ms, actor, action,
+    pub async fn newest(self, limit: i64) -> Result<Vec<AdminAction>, StoreError> {
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT id, floor(extract(epoch FROM at) * 1000)::int8 AS at_ms, actor, action,
                     filter, count
                FROM admin_actions ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
-    }
-}
-
-/// The SQLite forms.
-mod sqlite {
-    use sqlx::SqlitePool;
-
-    use super::AdminAction;
-    use crate::store::{now_ms, StoreError};
-
-    pub(super) async fn record_admin_action(
-        pool: &SqlitePool,
-        actor: &str,
-        action: &str,
-        filter: &str,
-        count: i64,
-    ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "INSERT INTO admin_actions (at, actor, action, filter, count)
-             VALUES ($1, $2, $3, $4, $5) RETURNING id",
-        )
-        .bind(now_ms())
-        .bind(actor)
-        .bind(action)
-        .bind(filter)
-        .bind(count)
-        .fetch_one(pool)
-        .await?)
-    }
-
-    pub(super) async fn admin_actions(
-        pool: &SqlitePool,
-        limit: i64,
-    ) -> Result<Vec<AdminAction>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, at AS at_ms, actor, action, filter, count
+                )
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(
+                    "SELECT id, at AS at_ms, actor, action, filter, count
                FROM admin_actions ORDER BY id DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+                )
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+            }
+        })
     }
 }

@@ -1,8 +1,25 @@
 //! The store: PostgreSQL in production, SQLite as the embedded default.
 //!
-//! Owns every SQL statement of the pipeline (dedup record, outbox, dead letters, database queue)
-//! and the migrations. Both backends give the same guarantees, checked by one contract test
-//! suite (`tests/it/store_contract.rs`):
+//! Owns every SQL statement of the pipeline and the migrations, by table family, each family a
+//! small handle borrowed from [`Store`] and each in its own room, the PostgreSQL and the SQLite
+//! form of each statement side by side:
+//!
+//! | family | reached as | room |
+//! |---|---|---|
+//! | the database queue (`queue_messages`) | [`Store::queue`] | `queue.rs` |
+//! | the dedup record (a ring of generation tables) | [`Store::dedup`] | `dedup/` |
+//! | the outbox (`outbox`) | [`Store::outbox`] | `outbox.rs` |
+//! | dead letters and their redrives | [`Store::dead_letters`] | `dead_letters.rs` |
+//! | the stale-event guard's rows | [`Store::stale_events`] | `stale.rs` |
+//! | the operator's reads (event list, one event's trail, activity, alerts) | [`Store::reads`] | `reads/` |
+//! | retention's purge | [`Store::retention`] | `retention.rs` |
+//! | the operator's bulk actions by filter | [`Store::bulk`] | `bulk/` |
+//! | the record of those actions (`admin_actions`) | [`Store::admin_actions`] | `admin_actions.rs` |
+//!
+//! [`StoreTx`], the consumer's batch transaction, runs the families' writes that must commit
+//! with the batch (processed ids, outbox rows, dead letters, the stale guard's rows); their
+//! statements are the families' own. Both backends give the same guarantees, checked by one
+//! contract test suite (`tests/it/store_contract.rs`):
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
 //!   transaction, so "seen" and "handled" commit together, across the whole dedup window
 //!   whatever its size ([`dedup`]: a ring of generation tables);
@@ -12,33 +29,20 @@
 //!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
-/// Calls the function of the same name in the calling file's `postgres` or `sqlite` module (each
-/// file of statements has both, the two forms of each statement side by side) with the pool.
-macro_rules! on_pool {
-    ($store:expr, $func:ident($($arg:expr),*)) => {
-        match &$store.0 {
-            Pool::Postgres(pool) => postgres::$func(pool, $($arg),*).await,
-            Pool::Sqlite(pool) => sqlite::$func(pool, $($arg),*).await,
-        }
-    };
-}
-
-mod activity;
 mod admin_actions;
-mod backlog;
 mod bulk;
 mod dead_letters;
 pub mod dedup;
-mod event_list;
 mod migrate;
-mod outbox_rows;
+mod outbox;
 mod postgres;
-mod purge;
-mod queue_rows;
+mod queue;
+mod reads;
+mod retention;
 mod rows;
 mod sqlite;
+mod stale;
 mod timeouts;
-mod trail;
 mod transaction;
 mod user_migrations;
 
@@ -54,13 +58,18 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
-pub use activity::MinuteCount;
-pub use admin_actions::AdminAction;
-pub use backlog::AlertCounts;
-pub use bulk::{BulkRows, DeadLetterListing, DeliveryListing, Requeued, RowFilter};
-pub use dedup::{dedup_key, ProcessedEvent, RingMaintenance};
-pub use event_list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
+pub use admin_actions::{AdminAction, AdminActions};
+pub use bulk::{Bulk, BulkRows, DeadLetterListing, DeliveryListing, Requeued, RowFilter};
+pub use dead_letters::DeadLetters;
+pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
+pub use outbox::Outbox;
+pub use queue::Queue;
+pub use reads::{
+    AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
+};
+pub use retention::Retention;
+pub use stale::StaleEvents;
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
 pub use user_migrations::Migrations;
@@ -216,7 +225,8 @@ pub const QUEUE_CHANNEL: &str = "dedup_queue";
 pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
 
 /// A connection pool to one of the two backends. Which one is the store's own business: the
-/// pipeline calls its methods, and asks [`Store::single_writer`] where the difference matters.
+/// pipeline reaches each table family by name (`store.outbox().claim(…)`), and asks
+/// [`Store::single_writer`] where the difference matters.
 #[derive(Debug, Clone)]
 pub struct Store(Pool);
 
@@ -300,6 +310,52 @@ impl Store {
         }
     }
 
+    /// The database queue's rows (`queue.rs`).
+    pub fn queue(&self) -> Queue<'_> {
+        Queue { pool: &self.0 }
+    }
+
+    /// The dedup record: the ring of generation tables (`dedup/`).
+    pub fn dedup(&self) -> DedupRing<'_> {
+        DedupRing { pool: &self.0 }
+    }
+
+    /// The outbox's rows (`outbox.rs`).
+    pub fn outbox(&self) -> Outbox<'_> {
+        Outbox { pool: &self.0 }
+    }
+
+    /// Dead letters and the record of their redrives (`dead_letters.rs`).
+    pub fn dead_letters(&self) -> DeadLetters<'_> {
+        DeadLetters { pool: &self.0 }
+    }
+
+    /// The events the stale-event guard held back (`stale.rs`).
+    pub fn stale_events(&self) -> StaleEvents<'_> {
+        StaleEvents { pool: &self.0 }
+    }
+
+    /// The operator's reads across the tables: event list, one event's trail, activity,
+    /// alerts (`reads/`).
+    pub fn reads(&self) -> Reads<'_> {
+        Reads { pool: &self.0 }
+    }
+
+    /// Retention's purge of expired rows (`retention.rs`).
+    pub fn retention(&self) -> Retention<'_> {
+        Retention { pool: &self.0 }
+    }
+
+    /// The operator's bulk actions by filter (`bulk/`).
+    pub fn bulk(&self) -> Bulk<'_> {
+        Bulk { pool: &self.0 }
+    }
+
+    /// The record of the operator's bulk actions (`admin_actions.rs`).
+    pub fn admin_actions(&self) -> AdminActions<'_> {
+        AdminActions { pool: &self.0 }
+    }
+
     pub fn backend(&self) -> Backend {
         match &self.0 {
             Pool::Postgres(_) => Backend::Postgres,
@@ -374,6 +430,11 @@ impl Store {
 /// A claim token: random, so no two claims share one (2^-64 for any pair).
 fn new_claim_token() -> i64 {
     rand::random()
+}
+
+/// A count as read: never negative.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// Milliseconds since the Unix epoch (SQLite keeps times as integers).

@@ -1,7 +1,7 @@
 //! What every PostgreSQL statement of the store shares: the transaction's isolation, the
 //! advisory locks' names, and the listener that turns notifications into wake-ups. The
-//! statements themselves live with their rows (queue_rows.rs, outbox_rows.rs, dead_letters.rs,
-//! purge.rs, dedup/), each beside its SQLite form.
+//! statements themselves live with their table family (queue.rs, outbox.rs, dead_letters.rs,
+//! dedup/, …: see the store's module), each beside its SQLite form.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -39,7 +39,7 @@ pub struct QueuedMessage {
     pub stripe_signature: Option<String>,
     /// The sender's delivery headers, in their wire form.
     pub sender_headers: Option<String>,
-    /// Identifies this claim: [`crate::store::Store::release_message`] applies only while the
+    /// Identifies this claim: [`crate::store::Queue::release`] applies only while the
     /// message still carries it, i.e. while no other consumer has claimed it since.
     pub claim_token: i64,
 }

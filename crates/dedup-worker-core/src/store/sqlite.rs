@@ -2,8 +2,8 @@
 //! id lists in chunks. SQLite has one writer at a time, so claims need no row locks: a single
 //! `UPDATE … RETURNING` is atomic. Times are Unix milliseconds computed by the caller, since one
 //! SQLite file is only ever used by processes on one machine. The statements themselves live
-//! with their rows (queue_rows.rs, outbox_rows.rs, dead_letters.rs, purge.rs, dedup/), each
-//! beside its PostgreSQL form.
+//! with their table family (queue.rs, outbox.rs, dead_letters.rs, dedup/, …: see the store's
+//! module), each beside its PostgreSQL form.
 
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 

@@ -1,9 +1,13 @@
 //! Transactions: [`StoreTx`], the consumer's batch transaction, and [`DbTx`], the connection a
 //! handler writes through inside it. [`with_connection!`](crate::with_connection) lets a
 //! handler write each statement once for both stores.
+//!
+//! `StoreTx`'s writes are the families' statements, run in the batch transaction: each method
+//! calls its family's function (`dedup/`, `outbox.rs`, `dead_letters.rs`, `stale.rs`), where
+//! the statement is, its two forms side by side. What is here is the transaction itself.
 
 use super::dedup::{self, ProcessedEvent};
-use super::{dead_letters, outbox_rows, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
+use super::{dead_letters, outbox, stale, NewDeadLetter, NewOutboxRow, StaleEvent, StoreError};
 
 /// Runs the same expression on whichever connection a [`DbTx`] (or `&mut DbTx`) holds, so SQL
 /// both stores accept is written once. `$conn` is bound to `&mut &mut PgConnection` or
@@ -60,26 +64,6 @@ macro_rules! execute {
                 .await
                 .map(|done| done.rows_affected())
         })
-    };
-}
-
-/// Calls the function of the same name in `dead_letters.rs` for the open transaction's store.
-macro_rules! on_tx {
-    ($tx:expr, $func:ident($($arg:expr),*)) => {
-        match $tx {
-            StoreTx::Postgres(tx) => dead_letters::postgres::$func(tx, $($arg),*).await,
-            StoreTx::Sqlite(tx, _) => dead_letters::sqlite::$func(tx, $($arg),*).await,
-        }
-    };
-}
-
-/// Runs the same expression on whichever transaction this is (SQL both backends share).
-macro_rules! either_tx {
-    ($tx:expr, |$conn:ident| $body:expr) => {
-        match $tx {
-            StoreTx::Postgres($conn) => $body,
-            StoreTx::Sqlite($conn, _) => $body,
-        }
     };
 }
 
@@ -157,12 +141,7 @@ impl StoreTx {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        match self {
-            StoreTx::Postgres(tx) => dedup::insert_processed_pg(tx, source, events).await,
-            StoreTx::Sqlite(tx, began) => {
-                dedup::insert_processed_sqlite(tx, *began, source, events).await
-            }
-        }
+        dedup::insert_processed(self, source, events).await
     }
 
     /// Records one later delivery of each `(source, event id)`, recognised as a duplicate of
@@ -180,10 +159,7 @@ impl StoreTx {
             .iter()
             .map(|(source, id, event_type)| (dedup::dedup_key(source, id), *event_type))
             .collect();
-        match self {
-            StoreTx::Postgres(tx) => dedup::record_duplicates_pg(tx, &keys).await,
-            StoreTx::Sqlite(tx, began) => dedup::record_duplicates_sqlite(tx, *began, &keys).await,
-        }
+        dedup::record_duplicates(self, &keys).await
     }
 
     /// Undoes `insert_processed` for one event whose handler failed.
@@ -192,26 +168,16 @@ impl StoreTx {
         source: &str,
         event_id: &str,
     ) -> Result<(), StoreError> {
-        match self {
-            StoreTx::Postgres(tx) => dedup::delete_processed_pg(tx, source, event_id).await,
-            StoreTx::Sqlite(tx, _) => dedup::delete_processed_sqlite(tx, source, event_id).await,
-        }
+        dedup::delete_processed(self, source, event_id).await
     }
 
+    /// Writes outbox rows (on PostgreSQL, notifying the relays at commit).
     pub async fn insert_outbox(&mut self, rows: &[NewOutboxRow]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        match self {
-            StoreTx::Postgres(tx) => outbox_rows::postgres::insert_outbox(tx, rows).await,
-            StoreTx::Sqlite(tx, began) => {
-                outbox_rows::sqlite::insert_outbox(tx, *began, rows).await
-            }
-        }
+        outbox::insert(self, rows).await
     }
 
     pub async fn insert_dead_letter(&mut self, row: &NewDeadLetter) -> Result<(), StoreError> {
-        on_tx!(self, insert_dead_letter(row, false)).map(drop)
+        dead_letters::insert(self, row, false).await.map(drop)
     }
 
     /// Like [`StoreTx::insert_dead_letter`], unless a dead letter of the same event (source and
@@ -222,20 +188,17 @@ impl StoreTx {
         &mut self,
         row: &NewDeadLetter,
     ) -> Result<bool, StoreError> {
-        on_tx!(self, insert_dead_letter(row, true)).map(|n| n > 0)
+        dead_letters::insert(self, row, true).await.map(|n| n > 0)
     }
 
     /// [`StoreTx::insert_dead_letter_once`] for each of `rows`, their locks taken first and in
-    /// one canonical order (see `dead_letters::postgres::lock_dead_letters`): a batch's dead
-    /// letters, whatever order its events failed in.
+    /// one canonical order (see `dead_letters::lock`): a batch's dead letters, whatever order
+    /// its events failed in.
     pub async fn insert_dead_letters_once(
         &mut self,
         rows: &[NewDeadLetter],
     ) -> Result<(), StoreError> {
-        if let StoreTx::Postgres(tx) = self {
-            dead_letters::postgres::lock_dead_letters(tx, rows).await?;
-        }
-        // SQLite takes no locks of its own: one writer at a time.
+        dead_letters::lock(self, rows).await?;
         for row in rows {
             self.insert_dead_letter_once(row).await?;
         }
@@ -249,28 +212,7 @@ impl StoreTx {
     /// other's: `deadlock detected`, a batch started over or an event retried. Held until the
     /// transaction ends, like the rows. SQLite: nothing to do (one writer at a time).
     pub async fn lock_objects(&mut self, objects: &[(&str, &str)]) -> Result<(), StoreError> {
-        let StoreTx::Postgres(tx) = self else {
-            return Ok(());
-        };
-        if objects.is_empty() {
-            return Ok(());
-        }
-        let sources: Vec<&str> = objects.iter().map(|(s, _)| *s).collect();
-        let ids: Vec<&str> = objects.iter().map(|(_, o)| *o).collect();
-        // A volatile function in the select list runs after the ORDER BY sort (PostgreSQL 9.6
-        // and later), so the locks are taken in key order.
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock($1, k)
-               FROM (SELECT DISTINCT hashtext(s || ' ' || o) AS k
-                       FROM unnest($2::text[], $3::text[]) AS r(s, o)) AS keys
-              ORDER BY k",
-        )
-        .bind(super::postgres::OBJECT_LOCK_CLASS)
-        .bind(sources)
-        .bind(ids)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
+        stale::lock_objects(self, objects).await
     }
 
     /// Records `version` as the newest handled for `(source, object_id)` unless a strictly newer
@@ -284,49 +226,12 @@ impl StoreTx {
         version: i64,
         event_id: &str,
     ) -> Result<Option<(i64, String)>, StoreError> {
-        const UPSERT: &str = "INSERT INTO object_versions (source, object_id, version, event_id)
-                              VALUES ($1, $2, $3, $4)
-                              ON CONFLICT (source, object_id) DO UPDATE
-                                 SET version = excluded.version, event_id = excluded.event_id
-                               WHERE object_versions.version <= excluded.version
-                              RETURNING version";
-        const NEWER: &str =
-            "SELECT version, event_id FROM object_versions WHERE source = $1 AND object_id = $2";
-        let recorded: Option<i64> = either_tx!(self, |tx| sqlx::query_scalar(UPSERT)
-            .bind(source)
-            .bind(object_id)
-            .bind(version)
-            .bind(event_id)
-            .fetch_optional(&mut **tx)
-            .await?);
-        if recorded.is_some() {
-            return Ok(None);
-        }
-        let newer: Option<(i64, String)> = either_tx!(self, |tx| sqlx::query_as(NEWER)
-            .bind(source)
-            .bind(object_id)
-            .fetch_optional(&mut **tx)
-            .await?);
-        Ok(newer)
+        stale::record_version(self, source, object_id, version, event_id).await
     }
 
     /// Lists `event` as held back by the stale-event guard.
     pub async fn insert_stale_event(&mut self, event: &StaleEvent) -> Result<(), StoreError> {
-        const SQL: &str = "INSERT INTO stale_events (source, event_id, event_type, object_id,
-                                                     version, newer_event_id, newer_version)
-                           VALUES ($1, $2, $3, $4, $5, $6, $7)";
-        either_tx!(self, |tx| sqlx::query(SQL)
-            .bind(&event.source)
-            .bind(&event.event_id)
-            .bind(&event.event_type)
-            .bind(&event.object_id)
-            .bind(event.version)
-            .bind(&event.newer_event_id)
-            .bind(event.newer_version)
-            .execute(&mut **tx)
-            .await
-            .map(drop)?);
-        Ok(())
+        stale::insert(self, event).await
     }
 
     /// The connection handlers write through.
@@ -350,21 +255,27 @@ impl StoreTx {
     }
 
     async fn execute(&mut self, sql: &'static str) -> Result<(), StoreError> {
-        either_tx!(self, |tx| sqlx::query(sql)
-            .execute(&mut **tx)
-            .await
-            .map(drop)?);
+        match self {
+            StoreTx::Postgres(tx) => sqlx::query(sql).execute(&mut **tx).await.map(drop)?,
+            StoreTx::Sqlite(tx, _) => sqlx::query(sql).execute(&mut **tx).await.map(drop)?,
+        }
         Ok(())
     }
 
     /// Commits; on PostgreSQL a NOTIFY queued in this transaction is delivered now.
     pub async fn commit(self) -> Result<(), StoreError> {
-        either_tx!(self, |tx| tx.commit().await?);
+        match self {
+            StoreTx::Postgres(tx) => tx.commit().await?,
+            StoreTx::Sqlite(tx, _) => tx.commit().await?,
+        }
         Ok(())
     }
 
     pub async fn rollback(self) -> Result<(), StoreError> {
-        either_tx!(self, |tx| tx.rollback().await?);
+        match self {
+            StoreTx::Postgres(tx) => tx.rollback().await?,
+            StoreTx::Sqlite(tx, _) => tx.rollback().await?,
+        }
         Ok(())
     }
 }

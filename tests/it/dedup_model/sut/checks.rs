@@ -85,7 +85,7 @@ impl Sut {
             .rt
             .block_on(tokio::time::timeout(
                 LIMIT,
-                ctx.store.processed_among(SOURCE, &all),
+                ctx.store.dedup().processed_among(SOURCE, &all),
             ))
             .unwrap_or_else(|_| self.fail("processed_among did not answer".into()))
             .unwrap_or_else(|e| self.fail(format!("processed_among failed: {e:?}")));

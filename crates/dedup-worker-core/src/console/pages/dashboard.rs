@@ -35,10 +35,10 @@ pub async fn dashboard(
     let now_ms = chrono::Utc::now().timestamp_millis();
     let start = (now_ms / 60_000 - (MINUTES - 1)) * 60_000;
     let unavailable = |e: crate::store::StoreError| PageError::unavailable(&e);
-    let counts = bounded(within, state.store.minute_counts(start))
+    let counts = bounded(within, state.store.reads().minute_counts(start))
         .await
         .map_err(unavailable)?;
-    let totals = bounded(within, state.store.alert_counts())
+    let totals = bounded(within, state.store.reads().alert_counts())
         .await
         .map_err(unavailable)?;
     let backlog = tokio::time::timeout(within, state.transport.backlog())

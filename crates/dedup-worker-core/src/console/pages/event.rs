@@ -40,7 +40,7 @@ pub async fn event(
     let payload = match report.dead_letters.first() {
         Some(dead) if state.options.show_payloads => {
             let ids = [dead.id];
-            let read = state.store.dead_letters_selected(&ids, 0, 1);
+            let read = state.store.dead_letters().selected(&ids, 0, 1);
             bounded(state.options.statement_timeout, read)
                 .await
                 .map_err(|e| PageError::unavailable(&e))?

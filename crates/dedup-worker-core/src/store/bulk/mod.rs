@@ -1,15 +1,17 @@
-//! The operator's bulk statements (issue 28): dead letters and outbox rows selected by a
-//! [`RowFilter`], counted (the dry run), listed newest first, paged through for a redrive, and
-//! put back to `pending` for the relay (a retry of failed deliveries, a re-send of dispatched
-//! ones). Each store builds the filter's WHERE clause in one function (`push_where`), which the
-//! count, the list and the action all call: the dry run counts exactly the rows the action takes.
+//! The operator's bulk statements (issue 28): [`Bulk`], reached as `store.bulk()`. Dead letters
+//! and outbox rows selected by a [`RowFilter`], counted (the dry run), listed newest first,
+//! paged through for a redrive, and put back to `pending` for the relay (a retry of failed
+//! deliveries, a re-send of dispatched ones). The statements are built, not written out: each
+//! store builds the filter's WHERE clause in one function (`push_where` in `postgres.rs` and
+//! `sqlite.rs`, the two forms of each statement beside it), which the count, the list and the
+//! action all call: the dry run counts exactly the rows the action takes.
 //!
 //! Every statement is bounded: lists and pages by `limit`, actions by chunks of [`CHUNK`] rows,
 //! each chunk its own short statement. An action also stops at the newest row that existed
 //! when it began (`through`): rows written while it runs (a redriven event dead-lettered again,
 //! a re-sent row dispatched again) are not taken a second time.
 
-use super::{DeadLetter, Pool, Store, StoreError};
+use super::{DeadLetter, Pool, StoreError};
 
 /// Rows an action moves per statement.
 pub(crate) const CHUNK: i64 = 1000;
@@ -128,17 +130,27 @@ pub struct Requeued {
     pub last_id: Option<i64>,
 }
 
-impl Store {
+/// The operator's bulk selections of dead letters and outbox rows by a [`RowFilter`]: counted,
+/// listed, paged through for a redrive, and put back to `pending` (see the module).
+#[derive(Debug, Clone, Copy)]
+pub struct Bulk<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl Bulk<'_> {
     /// How many `rows` the filter selects (what the action would take now).
-    pub async fn count_where(&self, rows: BulkRows, filter: &RowFilter) -> Result<u64, StoreError> {
-        let count: i64 = on_pool!(self, count_where(rows, filter))?;
+    pub async fn count_where(self, rows: BulkRows, filter: &RowFilter) -> Result<u64, StoreError> {
+        let count: i64 = match self.pool {
+            Pool::Postgres(pool) => postgres::count_where(pool, rows, filter).await?,
+            Pool::Sqlite(pool) => sqlite::count_where(pool, rows, filter).await?,
+        };
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
     /// The newest id of `rows`' table (0 when empty): an action takes nothing newer.
-    pub async fn newest_id(&self, rows: BulkRows) -> Result<i64, StoreError> {
+    pub async fn newest_id(self, rows: BulkRows) -> Result<i64, StoreError> {
         let sql = format!("SELECT coalesce(max(id), 0) FROM {}", rows.table());
-        Ok(match &self.0 {
+        Ok(match self.pool {
             Pool::Postgres(pool) => sqlx::query_scalar(&sql).fetch_one(pool).await?,
             Pool::Sqlite(pool) => sqlx::query_scalar(&sql).fetch_one(pool).await?,
         })
@@ -147,50 +159,70 @@ impl Store {
     /// Up to `limit` dead letters the filter selects with an id in `(after, through]`, in id
     /// order, payload included (a redrive pages through them).
     pub async fn dead_letters_where(
-        &self,
+        self,
         filter: &RowFilter,
         after: i64,
         through: i64,
         limit: i64,
     ) -> Result<Vec<DeadLetter>, StoreError> {
-        on_pool!(self, dead_letters_where(filter, after, through, limit))
+        match self.pool {
+            Pool::Postgres(pool) => {
+                postgres::dead_letters_where(pool, filter, after, through, limit).await
+            }
+            Pool::Sqlite(pool) => {
+                sqlite::dead_letters_where(pool, filter, after, through, limit).await
+            }
+        }
     }
 
     /// Up to `limit` dead letters the filter selects, newest first, below `before_id`.
     pub async fn list_dead_letters_where(
-        &self,
+        self,
         filter: &RowFilter,
         before_id: Option<i64>,
         limit: i64,
     ) -> Result<Vec<DeadLetterListing>, StoreError> {
-        on_pool!(
-            self,
-            list_where(BulkRows::DeadLetters, filter, before_id, limit)
-        )
+        let rows = BulkRows::DeadLetters;
+        match self.pool {
+            Pool::Postgres(pool) => {
+                postgres::list_where(pool, rows, filter, before_id, limit).await
+            }
+            Pool::Sqlite(pool) => sqlite::list_where(pool, rows, filter, before_id, limit).await,
+        }
     }
 
     /// Up to `limit` outbox rows of `rows` the filter selects, newest first, below `before_id`.
     pub async fn list_deliveries_where(
-        &self,
+        self,
         rows: BulkRows,
         filter: &RowFilter,
         before_id: Option<i64>,
         limit: i64,
     ) -> Result<Vec<DeliveryListing>, StoreError> {
-        on_pool!(self, list_where(rows, filter, before_id, limit))
+        match self.pool {
+            Pool::Postgres(pool) => {
+                postgres::list_where(pool, rows, filter, before_id, limit).await
+            }
+            Pool::Sqlite(pool) => sqlite::list_where(pool, rows, filter, before_id, limit).await,
+        }
     }
 
     /// Puts up to [`CHUNK`] outbox rows of `rows` the filter selects with an id in
     /// `(after, through]` back to `pending`, due now, in id order; on PostgreSQL the same
     /// statement notifies the relays (`OUTBOX_CHANNEL`), so they deliver them at once.
     pub async fn requeue_chunk(
-        &self,
+        self,
         rows: BulkRows,
         filter: &RowFilter,
         after: i64,
         through: i64,
     ) -> Result<Requeued, StoreError> {
-        on_pool!(self, requeue_chunk(rows, filter, after, through))
+        match self.pool {
+            Pool::Postgres(pool) => {
+                postgres::requeue_chunk(pool, rows, filter, after, through).await
+            }
+            Pool::Sqlite(pool) => sqlite::requeue_chunk(pool, rows, filter, after, through).await,
+        }
     }
 }
 

@@ -47,20 +47,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::StoreError;
+use super::{DuplicateDeliveries, Pool, ProcessedRecord, StoreError, StoreTx};
 
-pub(super) use postgres::{
-    delete_processed as delete_processed_pg, insert_processed as insert_processed_pg,
-    maintain_generations as maintain_generations_pg, processed_among as processed_among_pg,
-};
-pub(super) use sqlite::{
-    delete_processed as delete_processed_sqlite, insert_processed as insert_processed_sqlite,
-    maintain_generations as maintain_generations_sqlite, processed_among as processed_among_sqlite,
-};
-pub(super) use trail::{
-    duplicates_of_pg, duplicates_of_sqlite, processed_record_pg, processed_record_sqlite,
-    processed_times, record_duplicates_pg, record_duplicates_sqlite,
-};
+pub(super) use trail::processed_times;
 
 /// Generation tables in the ring: the current one, up to three sealed ones still inside the
 /// window, and one free for the next rotation.
@@ -77,6 +66,124 @@ pub const RING_LOCK: i64 = 0x6465_6475_7072_696e;
 /// wait behind it). A rotation that does not get its locks in time is tried again at the next
 /// retention pass.
 pub const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The dedup record (the generation tables, `dedup_generations`, the duplicate deliveries and
+/// the legacy table; see the module): what the backfill, retention and `events show` ask of it.
+/// The batch transaction's writes are this folder's `insert_processed`, `record_duplicates`
+/// and `delete_processed`, which [`StoreTx`] calls. Each method picks the store's form of the
+/// ring's protocol: `postgres.rs` and `sqlite.rs` (inserts, lookups, maintenance), `trail.rs`
+/// (what `events show` reads, and the duplicates' write), each statement's two forms in this
+/// folder.
+#[derive(Debug, Clone, Copy)]
+pub struct DedupRing<'a> {
+    pub(super) pool: &'a Pool,
+}
+
+impl DedupRing<'_> {
+    /// Which of `ids` (events of `source`) are recorded as processed (handled, or dead-lettered
+    /// as handled): a backfill enqueues only the others.
+    pub async fn processed_among(
+        self,
+        source: &str,
+        ids: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.pool {
+            Pool::Postgres(pool) => postgres::processed_among(pool, source, ids).await,
+            Pool::Sqlite(pool) => sqlite::processed_among(pool, source, ids).await,
+        }
+    }
+
+    /// One maintenance pass of the generations: empties those sealed longer ago than
+    /// `window`, and seals the current one once it is a third of the window old. On
+    /// PostgreSQL one process at a time (the others return at once, doing nothing).
+    pub async fn maintain(self, window: Duration) -> Result<RingMaintenance, StoreError> {
+        self.maintain_generations(window, Seal::WhenDue).await
+    }
+
+    /// Seals the current generation now and starts the next one, if the next slot is free (an
+    /// operator's or a test's rotation; retention does it when due). Expired generations are
+    /// emptied first, as in [`DedupRing::maintain`].
+    pub async fn seal(self, window: Duration) -> Result<RingMaintenance, StoreError> {
+        self.maintain_generations(window, Seal::Now).await
+    }
+
+    async fn maintain_generations(
+        self,
+        window: Duration,
+        seal: Seal,
+    ) -> Result<RingMaintenance, StoreError> {
+        match self.pool {
+            Pool::Postgres(pool) => postgres::maintain_generations(pool, window, seal).await,
+            Pool::Sqlite(pool) => sqlite::maintain_generations(pool, window, seal).await,
+        }
+    }
+
+    /// The event's dedup record (from whichever generation, or the legacy table, holds it).
+    pub async fn processed_record(
+        self,
+        source: &str,
+        event_id: &str,
+    ) -> Result<Option<ProcessedRecord>, StoreError> {
+        match self.pool {
+            Pool::Postgres(pool) => trail::processed_record_pg(pool, source, event_id).await,
+            Pool::Sqlite(pool) => trail::processed_record_sqlite(pool, source, event_id).await,
+        }
+    }
+
+    /// The later deliveries of the event recognised as duplicates, counted up to `limit`.
+    pub async fn duplicates_of(
+        self,
+        source: &str,
+        event_id: &str,
+        limit: i64,
+    ) -> Result<DuplicateDeliveries, StoreError> {
+        let key = dedup_key(source, event_id);
+        match self.pool {
+            Pool::Postgres(pool) => trail::duplicates_of_pg(pool, key, limit).await,
+            Pool::Sqlite(pool) => trail::duplicates_of_sqlite(pool, key, limit).await,
+        }
+    }
+}
+
+/// Records `events` of `source` in the batch transaction; returns the ids that were new (see
+/// [`StoreTx::insert_processed_events`]).
+pub(super) async fn insert_processed(
+    tx: &mut StoreTx,
+    source: &str,
+    events: &[ProcessedEvent],
+) -> Result<Vec<String>, StoreError> {
+    match tx {
+        StoreTx::Postgres(tx) => postgres::insert_processed(tx, source, events).await,
+        StoreTx::Sqlite(tx, began) => sqlite::insert_processed(tx, *began, source, events).await,
+    }
+}
+
+/// Records one later delivery per `(key, type)` in the batch transaction (see
+/// [`StoreTx::record_duplicates`]).
+pub(super) async fn record_duplicates(
+    tx: &mut StoreTx,
+    keys: &[([u8; 16], &str)],
+) -> Result<(), StoreError> {
+    match tx {
+        StoreTx::Postgres(tx) => trail::record_duplicates_pg(tx, keys).await,
+        StoreTx::Sqlite(tx, began) => trail::record_duplicates_sqlite(tx, *began, keys).await,
+    }
+}
+
+/// Undoes an insert of this transaction (see [`StoreTx::delete_processed`]).
+pub(super) async fn delete_processed(
+    tx: &mut StoreTx,
+    source: &str,
+    event_id: &str,
+) -> Result<(), StoreError> {
+    match tx {
+        StoreTx::Postgres(tx) => postgres::delete_processed(tx, source, event_id).await,
+        StoreTx::Sqlite(tx, _) => sqlite::delete_processed(tx, source, event_id).await,
+    }
+}
 
 /// One event to record, with what `events show` reports of how it arrived.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

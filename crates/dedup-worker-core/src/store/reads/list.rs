@@ -1,5 +1,5 @@
-//! Events by outcome, type prefix and time, newest first, in keyset pages: what the console's
-//! `/events` and `dedup-worker events list` read.
+//! Events by outcome, type prefix and time, newest first, in keyset pages
+//! ([`Reads::list_events`]): what the console's `/events` and `dedup-worker events list` read.
 //!
 //! Each outcome is its own table, so one outcome is one query: handled ids in the generation
 //! tables (by `processed_at`, ties by key), duplicate deliveries (by `seen_at`, with their event
@@ -17,8 +17,9 @@
 
 use sqlx::Row;
 
-use super::dedup::RING_SLOTS;
-use super::{Pool, Store, StoreError};
+use super::Reads;
+use crate::store::dedup::RING_SLOTS;
+use crate::store::{Pool, StoreError};
 
 /// What a listed row is, in the order rows of one time are listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -372,15 +373,15 @@ impl Query {
     }
 }
 
-impl Store {
+impl Reads<'_> {
     /// Up to `limit` rows of `kind` matching `filter`, in the listing's order.
     pub async fn list_events(
-        &self,
+        self,
         kind: ListedKind,
         filter: &ListFilter,
         limit: i64,
     ) -> Result<Vec<ListedRow>, StoreError> {
-        let postgres = matches!(self.0, Pool::Postgres(_));
+        let postgres = matches!(self.pool, Pool::Postgres(_));
         let mut query = Query {
             postgres,
             params: Vec::new(),
@@ -396,7 +397,7 @@ impl Store {
             ListedKind::Pending => query.pending(filter, limit),
         };
         let keyed = matches!(kind, ListedKind::Handled | ListedKind::Duplicate);
-        let rows = match &self.0 {
+        let rows = match self.pool {
             Pool::Postgres(pool) => {
                 // Not prepared and kept: a statement reused with a generic plan would be
                 // planned without the window's or the prefix's values, and these are few.

@@ -4,8 +4,9 @@
 
 use sqlx::Row;
 
-use super::dedup::RING_SLOTS;
-use super::{Pool, Store, StoreError};
+use super::Reads;
+use crate::store::dedup::RING_SLOTS;
+use crate::store::{Pool, StoreError};
 
 /// Each series the front page charts, and the table and time it counts.
 const SERIES: &[(&str, &str, &str, &str)] = &[
@@ -42,12 +43,12 @@ pub struct MinuteCount {
     pub count: i64,
 }
 
-impl Store {
+impl Reads<'_> {
     /// Per-minute counts of each series since `since_ms` (handled ids, duplicates, dead
     /// letters, stale events, outbox rows dispatched, still pending and failed by when they were
     /// written).
-    pub async fn minute_counts(&self, since_ms: i64) -> Result<Vec<MinuteCount>, StoreError> {
-        let postgres = matches!(self.0, Pool::Postgres(_));
+    pub async fn minute_counts(self, since_ms: i64) -> Result<Vec<MinuteCount>, StoreError> {
+        let postgres = matches!(self.pool, Pool::Postgres(_));
         let minute = |column: &str| {
             if postgres {
                 format!("(floor(extract(epoch FROM {column}) / 60) * 60000)::int8")
@@ -89,7 +90,7 @@ impl Store {
             "SELECT series, minute, count(*) AS n FROM ({}) u GROUP BY series, minute",
             branches.join(" UNION ALL ")
         );
-        let rows = match &self.0 {
+        let rows = match self.pool {
             Pool::Postgres(pool) => sqlx::query(&sql).bind(since_ms).fetch_all(pool).await?,
             Pool::Sqlite(pool) => {
                 let rows = sqlx::query(&sql).bind(since_ms).fetch_all(pool).await?;

@@ -1,35 +1,25 @@
 //! One event's trail through the store, for `dedup-worker events show`: its dead letters, the
-//! redrives of earlier ones, the stale guard's record, its outbox rows and its messages still
-//! in the database queue (its dedup record and duplicates are read in [`super::dedup`]); and the
-//! redrive record `dlq redrive` leaves.
+//! redrives of earlier ones (the record `store.dead_letters().redrive` leaves), the stale
+//! guard's record, its outbox rows and its messages still in the database queue (its dedup
+//! record and duplicates are the ring's: `store.dedup()`).
 //!
 //! Every read is by an index on the event (migration `20261202000001_event_trail`) and bounded
 //! by `limit` rows, except the database queue's, which has no index on the event id: a write per
 //! enqueued message on the ingress path, to spare an operator's lookup a scan of a table that is
 //! meant to be drained. Callers bound each call by the statement timeout as well
-//! ([`super::bounded`]; on PostgreSQL the session's `statement_timeout` applies too).
+//! ([`crate::store::bounded`]; on PostgreSQL the session's `statement_timeout` applies too).
 
-use super::dedup::{self, dedup_key};
-use super::{
-    now_ms, DeadLetterRecord, DuplicateDeliveries, OutboxRecord, Pool, ProcessedRecord,
-    QueuedRecord, RedriveRecord, StaleRecord, Store, StoreError,
+use super::Reads;
+use crate::store::dedup::{self, dedup_key};
+use crate::store::{
+    DeadLetterRecord, OutboxRecord, Pool, QueuedRecord, RedriveRecord, StaleRecord, StoreError,
 };
 
-/// Runs one query both stores accept as it is, with the same bound values.
-macro_rules! fetch {
-    ($store:expr, $sql:expr, $fetch:ident, $($arg:expr),*) => {
-        match &$store.0 {
-            Pool::Postgres(pool) => sqlx::query_as(&$sql)$(.bind($arg))*.$fetch(pool).await?,
-            Pool::Sqlite(pool) => sqlx::query_as(&$sql)$(.bind($arg))*.$fetch(pool).await?,
-        }
-    };
-}
-
-impl Store {
+impl Reads<'_> {
     /// `column` as Unix milliseconds, named `column`: PostgreSQL keeps times as timestamptz,
     /// SQLite as milliseconds already.
-    fn ms(&self, column: &str) -> String {
-        match &self.0 {
+    fn ms(self, column: &str) -> String {
+        match self.pool {
             Pool::Postgres(_) => {
                 format!("floor(extract(epoch FROM {column}) * 1000)::int8 AS {column}")
             }
@@ -37,35 +27,9 @@ impl Store {
         }
     }
 
-    /// The event's dedup record (from whichever generation, or the legacy table, holds it).
-    pub async fn processed_record(
-        &self,
-        source: &str,
-        event_id: &str,
-    ) -> Result<Option<ProcessedRecord>, StoreError> {
-        match &self.0 {
-            Pool::Postgres(pool) => dedup::processed_record_pg(pool, source, event_id).await,
-            Pool::Sqlite(pool) => dedup::processed_record_sqlite(pool, source, event_id).await,
-        }
-    }
-
-    /// The later deliveries of the event recognised as duplicates, counted up to `limit`.
-    pub async fn duplicates_of(
-        &self,
-        source: &str,
-        event_id: &str,
-        limit: i64,
-    ) -> Result<DuplicateDeliveries, StoreError> {
-        let key = dedup_key(source, event_id);
-        match &self.0 {
-            Pool::Postgres(pool) => dedup::duplicates_of_pg(pool, key, limit).await,
-            Pool::Sqlite(pool) => dedup::duplicates_of_sqlite(pool, key, limit).await,
-        }
-    }
-
     /// The event's dead letters, oldest first.
     pub async fn dead_letters_of(
-        &self,
+        self,
         source: &str,
         event_id: &str,
         limit: i64,
@@ -75,12 +39,29 @@ impl Store {
                FROM dead_letters WHERE source = $1 AND event_id = $2 ORDER BY id LIMIT $3",
             self.ms("created_at")
         );
-        Ok(fetch!(self, sql, fetch_all, source, event_id, limit))
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+        })
     }
 
     /// The event's dead letters that were redriven, oldest first.
     pub async fn redrives_of(
-        &self,
+        self,
         source: &str,
         event_id: &str,
         limit: i64,
@@ -92,12 +73,29 @@ impl Store {
             self.ms("dead_lettered_at"),
             self.ms("redriven_at")
         );
-        Ok(fetch!(self, sql, fetch_all, source, event_id, limit))
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+        })
     }
 
     /// The stale guard's records of holding the event back, oldest first.
     pub async fn stale_records_of(
-        &self,
+        self,
         source: &str,
         event_id: &str,
         limit: i64,
@@ -107,13 +105,30 @@ impl Store {
                FROM stale_events WHERE source = $1 AND event_id = $2 ORDER BY id LIMIT $3",
             self.ms("recorded_at")
         );
-        Ok(fetch!(self, sql, fetch_all, source, event_id, limit))
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(source)
+                    .bind(event_id)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
+            }
+        })
     }
 
     /// The outbox rows of the event's processing: written in the transaction that recorded its
     /// id, so created at its `processed_at` (found through the time index, then the event).
     pub async fn outbox_of(
-        &self,
+        self,
         source: &str,
         event_id: &str,
         limit: i64,
@@ -126,7 +141,7 @@ impl Store {
         );
         let key = dedup_key(source, event_id);
         let times = dedup::processed_times();
-        Ok(match &self.0 {
+        Ok(match self.pool {
             // ARRAY(…): the times are computed once, and the index is probed for each.
             Pool::Postgres(pool) => {
                 sqlx::query_as(&format!(
@@ -162,7 +177,7 @@ impl Store {
     /// (a foreign producer's, its id in the payload) is not found. Scans the table (see the
     /// module docs).
     pub async fn queued_of(
-        &self,
+        self,
         source: &str,
         event_id: &str,
         default_source: &str,
@@ -175,56 +190,24 @@ impl Store {
             self.ms("enqueued_at"),
             self.ms("visible_at")
         );
-        Ok(fetch!(
-            self,
-            sql,
-            fetch_all,
-            event_id,
-            source,
-            default_source,
-            limit
-        ))
-    }
-
-    /// Deletes the dead letter `id` after its redrive was published to `to_queue`, recording in
-    /// the same transaction what it was and where it went (`events show` lists it). Returns
-    /// the rows deleted (0: it was gone already).
-    pub async fn redrive_dead_letter(&self, id: i64, to_queue: &str) -> Result<u64, StoreError> {
-        const COLUMNS: &str = "dead_letter_id, source, event_id, event_type, queue, redriven_to,
-                               error, attempts, dead_lettered_at, redriven_at";
-        Ok(match &self.0 {
-            Pool::Postgres(pool) => sqlx::query(&format!(
-                "WITH gone AS (DELETE FROM dead_letters WHERE id = $1 RETURNING *)
-                 INSERT INTO dead_letter_redrives ({COLUMNS})
-                 SELECT id, source, event_id, event_type, queue, $2, error, attempts,
-                        created_at, now()
-                   FROM gone"
-            ))
-            .bind(id)
-            .bind(to_queue)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Pool::Sqlite(pool) => {
-                let mut tx = super::sqlite::begin_immediate(pool).await?;
-                sqlx::query(&format!(
-                    "INSERT INTO dead_letter_redrives ({COLUMNS})
-                     SELECT id, source, event_id, event_type, queue, $2, error, attempts,
-                            created_at, $3
-                       FROM dead_letters WHERE id = $1"
-                ))
-                .bind(id)
-                .bind(to_queue)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
-                let deleted = sqlx::query("DELETE FROM dead_letters WHERE id = $1")
-                    .bind(id)
-                    .execute(&mut *tx)
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(event_id)
+                    .bind(source)
+                    .bind(default_source)
+                    .bind(limit)
+                    .fetch_all(pool)
                     .await?
-                    .rows_affected();
-                tx.commit().await?;
-                deleted
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(&sql)
+                    .bind(event_id)
+                    .bind(source)
+                    .bind(default_source)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?
             }
         })
     }
