@@ -6,7 +6,7 @@ COPY src ./src
 COPY crates ./crates
 COPY migrations ./migrations
 COPY config ./config
-COPY benches ./benches
+COPY bench/criterion ./bench/criterion
 COPY examples ./examples
 COPY tests ./tests
 RUN cargo build --release --locked --bin dedup-worker
