@@ -12,6 +12,7 @@ BENCH_CALLER_DIR=$PWD
 BENCH_SCRIPT=$(realpath "$0")
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 BENCH_SCRIPT=$(realpath --relative-to=bench "$BENCH_SCRIPT")
+[[ $BENCH_SCRIPT != ../* ]] || BENCH_SCRIPT=$(basename "$BENCH_SCRIPT")
 BENCH_SCRIPT=${BENCH_SCRIPT%.sh}
 TAG=bench_${BENCH_SCRIPT//[^a-z0-9]/_}_$$
 # The shared PostgreSQL server (trust authentication); databases are named after $TAG.
@@ -78,12 +79,12 @@ bench_spawn() {
 # drain polled by psql uses more, not to load the machine it measures) until it succeeds; fails,
 # saying WHAT, once SECONDS have passed or (PID not empty) PID has exited, whose log it shows.
 bench_wait_until() {
-  local what=$1 deadline=$((SECONDS + $2)) pid=$3; shift 3
+  local what=$1 secs=$2 pid=$3 deadline=$((SECONDS + $2)); shift 3
   until "$@" >/dev/null 2>&1; do
     if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
       echo "$what: process $pid exited:" >&2; cat "${BENCH_LOGS[$pid]:-/dev/null}" >&2; return 1
     fi
-    ((SECONDS < deadline)) || { echo "$what: not within $2 s" >&2; return 1; }
+    ((SECONDS < deadline)) || { echo "$what: not within $secs s" >&2; return 1; }
     sleep "${BENCH_POLL:-0.1}"
   done
 }
