@@ -27,7 +27,6 @@
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
-if [ -n "${BIN:-}" ]; then BIN=$(bench_caller_path "$BIN"); fi
 IDS=${IDS:-10000000}
 OUTBOX=${OUTBOX:-1000000}
 N=${N:-200}
@@ -38,11 +37,8 @@ PORT=${PORT:-18090}
 TOKEN=bench-console-token-0123456789
 export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres PGOPTIONS='-c client_min_messages=warning'
 URL=$PG/$DB
-if [ -z "${BIN:-}" ]; then
-  bench_build --bin dedup-worker
-  BIN=$(bench_out_dir)/dedup-worker
-fi
-[ -x "$BIN" ] || { echo "BIN=$BIN: not an executable" >&2; exit 1; }
+# shellcheck disable=SC2119 # no other target to build
+bench_bin
 q() { psql -X -At -v ON_ERROR_STOP=1 -c "SET search_path = dedup_worker, public" -c "$1" "$DB" | tail -n +2; }
 
 echo "== machine ($(date -u '+%Y-%m-%d %H:%M UTC'))"
@@ -65,7 +61,7 @@ filled() {
   [ "$n" = "$IDS" ]
 }
 
-GEN_INDEX_FILES=$(ls migrations/postgres/20261230*_console_generation_*.sql)
+GEN_INDEX_FILES=$(bench_console_index_files)
 if filled; then
   echo "== $DB: filled already ($IDS ids, outbox target $OUTBOX), reused"
 else
@@ -74,8 +70,7 @@ else
   DATABASE_URL=$URL RUST_LOG=warn "$BIN" migrate
   # The console's generation indexes: dropped for the load, built again below from their files.
   for f in $GEN_INDEX_FILES; do
-    name=$(grep -o 'IF NOT EXISTS [a-z0-9_]*' "$f" | awk '{print $4}')
-    q "DROP INDEX $name" >/dev/null
+    q "DROP INDEX $(bench_index_name "$f")" >/dev/null
   done
   T0=$(date +%s)
   start=$(date +%s.%N)
@@ -83,7 +78,7 @@ else
   fill_s=$(echo "$(date +%s.%N) - $start" | bc)
   start=$(date +%s.%N)
   for f in $GEN_INDEX_FILES; do
-    stmt=$(grep -v '^--' "$f" | sed 's/CONCURRENTLY //')
+    stmt=$(bench_index_statement "$f")
     psql -X -q -v ON_ERROR_STOP=1 -c "SET search_path = dedup_worker" -c "SET maintenance_work_mem = '512MB'" -c "$stmt" "$DB"
   done
   index_s=$(echo "$(date +%s.%N) - $start" | bc)

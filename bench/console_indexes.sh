@@ -34,7 +34,6 @@
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
-if [ -n "${BIN:-}" ]; then BIN=$(bench_caller_path "$BIN"); fi
 PER_GEN=${PER_GEN:-1500000}
 EVENTS=${EVENTS:-300000}
 DUPS=${DUPS:-0.2}
@@ -46,12 +45,6 @@ bench_library_schema
 bench_worker_env
 q() { bench_sql "$@"; }
 now() { date +%s.%N; }
-# build: this tree's dedup-worker (unless BIN names one) and loadgen.
-build() {
-  if [ -n "${BIN:-}" ]; then bench_build --example loadgen; else bench_build --bin dedup-worker --example loadgen; fi
-  OUT=$(bench_out_dir)
-  BIN=${BIN:-$OUT/dedup-worker}
-}
 
 fill_slot() { # fill_slot SLOT FROM_S TO_S: PER_GEN ids processed uniformly in [now()-FROM, now()-TO)
   local u="((hashtext(event_id) & 2147483647) % 100000)"
@@ -69,18 +62,14 @@ prepare() {
   for d in ci_tpl_a ci_tpl_t ci_tpl_b; do psql -X -q -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" postgres; done
   psql -X -q -c "CREATE DATABASE $db" postgres
   DATABASE_URL=$url "$BIN" migrate >/dev/null
-  local files; files=$(ls migrations/postgres/20261230*_console_generation_*.sql)
+  local files; files=$(bench_console_index_files)
   for f in $files; do
-    q "$db" "DROP INDEX $(grep -o 'IF NOT EXISTS [a-z0-9_]*' "$f" | awk '{print $4}')" >/dev/null
+    q "$db" "DROP INDEX $(bench_index_name "$f")" >/dev/null
   done
   t0=$(now)
   {
     echo "BEGIN;"
-    echo "DELETE FROM dedup_generations;"
-    echo "INSERT INTO dedup_generations (slot, started_at, sealed_at) VALUES
-      (0, now() - make_interval(secs => $((30 * day - h))), now() - make_interval(secs => $((20 * day - h)))),
-      (1, now() - make_interval(secs => $((20 * day - h))), now() - make_interval(secs => $((10 * day - h)))),
-      (2, now() - make_interval(secs => $((10 * day - h))), NULL);"
+    bench_ring_generations "$h"
     fill_slot 0 $((30 * day - h)) $((20 * day - h))
     fill_slot 1 $((20 * day - h)) $((10 * day - h))
     fill_slot 2 $((10 * day - h)) 0
@@ -89,7 +78,7 @@ prepare() {
   echo "fill: $(python3 -c "print(round($(now) - $t0))") s"
   t0=$(now)
   for f in $files; do
-    psql -X -q -v ON_ERROR_STOP=1 -c "SET maintenance_work_mem = '256MB'" -c "$(grep -v '^--' "$f" | sed 's/CONCURRENTLY //')" "$db"
+    psql -X -q -v ON_ERROR_STOP=1 -c "SET maintenance_work_mem = '256MB'" -c "$(bench_index_statement "$f")" "$db"
   done
   echo "console indexes: $(python3 -c "print(round($(now) - $t0))") s"
 
@@ -161,9 +150,9 @@ print(f'{x.upper()} {int(total) / float(el):.0f} events/s: {total} in {float(el)
 }
 
 case ${1:-} in
-  prepare) build; prepare ;;
+  prepare) bench_bin --example loadgen; prepare ;;
   calibrate) bench_calibrate ;;
-  rounds) build; bench_at_exit bench_dropdb ci_round; echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') rounds: $2"; for x in $2; do round "$x"; done ;;
+  rounds) bench_bin; bench_at_exit bench_dropdb ci_round; echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') rounds: $2"; for x in $2; do round "$x"; done ;;
   drop) for d in ci_tpl_a ci_tpl_t ci_tpl_b ci_round; do psql -X -q -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" postgres; done ;;
   *) echo "usage: $0 prepare|calibrate|rounds \"A B T …\"|drop" >&2; exit 2 ;;
 esac

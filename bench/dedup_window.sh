@@ -41,9 +41,6 @@
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
-if [ -n "${BIN:-}" ]; then
-  BIN=$(bench_caller_path "$BIN") # a path relative to the caller's directory
-fi
 SIZES=${1:-"0 1000000"}
 EVENTS=${2:-30000}
 DUPLICATES=${3:-0.2}
@@ -53,14 +50,7 @@ CONSUMERS=${CONSUMERS:-1}
 ROTATION_HEADROOM=${ROTATION_HEADROOM:-3600}
 PORT=18083
 bench_library_schema
-if [ -n "${BIN:-}" ]; then
-  bench_build --example loadgen
-else
-  bench_build --bin dedup-worker --example loadgen
-fi
-OUT=$(bench_out_dir)
-BIN=${BIN:-$OUT/dedup-worker}
-[ -x "$BIN" ] || { echo "BIN=$BIN: not an executable" >&2; exit 1; }
+bench_bin --example loadgen
 bench_worker_env
 export DEDUP_TRANSPORT=rabbitmq
 bench_at_exit bench_delete_queues
@@ -115,11 +105,7 @@ ring_fill_pg() { # ring_fill_pg RETAINED
   local n0=$((n / 3)) n1=$((n / 3)) n2=$((n - 2 * (n / 3)))
   {
     echo "BEGIN;"
-    echo "DELETE FROM dedup_generations;"
-    echo "INSERT INTO dedup_generations (slot, started_at, sealed_at) VALUES
-      (0, now() - make_interval(secs => $((30 * day - h))), now() - make_interval(secs => $((20 * day - h)))),
-      (1, now() - make_interval(secs => $((20 * day - h))), now() - make_interval(secs => $((10 * day - h)))),
-      (2, now() - make_interval(secs => $((10 * day - h))), NULL);"
+    bench_ring_generations "$h"
     ring_insert 0 "$n0" $((30 * day - h)) $((20 * day - h))
     ring_insert 1 "$n1" $((20 * day - h)) $((10 * day - h))
     ring_insert 2 "$n2" $((10 * day - h)) 0

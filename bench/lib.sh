@@ -64,6 +64,22 @@ bench_out_dir() {
   echo "$BENCH_TARGET_DIR/${BENCH_PROFILE:-release}"
 }
 
+# bench_bin CARGO_ARGS…: BIN = the dedup-worker to measure: BIN from the environment if given (a
+# build to compare, A/B: a path from the caller's directory), else this tree's, built now; the
+# CARGO_ARGS (loadgen…) are this tree's, built either way. OUT = this tree's build directory.
+bench_bin() {
+  if [ -n "${BIN:-}" ]; then
+    BIN=$(bench_caller_path "$BIN")
+    [ $# -eq 0 ] || bench_build "$@"
+  else
+    bench_build --bin dedup-worker "$@"
+    BIN=$(bench_out_dir)/dedup-worker
+  fi
+  # shellcheck disable=SC2034 # the caller's
+  OUT=$(bench_out_dir)
+  [ -x "$BIN" ] || { echo "BIN=$BIN: not an executable" >&2; return 1; }
+}
+
 # --- processes and readiness -------------------------------------------------------------------
 
 # bench_spawn LOG CMD…: CMD in the background, its output in LOG; LAST = its pid.
@@ -147,6 +163,26 @@ bench_calibrate() {
   bench_dropdb "$db"
   echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8, one-row insert: $tps tps ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
 }
+
+# --- fills -------------------------------------------------------------------------------------
+
+# bench_ring_generations HEADROOM: the SQL that makes dedup_generations the worst case, just
+# before a rotation: slots 0 and 1 sealed (the oldest ten days, the ten after), slot 2 current
+# (the last ten days), every time HEADROOM seconds later than the 30/20/10-day marks.
+bench_ring_generations() {
+  local day=86400 h=$1
+  echo "DELETE FROM dedup_generations;"
+  echo "INSERT INTO dedup_generations (slot, started_at, sealed_at) VALUES
+      (0, now() - make_interval(secs => $((30 * day - h))), now() - make_interval(secs => $((20 * day - h)))),
+      (1, now() - make_interval(secs => $((20 * day - h))), now() - make_interval(secs => $((10 * day - h)))),
+      (2, now() - make_interval(secs => $((10 * day - h))), NULL);"
+}
+# The console's ten generation indexes (issue 28), dropped for a fill and built again after it:
+# their migration files, and from one file the index's name and its statement (CONCURRENTLY
+# removed: nothing else runs).
+bench_console_index_files() { ls migrations/postgres/20261230*_console_generation_*.sql; }
+bench_index_name() { grep -o 'IF NOT EXISTS [a-z0-9_]*' "$1" | awk '{print $4}'; }
+bench_index_statement() { grep -v '^--' "$1" | sed 's/CONCURRENTLY //'; }
 
 # --- load and measures ---------------------------------------------------------------------------
 

@@ -45,15 +45,9 @@ bench_worker_env
 WORKERS=${WORKERS:-$(bench_toml consumer workers)}
 BATCH=${BATCH:-$(bench_toml consumer batch_size)}
 export DEDUP_CONSUMER__WORKERS=$WORKERS DEDUP_CONSUMER__BATCH_SIZE=$BATCH
-# BIN: a dedup-worker built elsewhere to compare (A/B; then nothing is built here, and
-# target/release/examples/loadgen must exist); else this tree's, built now.
-if [ -z "${BIN:-}" ]; then
-  bench_build --bin dedup-worker --example loadgen
-  BIN=$(bench_out_dir)/dedup-worker
-else
-  BIN=$(bench_caller_path "$BIN")
-fi
-LOADGEN=$(bench_out_dir)/examples/loadgen
+# BIN: a dedup-worker built elsewhere to compare (A/B); else this tree's, built now.
+bench_bin --example loadgen
+LOADGEN=$OUT/examples/loadgen
 bench_at_exit bench_delete_queues
 q() { bench_sql "$@"; }
 now() { date +%s.%N; }

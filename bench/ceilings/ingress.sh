@@ -39,15 +39,9 @@ GROUP_SQL=${GROUP_SQL:-bench/ceilings/ingress_group.sql}
 bench_library_schema
 bench_worker_env
 WRITERS=$(bench_toml transport publish_writers)
-# BIN: a dedup-worker built elsewhere to compare (A/B; then nothing is built here, and
-# target/release/examples/loadgen must exist); else this tree's, built now.
-if [ -z "${BIN:-}" ]; then
-  bench_build --bin dedup-worker --example loadgen
-  BIN=$(bench_out_dir)/dedup-worker
-else
-  BIN=$(bench_caller_path "$BIN")
-fi
-LOADGEN=$(bench_out_dir)/examples/loadgen
+# BIN: a dedup-worker built elsewhere to compare (A/B); else this tree's, built now.
+bench_bin --example loadgen
+LOADGEN=$OUT/examples/loadgen
 
 echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') ingress ceilings: $ROUNDS rounds, $CONNECTIONS connections, ${SECONDS_LOAD}s, writers $WRITERS, group $GROUP; binary $(sha256sum "$BIN" | cut -c1-12)"
 bench_calibrate
