@@ -52,12 +52,14 @@ bench_at_exit bench_delete_queues
 q() { bench_sql "$@"; }
 now() { date +%s.%N; }
 # fill DB [env…]: an ingress-only serve takes $EVENTS signed webhooks; FILLED = how many it accepted.
+# Their ids are those of the figures in BENCHMARKS.md (named after the database's name then,
+# dw_ceil_c_<pid>_…), so the rows' sizes stay the same.
 fill() {
   local db=$1; shift
   DATABASE_URL="$PG/$db" DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
     bench_start_worker "$WORK/ingress.log" env "$@" "$BIN" serve
   "$LOADGEN" --url "$URL/webhooks/stripe" --connections 64 --seconds 600 \
-    --requests "$EVENTS" --prefix "evt_ceil_$db" >"$WORK/load.log"
+    --requests "$EVENTS" --prefix "evt_ceil_dw_ceil_c_$$${db#"$TAG"}" >"$WORK/load.log"
   bench_stop_last
   FILLED=$(bench_loadgen_accepted "$WORK/load.log")
 }
