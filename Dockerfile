@@ -5,7 +5,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
 COPY config ./config
-COPY benches ./benches
+COPY bench/criterion ./bench/criterion
 COPY examples ./examples
 COPY tests ./tests
 RUN cargo build --release --locked --bin dedup-worker

@@ -10,10 +10,13 @@
 # Usage: bench/ceilings.sh [rounds]   (default 3; the machine is shared and noisy: read ratios
 # of back-to-back rounds, never one absolute figure)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 ROUNDS=${1:-3}
-LOG=$(mktemp)
-trap 'rm -f "$LOG"' EXIT
+LOG=$WORK/ceilings.log
+# Built once here; the scripts below find it built (BENCH_BUILT).
+bench_build -p idempotency-key --example idempotency_load
+[ -n "${BIN:-}" ] || bench_build --bin dedup-worker --example loadgen
 for path in idempotency consumer ingress; do
   echo "== $path"
   bash "bench/ceilings/$path.sh" "$ROUNDS" | tee -a "$LOG"

@@ -12,80 +12,57 @@
 # CPU counts in both rounds. Every request is a first payment (a fresh Idempotency-Key), and
 # only 201s count.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 ROUNDS=${1:-3}
 SECS=${2:-10}
 CONNS=${3:-32}
 EXPRESS_WORKERS=${EXPRESS_WORKERS:-1}
-PG=${PG:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/}
 CHECKOUT_PORT=${CHECKOUT_PORT:-18281}
 PROVIDER_PORT=${PROVIDER_PORT:-18282}
 EXPRESS_PORT=${EXPRESS_PORT:-18283}
 ACCOUNTS=5
-# One tag per run: the scratch database, the Express Redis prefix, and the start of every
-# Idempotency-Key, so the Redis keys this run made (the Rust checkout's prefix is fixed,
-# "checkout-example", and shared with anyone else running the example) can be found and deleted.
+# One tag per run, with the time (a key of an earlier run under the same pid would be a replay,
+# not a first payment): the Express Redis prefix and the start of every Idempotency-Key, so the
+# Redis keys this run made (the Rust checkout's prefix is fixed, "checkout-example", and shared
+# with anyone else running the example) can be found and deleted.
 RUN=cmp$$t$(date +%s)
-DB=${RUN}
 EXPRESS_PREFIX=$RUN-express
-WORK=$(mktemp -d)
-PIDS=()
 
 command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
-cargo build --release --quiet -p idempotency-key-checkout
+bench_build -p idempotency-key-checkout
 # npm ci: exactly the committed lock file.
 [ -d bench/compare_checkout/node_modules ] || (cd bench/compare_checkout && npm ci --no-audit --no-fund --silent)
 
-cleanup() {
-  set +e
-  # Only what this script started, by pid (the machine is shared). SIGTERM lets the Express
-  # primary stop its cluster workers; the Rust checkout drains and exits.
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
-  psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" 2>/dev/null
-  # The Redis keys of this run: the Express prefix, and the Rust checkout's and its provider
-  # layer's keys whose Idempotency-Key starts with this run's tag.
+# The Redis keys of this run: the Express prefix, and the Rust checkout's and its provider
+# layer's keys whose Idempotency-Key starts with this run's tag.
+delete_redis_keys() {
+  local pattern
   for pattern in "$EXPRESS_PREFIX:*" "checkout-example:*:$RUN-*"; do
     redis-cli -u "$REDIS_URL" --scan --pattern "$pattern" | xargs -r -n 500 redis-cli -u "$REDIS_URL" del >/dev/null
   done
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_at_exit delete_redis_keys
 
-psql "$PG/postgres" -qc "CREATE DATABASE $DB"
-export DATABASE_URL=$PG/$DB
+bench_createdb "$TAG"
+export DATABASE_URL=$PG/$TAG
 sql() { psql "$DATABASE_URL" -tAc "$1"; }
+# Waits up to 30 s for the server started last to answer `url` 2xx (the Bearer token of account 0).
+wait_ready() { bench_wait_until "$1" 30 "$LAST" curl -sf -H 'Authorization: Bearer acct_0' "$1"; }
 
-# Waits for `url` to answer 2xx (with `auth` as bearer), or fails if `pid` exited or 30 s passed.
-wait_ready() {
-  local url=$1 pid=$2 deadline=$((SECONDS + 30))
-  until curl -sf -H 'Authorization: Bearer acct_0' "$url" >/dev/null; do
-    kill -0 "$pid" 2>/dev/null || { echo "server $pid exited:"; cat "$WORK"/*.log; exit 1; }
-    ((SECONDS < deadline)) || { echo "$url not ready in 30 s"; exit 1; }
-    sleep 0.2
-  done
-}
+bench_calibrate
 
-# Calibration: what this machine's PostgreSQL does right now (the same one-row insert as the
-# other bench scripts), so figures from different days can be compared.
-sql "CREATE TABLE cmp_calibration (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)" >/dev/null
-echo 'INSERT INTO cmp_calibration (v) VALUES (1);' >"$WORK/calibration.sql"
-TPS=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f "$WORK/calibration.sql" "$DATABASE_URL" 2>/dev/null |
-  sed -n 's/^tps = \([0-9.]*\).*/\1/p')
-echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8, one-row insert: ${TPS%.*} tps ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
-
-# The Rust checkout, and in its process the provider stub both implementations charge.
+# The Rust checkout, and in its process the provider stub both implementations charge. Both
+# are stopped by SIGTERM at the end: the Express primary stops its cluster workers; the Rust
+# checkout drains and exits.
 CHECKOUT_LISTEN=127.0.0.1:$CHECKOUT_PORT PROVIDER_LISTEN=127.0.0.1:$PROVIDER_PORT \
-  REDIS_URL=$REDIS_URL RUST_LOG=warn target/release/checkout >"$WORK/rust.log" 2>&1 &
-PIDS+=($!)
-wait_ready "http://127.0.0.1:$CHECKOUT_PORT/v1/payments" "${PIDS[-1]}"
+  REDIS_URL=$REDIS_URL RUST_LOG=warn bench_spawn "$WORK/rust.log" "$(bench_out_dir)/checkout"
+wait_ready "http://127.0.0.1:$CHECKOUT_PORT/v1/payments"
 LISTEN=127.0.0.1:$EXPRESS_PORT PROVIDER_URL=http://127.0.0.1:$PROVIDER_PORT REDIS_URL=$REDIS_URL \
   REDIS_PREFIX=$EXPRESS_PREFIX PG_SCHEMA=express_checkout WORKERS=$EXPRESS_WORKERS NODE_ENV=production \
-  node bench/compare_checkout/server.js >"$WORK/express.log" 2>&1 &
-PIDS+=($!)
-wait_ready "http://127.0.0.1:$EXPRESS_PORT/healthz" "${PIDS[-1]}"
+  bench_spawn "$WORK/express.log" node bench/compare_checkout/server.js
+wait_ready "http://127.0.0.1:$EXPRESS_PORT/healthz"
 declare -A URL=([rust]=http://127.0.0.1:$CHECKOUT_PORT [express]=http://127.0.0.1:$EXPRESS_PORT)
 # Where each one's payment rows are.
 declare -A PAYMENTS=([rust]=checkout_payments [express]=express_checkout.payments)

@@ -25,8 +25,8 @@
 # Usage: [IDS=10000000] [OUTBOX=1000000] [N=200] [WARMUP=20] [ROUNDS=1] [DB=bench_console]
 #        [PORT=18090] [BIN=path] bench/console.sh
 set -euo pipefail
-if [ -n "${BIN:-}" ]; then BIN=$(realpath "$BIN"); fi
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 IDS=${IDS:-10000000}
 OUTBOX=${OUTBOX:-1000000}
 N=${N:-200}
@@ -36,19 +36,9 @@ DB=${DB:-bench_console}
 PORT=${PORT:-18090}
 TOKEN=bench-console-token-0123456789
 export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres PGOPTIONS='-c client_min_messages=warning'
-URL=postgres://postgres@127.0.0.1:5432/$DB
-if [ -z "${BIN:-}" ]; then
-  BIN=$PWD/target/release/dedup-worker
-  cargo build --release --quiet --bin dedup-worker
-fi
-[ -x "$BIN" ] || { echo "BIN=$BIN: not an executable" >&2; exit 1; }
-WORK=$(mktemp -d)
-SERVER=
-cleanup() {
-  if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+URL=$PG/$DB
+# shellcheck disable=SC2119 # no other target to build
+bench_bin
 q() { psql -X -At -v ON_ERROR_STOP=1 -c "SET search_path = dedup_worker, public" -c "$1" "$DB" | tail -n +2; }
 
 echo "== machine ($(date -u '+%Y-%m-%d %H:%M UTC'))"
@@ -57,17 +47,7 @@ psql -X -At -c "SELECT version()" postgres | cut -d, -f1
 psql -X -At -c "SELECT 'shared_buffers ' || current_setting('shared_buffers') || ', work_mem ' || current_setting('work_mem') || ', random_page_cost ' || current_setting('random_page_cost') || ', effective_cache_size ' || current_setting('effective_cache_size') || ', jit ' || current_setting('jit')" postgres
 echo "binary: $BIN ($(stat -c %y "$BIN" | cut -d. -f1))"
 
-calibrate() {
-  psql -X -q -c "DROP DATABASE IF EXISTS bench_console_calib" -c "CREATE DATABASE bench_console_calib" postgres
-  psql -X -q -c "CREATE TABLE calib (id BIGSERIAL PRIMARY KEY, v INTEGER NOT NULL)" bench_console_calib
-  echo "INSERT INTO calib (v) VALUES (1);" >"$WORK/calib.sql"
-  local tps
-  tps=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f "$WORK/calib.sql" bench_console_calib 2>/dev/null |
-    awk '/^tps/ { printf "%d", $3 }')
-  psql -X -q -c "DROP DATABASE bench_console_calib" postgres
-  echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8 (one-row insert): $tps commits/s"
-}
-calibrate
+bench_calibrate
 
 filled() {
   psql -X -At -c "SELECT 1" "$DB" >/dev/null 2>&1 || return 1
@@ -81,7 +61,7 @@ filled() {
   [ "$n" = "$IDS" ]
 }
 
-GEN_INDEX_FILES=$(ls migrations/postgres/20261230*_console_generation_*.sql)
+GEN_INDEX_FILES=$(bench_console_index_files)
 if filled; then
   echo "== $DB: filled already ($IDS ids, outbox target $OUTBOX), reused"
 else
@@ -90,8 +70,7 @@ else
   DATABASE_URL=$URL RUST_LOG=warn "$BIN" migrate
   # The console's generation indexes: dropped for the load, built again below from their files.
   for f in $GEN_INDEX_FILES; do
-    name=$(grep -o 'IF NOT EXISTS [a-z0-9_]*' "$f" | awk '{print $4}')
-    q "DROP INDEX $name" >/dev/null
+    q "DROP INDEX $(bench_index_name "$f")" >/dev/null
   done
   T0=$(date +%s)
   start=$(date +%s.%N)
@@ -99,7 +78,7 @@ else
   fill_s=$(echo "$(date +%s.%N) - $start" | bc)
   start=$(date +%s.%N)
   for f in $GEN_INDEX_FILES; do
-    stmt=$(grep -v '^--' "$f" | sed 's/CONCURRENTLY //')
+    stmt=$(bench_index_statement "$f")
     psql -X -q -v ON_ERROR_STOP=1 -c "SET search_path = dedup_worker" -c "SET maintenance_work_mem = '512MB'" -c "$stmt" "$DB"
   done
   index_s=$(echo "$(date +%s.%N) - $start" | bc)
@@ -129,13 +108,8 @@ echo "== serve (console on 127.0.0.1:$PORT, consumer and relay off)"
 DATABASE_URL=$URL STRIPE_WEBHOOK_SECRET=whsec_bench DEDUP_LISTEN=127.0.0.1:0 RUST_LOG=warn \
   DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
   DEDUP_ADMIN__LISTEN=127.0.0.1:$PORT DEDUP_ADMIN__TOKEN=$TOKEN \
-  "$BIN" serve >"$WORK/serve.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 1 100); do
-  curl -sf -o /dev/null -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PORT/events" && break
-  kill -0 "$SERVER" 2>/dev/null || { cat "$WORK/serve.log"; exit 1; }
-  sleep 0.2
-done
+  bench_spawn "$WORK/serve.log" "$BIN" serve
+bench_wait_until "the console" 60 "$LAST" curl -sf -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$PORT/events"
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "== round $r: $N requests per shape after $WARMUP, sequential, one connection ($(date -u '+%H:%M:%S UTC'), load $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -39,10 +39,8 @@
 # Usage: [BIN=path] [CONSUMERS=n] [EXPIRED=n] [ROTATION_HEADROOM=s] \
 #   bench/dedup_window.sh "0 1000000 10000000" [events] [duplicate fraction] [postgres|sqlite]
 set -euo pipefail
-if [ -n "${BIN:-}" ]; then
-  BIN=$(realpath "$BIN") # before the cd: a path relative to the caller's directory
-fi
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 SIZES=${1:-"0 1000000"}
 EVENTS=${2:-30000}
 DUPLICATES=${3:-0.2}
@@ -51,29 +49,18 @@ EXPIRED=${EXPIRED:-0}
 CONSUMERS=${CONSUMERS:-1}
 ROTATION_HEADROOM=${ROTATION_HEADROOM:-3600}
 PORT=18083
-PG=postgres://postgres@127.0.0.1:5432
-# psql below names the library's tables unqualified: they live in schema dedup_worker (the
-# binary's own connections put it first; an older binary's tables in public are found too).
-export PGOPTIONS='-c search_path=dedup_worker,public'
-WORK=$(mktemp -d)
-if [ -n "${BIN:-}" ]; then
-  cargo build --release --quiet --example loadgen
-else
-  BIN=$PWD/target/release/dedup-worker
-  cargo build --release --quiet --bin dedup-worker --example loadgen
-fi
-[ -x "$BIN" ] || { echo "BIN=$BIN: not an executable" >&2; exit 1; }
-export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn DEDUP_TRANSPORT=rabbitmq
+bench_library_schema
+bench_bin --example loadgen
+bench_worker_env
+export DEDUP_TRANSPORT=rabbitmq
+bench_at_exit bench_delete_queues
 
-metric() { # metric PORT NAME: a line of that process's /metrics, by exact name and labels (0 if none)
-  { curl -sf "http://127.0.0.1:$1/metrics" || true; } |
-    awk -v m="$2" '$1 == m { print $2; found = 1 } END { if (!found) print 0 }'
-}
 received() { # deliveries settled (duplicates included), summed over the consume processes
   local i
-  for i in $(seq 1 "$CONSUMERS"); do metric $((PORT + i)) dedup_events_received_total; done |
+  for i in $(seq 1 "$CONSUMERS"); do bench_metric "http://127.0.0.1:$((PORT + i))" dedup_events_received_total; done |
     awk '{ n += $1 } END { printf "%d\n", n }'
 }
+received_all() { [ "$(received)" -ge "$1" ]; }
 batch_quantile() { # batch_quantile Q: the Q-quantile of dedup_consumer_batch_seconds over all the
   # consume processes, from their histogram buckets summed per bound and interpolated linearly
   # inside the bucket as PromQL's histogram_quantile does (so within a bucket's width, see
@@ -101,35 +88,6 @@ else:
     print(0)
 ' "$1"
 }
-running=() # the processes this script started and has not stopped yet
-stop() { # stop these processes (this script's own, by pid) and wait until they have exited
-  local pid deadline=$((SECONDS + 30))
-  [ $# -gt 0 ] || return 0
-  kill "$@" 2>/dev/null || true
-  for pid in "$@"; do
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  local keep=() p
-  for p in "${running[@]}"; do
-    for pid in "$@"; do [ "$p" = "$pid" ] && continue 2; done
-    keep+=("$p")
-  done
-  running=("${keep[@]}")
-}
-cleanup() {
-  stop "${running[@]}"
-  for q in $(rabbitmqctl -q list_queues name | grep "^dw_bench_window_$$" || true); do
-    rabbitmqctl -q delete_queue "$q" >/dev/null || true
-  done
-  for db in $(psql "$PG/postgres" -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'dw_bench_window_$$%'"); do
-    psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 # The ring fill on PostgreSQL, one transaction (one now()). ring_insert SLOT COUNT FROM TO: COUNT
 # ids into processed_events_SLOT, processed uniformly in [now() - FROM s, now() - TO s).
 ring_insert() {
@@ -147,11 +105,7 @@ ring_fill_pg() { # ring_fill_pg RETAINED
   local n0=$((n / 3)) n1=$((n / 3)) n2=$((n - 2 * (n / 3)))
   {
     echo "BEGIN;"
-    echo "DELETE FROM dedup_generations;"
-    echo "INSERT INTO dedup_generations (slot, started_at, sealed_at) VALUES
-      (0, now() - make_interval(secs => $((30 * day - h))), now() - make_interval(secs => $((20 * day - h)))),
-      (1, now() - make_interval(secs => $((20 * day - h))), now() - make_interval(secs => $((10 * day - h)))),
-      (2, now() - make_interval(secs => $((10 * day - h))), NULL);"
+    bench_ring_generations "$h"
     ring_insert 0 "$n0" $((30 * day - h)) $((20 * day - h))
     ring_insert 1 "$n1" $((20 * day - h)) $((10 * day - h))
     ring_insert 2 "$n2" $((10 * day - h)) 0
@@ -219,12 +173,12 @@ EOF
 round=0
 for retained in $SIZES; do
   round=$((round + 1))
-  db=dw_bench_window_$$_$round
-  export DEDUP_QUEUE="dw_bench_window_$$_$round"
+  db=${TAG}_$round
+  export DEDUP_QUEUE="${TAG}_$round"
   if [ "$BACKEND" = sqlite ]; then
     export DATABASE_URL="sqlite://$WORK/$db.db"
   else
-    psql "$PG/postgres" -qc "CREATE DATABASE $db"
+    bench_createdb "$db"
     export DATABASE_URL="$PG/$db"
   fi
   "$BIN" migrate >/dev/null
@@ -268,20 +222,12 @@ for retained in $SIZES; do
   fill=$(($(date +%s) - fill_start))
 
   DEDUP_LISTEN=127.0.0.1:$PORT DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
-    "$BIN" serve >"$WORK/ingress.log" 2>&1 &
-  ingress=$!
-  running+=("$ingress")
-  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
-    kill -0 "$ingress" 2>/dev/null || { echo "ingress exited:" >&2; cat "$WORK/ingress.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  target/release/examples/loadgen --url "http://127.0.0.1:$PORT/webhooks/stripe" \
+    bench_start_worker "$WORK/ingress.log" "$BIN" serve
+  "$OUT/examples/loadgen" --url "$URL/webhooks/stripe" \
     --connections 64 --seconds 300 --requests "$EVENTS" --duplicates "$DUPLICATES" \
     --prefix "evt_window_$round" --random-ids >"$WORK/load.log"
-  stop "$ingress"
-  queued=$(awk '{ for (i = 1; i < NF; i++) if ($i == "requests:") n = $(i + 1);
-                  for (i = 1; i < NF; i++) if ($i == "non-2xx:") f = $(i + 1) }
-                END { sub(";", "", f); print n - f }' "$WORK/load.log")
+  bench_stop_last
+  queued=$(bench_loadgen_accepted "$WORK/load.log")
   if [ "$BACKEND" = postgres ]; then
     wal_before=$(psql "$DATABASE_URL" -tAc "SELECT pg_current_wal_lsn()")
   fi
@@ -290,22 +236,17 @@ for retained in $SIZES; do
   consumers=()
   for i in $(seq 1 "$CONSUMERS"); do
     DEDUP_LISTEN=127.0.0.1:$((PORT + i)) DEDUP_ROLES__INGRESS=false DEDUP_ROLES__RELAY=false \
-      "$BIN" serve >"$WORK/consume_$i.log" 2>&1 &
-    consumers+=($!)
-    running+=($!)
+      bench_spawn "$WORK/consume_$i.log" "$BIN" serve
+    consumers+=("$LAST")
   done
-  deadline=$((SECONDS + 600))
   outcome=drained
-  until [ "$(received)" -ge "$queued" ]; do
-    if ((SECONDS > deadline)); then outcome="NOT drained after 600 s"; break; fi
-    sleep 0.2
-  done
+  BENCH_POLL=0.2 bench_wait_until "drain" 600 "" received_all "$queued" || outcome="NOT drained after 600 s"
   elapsed=$(python3 -c "import time,sys; print(f'{time.time()-float(sys.argv[1]):.2f}')" "$start")
-  shares=$(for i in $(seq 1 "$CONSUMERS"); do metric $((PORT + i)) dedup_events_received_total; done |
+  shares=$(for i in $(seq 1 "$CONSUMERS"); do bench_metric "http://127.0.0.1:$((PORT + i))" dedup_events_received_total; done |
     awk '{ printf "%s%d", (NR > 1 ? " + " : ""), $1 }')
   p99=$(batch_quantile 0.99)
   p50=$(batch_quantile 0.5)
-  stop "${consumers[@]}"
+  bench_stop "${consumers[@]}"
   current=
   if [ "$BACKEND" = sqlite ]; then
     sizes=$(python3 -c "import os,sqlite3,sys; f=sys.argv[1]; n=sqlite3.connect(f).execute('SELECT count(*) FROM processed_events').fetchone()[0]; b=os.path.getsize(f); print(f'{b/1e6:.0f} MB file, {b/max(n,1):.0f} B/id (whole file)')" "$WORK/$db.db")
@@ -344,6 +285,6 @@ for retained in $SIZES; do
   if [ "$BACKEND" = sqlite ]; then
     rm -f "$WORK/$db.db"*
   else
-    psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+    bench_dropdb "$db"
   fi
 done

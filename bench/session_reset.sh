@@ -7,24 +7,22 @@
 # A,B,A,B,… (B first in even rounds), pgbench simple protocol as sqlx sends BEGIN.
 # Usage: bench/session_reset.sh [rounds] [seconds] [clients]     (defaults 4, 8, 8)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 ROUNDS=${1:-4}
 SECS=${2:-8}
 CLIENTS=${3:-8}
-PG=${PG:-postgres://postgres@127.0.0.1:5432}
-DB=session_reset_$$
-cleanup() { psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; }
-trap cleanup EXIT
-psql "$PG/postgres" -qc "CREATE DATABASE $DB"
-psql "$PG/$DB" -qc "CREATE TABLE session_reset_bench (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"
+bench_createdb "$TAG"
+bench_sql "$PG/$TAG" "CREATE TABLE session_reset_bench (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)" >/dev/null
 run() { # script → "tps latency_ms"
-  pgbench -n -M simple -c "$CLIENTS" -j 2 -T "$SECS" -f "bench/session_reset/$1.sql" "$PG/$DB" 2>/dev/null |
+  pgbench -n -M simple -c "$CLIENTS" -j 2 -T "$SECS" -f "bench/session_reset/$1.sql" "$PG/$TAG" 2>/dev/null |
     awk '/^latency average/ { l = $4 } /^tps/ { t = int($3) } END { print t, l }'
 }
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 for round in $(seq 1 "$ROUNDS"); do
   if [ $((round % 2)) -eq 1 ]; then a=$(run begin); b=$(run reset_begin); order=AB
   else b=$(run reset_begin); a=$(run begin); order=BA; fi
-  set -- $a $b
-  echo "round $round ($order): A $1 tps ($2 ms), B $3 tps ($4 ms), B/A $(python3 -c "print(f'{$3 / $1:.3f}')")"
+  read -r a_tps a_ms <<<"$a"
+  read -r b_tps b_ms <<<"$b"
+  echo "round $round ($order): A $a_tps tps ($a_ms ms), B $b_tps tps ($b_ms ms), B/A $(python3 -c "print(f'{$b_tps / $a_tps:.3f}')")"
 done

@@ -37,33 +37,28 @@
 # did not finish (the seed, the schedule and the violating keys' history on stderr);
 # 2 if the soak itself could not run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 log() { printf '[soak.sh] %s\n' "$*" >&2; }
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-  sed -n '/^# Usage/,/^# 2 if/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^# Usage/,/^# 2 if/p' "bench/soak.sh" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 SECONDS_ARG=$1
 SEED_ARG=${2:-}
 
-PROFILE=${SOAK_PROFILE:-release}
-case "$PROFILE" in
-  release) BUILD_FLAGS=(--release) ;;
-  debug) BUILD_FLAGS=() ;;
-  *) log "SOAK_PROFILE must be release or debug, not $PROFILE"; exit 2 ;;
+BENCH_PROFILE=${SOAK_PROFILE:-release}
+case "$BENCH_PROFILE" in
+  release | debug) ;;
+  *) log "SOAK_PROFILE must be release or debug, not $BENCH_PROFILE"; exit 2 ;;
 esac
-log "building the driver and the service ($PROFILE)"
-cargo build --quiet --locked "${BUILD_FLAGS[@]}" --example soak --example soak_service
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-EXAMPLES="$TARGET_DIR/$PROFILE/examples"
+log "building the driver and the service ($BENCH_PROFILE)"
+bench_build --locked --example soak --example soak_service
+EXAMPLES="$(bench_out_dir)/examples"
 
-MOTO_PID=
-cleanup() {
-  if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
-}
-trap cleanup EXIT
+# The SQS emulator, unless one is given: moto_server on a free port, stopped at the end.
 if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
   PYTHON=${PYTHON:-python3}
   if ! "$PYTHON" -c 'import moto.server' 2>/dev/null; then
@@ -72,13 +67,9 @@ if [ -z "${AWS_ENDPOINT_URL:-}" ]; then
       'moto[server]>=5,<6'
   fi
   MOTO_PORT=$("$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$PYTHON" scripts/moto_server.py -H 127.0.0.1 -p "$MOTO_PORT" >"${TMPDIR:-/tmp}/soak-moto-$MOTO_PORT.log" 2>&1 &
-  MOTO_PID=$!
-  deadline=$((SECONDS + 60))
-  until (exec 3<>"/dev/tcp/127.0.0.1/$MOTO_PORT") 2>/dev/null; do
-    if ((SECONDS > deadline)); then log "moto_server did not come up on port $MOTO_PORT"; exit 2; fi
-    sleep 0.2
-  done
+  # Its log outlives the run (in TMPDIR, not $WORK): what the emulator did, for a failed soak.
+  bench_spawn "${TMPDIR:-/tmp}/soak-moto-$MOTO_PORT.log" "$PYTHON" scripts/moto_server.py -H 127.0.0.1 -p "$MOTO_PORT"
+  bench_wait_until "moto_server on port $MOTO_PORT" 60 "$LAST" bench_port_open "$MOTO_PORT" || exit 2
   export AWS_ENDPOINT_URL="http://127.0.0.1:$MOTO_PORT"
   log "moto_server on $AWS_ENDPOINT_URL"
 fi
@@ -87,5 +78,5 @@ export AWS_REGION=${AWS_REGION:-us-east-1} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID
 
 # Not `exec`: the trap stops moto_server after the driver.
 status=0
-"$EXAMPLES/soak" --service "$EXAMPLES/soak_service" "$SECONDS_ARG" $SEED_ARG || status=$?
+"$EXAMPLES/soak" --service "$EXAMPLES/soak_service" "$SECONDS_ARG" ${SEED_ARG:+"$SEED_ARG"} || status=$?
 exit "$status"

@@ -33,89 +33,45 @@
 # Usage: bench/ceilings/consumer.sh [rounds]   (env: EVENTS=100000, TRANSPORTS="database rabbitmq", BIN,
 #        WORKERS, BATCH)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/../lib.sh"
 ROUNDS=${1:-3}
 EVENTS=${EVENTS:-100000}
 TRANSPORTS=${TRANSPORTS:-database rabbitmq}
-PG=postgres://postgres@127.0.0.1:5432
 HERE=bench/ceilings
-# The library's tables live in schema dedup_worker; psql and pgbench name them unqualified.
-export PGOPTIONS='-c search_path=dedup_worker,public'
-export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn
-# The defaults the consumer runs with.
-conf() { awk -v s="[$1]" -v k="$2" '$0 == s { c = 1; next } /^\[/ { c = 0 } c && $1 == k { print $3; exit }' config/default.toml; }
-# WORKERS / BATCH override the defaults for both the path and its ceiling.
-WORKERS=${WORKERS:-$(conf consumer workers)}
-BATCH=${BATCH:-$(conf consumer batch_size)}
+bench_library_schema
+bench_worker_env
+# WORKERS / BATCH override the defaults the consumer runs with, for both the path and its ceiling.
+WORKERS=${WORKERS:-$(bench_toml consumer workers)}
+BATCH=${BATCH:-$(bench_toml consumer batch_size)}
 export DEDUP_CONSUMER__WORKERS=$WORKERS DEDUP_CONSUMER__BATCH_SIZE=$BATCH
-TAG=dw_ceil_c_$$
-WORK=$(mktemp -d)
-# BIN: a dedup-worker built elsewhere to compare (A/B; then nothing is built here, and
-# target/release/examples/loadgen must exist); else this tree's, built now.
-if [ -z "${BIN:-}" ]; then
-  cargo build --release --quiet --bin dedup-worker --example loadgen
-  BIN=target/release/dedup-worker
-fi
-
-PIDS=""
-cleanup() {
-  # Only the processes this script started: the machine is shared.
-  [ -z "$PIDS" ] || kill $PIDS 2>/dev/null || true
-  for db in $(psql -X "$PG/postgres" -tAc "SELECT datname FROM pg_database WHERE datname LIKE '${TAG}%'"); do
-    psql -X "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
-  done
-  for q in $(rabbitmqctl -q list_queues name 2>/dev/null | grep "^${TAG}" || true); do
-    rabbitmqctl -q delete_queue "$q" >/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-q() { psql -X -tA -v ON_ERROR_STOP=1 "$1" -c "$2"; }
+# BIN: a dedup-worker built elsewhere to compare (A/B); else this tree's, built now.
+bench_bin --example loadgen
+LOADGEN=$OUT/examples/loadgen
+bench_at_exit bench_delete_queues
+q() { bench_sql "$@"; }
 now() { date +%s.%N; }
-# start LOG CMD…: starts a dedup-worker in the background (LAST = its pid), listening on a port
-# of its own choosing; waits until it answers /readyz and sets URL to its base address.
-start() {
-  local log=$1; shift
-  DEDUP_LISTEN=127.0.0.1:0 "$@" >"$log" 2>&1 &
-  LAST=$!; PIDS="$PIDS $LAST"
-  URL=""
-  for _ in $(seq 1 300); do
-    URL=$(sed -n 's/^dedup-worker listening on \(http:[^ ]*\).*/\1/p' "$log" | head -1)
-    if [ -n "$URL" ] && curl -sf "$URL/readyz" >/dev/null; then return 0; fi
-    kill -0 "$LAST" 2>/dev/null || { cat "$log" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "dedup-worker did not become ready" >&2; return 1
-}
-stop_last() { kill "$LAST" 2>/dev/null || true; wait "$LAST" 2>/dev/null || true; }
-metric() { # metric NAME: the value of an unlabelled counter on the last started process
-  curl -sf "$URL/metrics" | awk -v m="$1" '$1 == m { print int($2) } END { if (!NR) print 0 }' | tail -1
-}
 # fill DB [env…]: an ingress-only serve takes $EVENTS signed webhooks; FILLED = how many it accepted.
+# Their ids are those of the figures in BENCHMARKS.md (named after the database's name then,
+# dw_ceil_c_<pid>_…), so the rows' sizes stay the same.
 fill() {
   local db=$1; shift
   DATABASE_URL="$PG/$db" DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
-    start "$WORK/ingress.log" env "$@" "$BIN" serve
-  target/release/examples/loadgen --url "$URL/webhooks/stripe" --connections 64 --seconds 600 \
-    --requests "$EVENTS" --prefix "evt_ceil_$db" >"$WORK/load.log"
-  stop_last
-  FILLED=$(awk '{ for (i = 1; i < NF; i++) { if ($i == "requests:") n = $(i + 1); if ($i == "non-2xx:") f = $(i + 1) } }
-       END { sub(";", "", f); print n - f }' "$WORK/load.log")
+    bench_start_worker "$WORK/ingress.log" env "$@" "$BIN" serve
+  "$LOADGEN" --url "$URL/webhooks/stripe" --connections 64 --seconds 600 \
+    --requests "$EVENTS" --prefix "evt_ceil_dw_ceil_c_$$${db#"$TAG"}" >"$WORK/load.log"
+  bench_stop_last
+  FILLED=$(bench_loadgen_accepted "$WORK/load.log")
 }
 
 echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') consumer ceilings: $ROUNDS rounds, $EVENTS events, workers $WORKERS, batch $BATCH, transports: $TRANSPORTS; binary $(sha256sum "$BIN" | cut -c1-12)"
-q "$PG/postgres" "CREATE DATABASE ${TAG}_calib" >/dev/null
-q "$PG/${TAG}_calib" "CREATE TABLE ceil_calibration (id BIGSERIAL PRIMARY KEY, v INTEGER NOT NULL)" >/dev/null
-CALIB=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f "$HERE/calibration.sql" "$PG/${TAG}_calib" 2>/dev/null |
-  awk '/^tps/ { printf "%d", $3 }')
-q "$PG/postgres" "DROP DATABASE ${TAG}_calib" >/dev/null
-echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8 (one-row insert): $CALIB commits/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_calibrate
 
 # The templates: a migrated empty database, and (database queue) one holding $EVENTS messages.
-q "$PG/postgres" "CREATE DATABASE ${TAG}_empty" >/dev/null
+bench_createdb "${TAG}_empty"
 DATABASE_URL="$PG/${TAG}_empty" "$BIN" migrate >/dev/null
 if [[ " $TRANSPORTS " == *" database "* ]]; then
-  q "$PG/postgres" "CREATE DATABASE ${TAG}_tpl TEMPLATE ${TAG}_empty" >/dev/null
+  bench_createdb "${TAG}_tpl" "${TAG}_empty"
   fill "${TAG}_tpl"; QUEUED=$FILLED
   q "$PG/${TAG}_tpl" "VACUUM ANALYZE" >/dev/null
   q "$PG/${TAG}_tpl" "CHECKPOINT" >/dev/null
@@ -141,51 +97,53 @@ steady() {
   q "$PG/$1" "SELECT round(count(*) FILTER (WHERE processed_at > m) / extract(epoch FROM max(processed_at) - m))
                 FROM processed_events, (SELECT min(processed_at) AS m FROM processed_events) f GROUP BY m"
 }
-ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
+# Until the queue (database) or the broker's deliveries (rabbitmq) are drained.
+queue_empty() { [ "$(q "$PG/$1" "SELECT count(*) FROM queue_messages")" = 0 ]; }
+received_all() { [ "$(bench_metric "$URL" dedup_events_received_total)" -ge "$1" ]; }
 declare -A RATIOS
 
 for round in $(seq 1 "$ROUNDS"); do
   for transport in $TRANSPORTS; do
     db=${TAG}_r${round}_${transport}
     if [ "$transport" = database ]; then
-      q "$PG/postgres" "CREATE DATABASE $db TEMPLATE ${TAG}_tpl" >/dev/null
+      bench_createdb "$db" "${TAG}_tpl"
       q "$PG/$db" "CHECKPOINT" >/dev/null
       n=$QUEUED
       start=$(now)
-      DATABASE_URL="$PG/$db" start "$WORK/consume.log" "$BIN" consume
-      until [ "$(q "$PG/$db" "SELECT count(*) FROM queue_messages")" = 0 ]; do sleep 0.2; done
-      elapsed=$(python3 -c "import time,sys; print(time.time() - float(sys.argv[1]))" "$start")
-      batches=$(curl -sf "$URL/metrics" | awk '$1 == "dedup_consumer_batch_seconds_count" { print int($2) }' | tail -1)
-      stop_last
+      DATABASE_URL="$PG/$db" bench_start_worker "$WORK/consume.log" "$BIN" consume
+      BENCH_POLL=0.2 bench_wait_until "drain" 3600 "$LAST" queue_empty "$db"
+      elapsed=$(bench_since "$start")
+      batches=$(bench_metric "$URL" dedup_consumer_batch_seconds_count)
+      bench_stop_last
       rate=$(steady "$db")
-      q "$PG/postgres" "DROP DATABASE $db WITH (FORCE)" >/dev/null
-      q "$PG/postgres" "CREATE DATABASE $db TEMPLATE ${TAG}_tpl" >/dev/null
+      bench_dropdb "$db"
+      bench_createdb "$db" "${TAG}_tpl"
       q "$PG/$db" "CHECKPOINT" >/dev/null
       ceiling "$db" "$WORK/dbqueue.sql"
       label="database queue"
     else
       queue=${TAG}_r${round}
-      q "$PG/postgres" "CREATE DATABASE $db TEMPLATE ${TAG}_empty" >/dev/null
+      bench_createdb "$db" "${TAG}_empty"
       fill "$db" DEDUP_TRANSPORT=rabbitmq DEDUP_QUEUE="$queue"; n=$FILLED
       q "$PG/$db" "CHECKPOINT" >/dev/null
       start=$(now)
       DATABASE_URL="$PG/$db" DEDUP_TRANSPORT=rabbitmq DEDUP_QUEUE="$queue" \
-        start "$WORK/consume.log" "$BIN" consume
-      until [ "$(metric dedup_events_received_total)" -ge "$n" ]; do sleep 0.2; done
-      elapsed=$(python3 -c "import time,sys; print(time.time() - float(sys.argv[1]))" "$start")
-      batches=$(curl -sf "$URL/metrics" | awk '$1 == "dedup_consumer_batch_seconds_count" { print int($2) }' | tail -1)
-      stop_last
+        bench_start_worker "$WORK/consume.log" "$BIN" consume
+      BENCH_POLL=0.2 bench_wait_until "drain" 3600 "$LAST" received_all "$n"
+      elapsed=$(bench_since "$start")
+      batches=$(bench_metric "$URL" dedup_consumer_batch_seconds_count)
+      bench_stop_last
       rate=$(steady "$db")
       rabbitmqctl -q delete_queue "$queue" >/dev/null || true
-      q "$PG/postgres" "DROP DATABASE $db WITH (FORCE)" >/dev/null
-      q "$PG/postgres" "CREATE DATABASE $db TEMPLATE ${TAG}_empty" >/dev/null
+      bench_dropdb "$db"
+      bench_createdb "$db" "${TAG}_empty"
       q "$PG/$db" "CHECKPOINT" >/dev/null
       ceiling "$db" "$HERE/consumer_tx.sql"
       label="rabbitmq"
     fi
-    q "$PG/postgres" "DROP DATABASE $db WITH (FORCE)" >/dev/null
+    bench_dropdb "$db"
     wall=$(python3 -c "import sys; print(round(int(sys.argv[1]) / float(sys.argv[2])))" "$n" "$elapsed")
-    r=$(ratio "$rate" "$CEIL")
+    r=$(bench_ratio "$rate" "$CEIL")
     RATIOS[$transport]="${RATIOS[$transport]:-} $r"
     printf '%s round %d %s: consumer %s events/s (wall %s: %s in %.2f s from start; %s batches, mean %s), ceiling %s events/s (pgbench -c %s -t %s, batch %s: tps x batch %s), ratio %s\n' \
       "$(date -u +%H:%M:%S)" "$round" "$label" "$rate" "$wall" "$n" "$elapsed" "${batches:-?}" \
@@ -196,8 +154,5 @@ done
 
 for transport in $TRANSPORTS; do
   label=$([ "$transport" = database ] && echo "database queue" || echo rabbitmq)
-  python3 -c "
-import statistics, sys
-r = [float(x) for x in sys.argv[2].split()]
-print(f'consumer ({sys.argv[1]}): rate/ceiling median {statistics.median(r):.2f} (rounds: {sys.argv[2].strip()})')" "$label" "${RATIOS[$transport]}"
+  echo "consumer ($label): rate/ceiling median $(bench_median "${RATIOS[$transport]}") (rounds: ${RATIOS[$transport]# })"
 done

@@ -12,21 +12,18 @@
 #        (A) and this tree's (B) one after the other, A first in odd rounds and B first in even
 #        ones, each against the round's ceiling)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/../lib.sh"
 ROUNDS=${1:-3}
 SECS=${2:-8}
 CLIENTS=32
 POOL=${POOL:-32}
-PG=${PG:-postgres://postgres@127.0.0.1:5432}
-DB=ceil_idem_$$
-cargo build --release --quiet -p idempotency-key --example idempotency_load
-cleanup() { psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; }
-trap cleanup EXIT
-psql "$PG/postgres" -qc "CREATE DATABASE $DB"
-psql "$PG/$DB" -qc "CREATE TABLE ceil_calibration (id BIGSERIAL PRIMARY KEY, v INT NOT NULL)"
+if [ -n "${BASE:-}" ]; then BASE=$(bench_caller_path "$BASE"); fi
+DB=$TAG
+bench_build -p idempotency-key --example idempotency_load
+bench_createdb "$DB"
 tps() { sed -n 's/^tps = \([0-9.]*\).*/\1/p' | cut -d. -f1; }
-CAL=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f bench/ceilings/calibration.sql "$PG/$DB" 2>/dev/null | tps)
-echo "calibration: pgbench -n -M prepared -c 16 -j 2 -T 8, one-row insert: $CAL tps ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
+bench_calibrate
 
 run_path() { # binary → req/s
   DATABASE_URL=$PG/postgres "$1" --database "$DB" \
@@ -37,7 +34,7 @@ run_ceiling() {
   pgbench -n -M prepared -c $CLIENTS -j 2 -T "$SECS" -f bench/ceilings/idempotency_tx.sql \
     "$PG/$DB" 2>/dev/null | tps
 }
-NEW=target/release/examples/idempotency_load
+NEW=$(bench_out_dir)/examples/idempotency_load
 if [ -n "${BASE:-}" ]; then
   # The harness migrates the database and creates bench_charges on its first run.
   run_path "$BASE" >/dev/null
@@ -66,12 +63,8 @@ for round in $(seq 1 "$ROUNDS"); do
   # path goes first in every round.
   path=$(run_path "$NEW")
   ceiling=$(run_ceiling)
-  ratio=$(python3 -c "print(f'{$path / $ceiling:.2f}')")
+  ratio=$(bench_ratio "$path" "$ceiling")
   RATIOS+=("$ratio")
   echo "round $round: transactional request $path req/s, ceiling $ceiling tps, ratio $ratio"
 done
-python3 - "${RATIOS[@]}" <<'PY'
-import statistics, sys
-r = [float(x) for x in sys.argv[1:]]
-print(f"idempotency (transactional): rate/ceiling median {statistics.median(r):.2f} (rounds: {' '.join(sys.argv[1:])})")
-PY
+echo "idempotency (transactional): rate/ceiling median $(bench_median "${RATIOS[*]}") (rounds: ${RATIOS[*]})"

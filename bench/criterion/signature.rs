@@ -7,7 +7,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use dedup_worker_core::signature::stripe::{signature_header, verify_stripe_signature};
 
 fn verify(c: &mut Criterion) {
-    let vector = include_bytes!("../tests/vectors/stripe_invoiceitem_created.json");
+    let vector = include_bytes!("../../tests/vectors/stripe_invoiceitem_created.json");
     let large = vec![b'x'; 64 * 1024];
     let mut group = c.benchmark_group("verify_stripe_signature");
     for (name, payload) in [("569B", &vector[..]), ("64KiB", &large[..])] {

@@ -3,10 +3,11 @@
 # cost the consumer end to end on PostgreSQL: the "consumer alone on a template database" method
 # of BENCHMARKS.md, one binary, three schemas that differ only by those indexes.
 #
-#   bench/console_indexes/consumer.sh prepare   # builds the templates (once, a few minutes)
-#   bench/console_indexes/consumer.sh rounds "A B T A B T …"   # one drain per letter, in order
-#   bench/console_indexes/consumer.sh calibrate
-#   bench/console_indexes/consumer.sh drop      # drops the templates
+#   bench/console_indexes.sh prepare   # builds the templates (once, a few minutes)
+#   bench/console_indexes.sh rounds "A B T A B T …"   # one drain per letter, in order
+#   bench/console_indexes.sh calibrate
+#   bench/console_indexes.sh drop      # drops the templates
+# (BIN: the dedup-worker to run; default this tree's, built by prepare and rounds.)
 #
 # prepare: database ci_tpl_b migrated by $BIN (all migrations, the ten console indexes
 #   included); the console indexes dropped for the load and built again after it from their
@@ -31,38 +32,19 @@
 #   (cluster-wide: other sessions' writes count too), and the CPU seconds of the consumer's
 #   PostgreSQL backends and of the consume process. The round's database is dropped.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-BIN=${BIN:-$PWD/target/release/dedup-worker}
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 PER_GEN=${PER_GEN:-1500000}
 EVENTS=${EVENTS:-300000}
 DUPS=${DUPS:-0.2}
 HEADROOM=${HEADROOM:-86400}
 PORT=${PORT:-18097}
+# The templates are kept between calls, so their names are fixed (ci_tpl_*), not the run's $TAG.
 export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres
-export PGOPTIONS='-c search_path=dedup_worker,public'
-PG=postgres://postgres@127.0.0.1:5432
-export STRIPE_WEBHOOK_SECRET=whsec_bench RUST_LOG=warn
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-q() { psql -X -At -v ON_ERROR_STOP=1 -c "$2" "$1"; }
+bench_library_schema
+bench_worker_env
+q() { bench_sql "$@"; }
 now() { date +%s.%N; }
-
-calibrate() {
-  psql -X -q -c "DROP DATABASE IF EXISTS ci_calib" -c "CREATE DATABASE ci_calib" postgres
-  psql -X -q -c "CREATE TABLE calib (id BIGSERIAL PRIMARY KEY, v INTEGER NOT NULL)" ci_calib
-  echo "INSERT INTO calib (v) VALUES (1);" >"$WORK/calib.sql"
-  local tps
-  tps=$(pgbench -n -M prepared -c 16 -j 2 -T 8 -f "$WORK/calib.sql" ci_calib 2>/dev/null |
-    awk '/^tps/ { printf "%d", $3 }')
-  psql -X -q -c "DROP DATABASE ci_calib" postgres
-  echo "$(date -u +%H:%M:%S) calibration: pgbench -n -M prepared -c 16 -j 2 -T 8 (one-row insert): $tps commits/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-}
 
 fill_slot() { # fill_slot SLOT FROM_S TO_S: PER_GEN ids processed uniformly in [now()-FROM, now()-TO)
   local u="((hashtext(event_id) & 2147483647) % 100000)"
@@ -80,49 +62,39 @@ prepare() {
   for d in ci_tpl_a ci_tpl_t ci_tpl_b; do psql -X -q -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" postgres; done
   psql -X -q -c "CREATE DATABASE $db" postgres
   DATABASE_URL=$url "$BIN" migrate >/dev/null
-  local files; files=$(ls migrations/postgres/20261230*_console_generation_*.sql)
+  local files; files=$(bench_console_index_files)
   for f in $files; do
-    q $db "DROP INDEX $(grep -o 'IF NOT EXISTS [a-z0-9_]*' "$f" | awk '{print $4}')" >/dev/null
+    q "$db" "DROP INDEX $(bench_index_name "$f")" >/dev/null
   done
   t0=$(now)
   {
     echo "BEGIN;"
-    echo "DELETE FROM dedup_generations;"
-    echo "INSERT INTO dedup_generations (slot, started_at, sealed_at) VALUES
-      (0, now() - make_interval(secs => $((30 * day - h))), now() - make_interval(secs => $((20 * day - h)))),
-      (1, now() - make_interval(secs => $((20 * day - h))), now() - make_interval(secs => $((10 * day - h)))),
-      (2, now() - make_interval(secs => $((10 * day - h))), NULL);"
+    bench_ring_generations "$h"
     fill_slot 0 $((30 * day - h)) $((20 * day - h))
     fill_slot 1 $((20 * day - h)) $((10 * day - h))
     fill_slot 2 $((10 * day - h)) 0
     echo "COMMIT;"
-  } | psql -X -q -v ON_ERROR_STOP=1 $db
+  } | psql -X -q -v ON_ERROR_STOP=1 "$db"
   echo "fill: $(python3 -c "print(round($(now) - $t0))") s"
   t0=$(now)
   for f in $files; do
-    psql -X -q -v ON_ERROR_STOP=1 -c "SET maintenance_work_mem = '256MB'" -c "$(grep -v '^--' "$f" | sed 's/CONCURRENTLY //')" $db
+    psql -X -q -v ON_ERROR_STOP=1 -c "SET maintenance_work_mem = '256MB'" -c "$(bench_index_statement "$f")" "$db"
   done
   echo "console indexes: $(python3 -c "print(round($(now) - $t0))") s"
 
   DATABASE_URL=$url DEDUP_LISTEN=127.0.0.1:$PORT DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
-    "$BIN" serve >"$WORK/ingress.log" 2>&1 &
-  local ingress=$!; PIDS+=("$ingress")
-  until curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; do
-    kill -0 "$ingress" 2>/dev/null || { cat "$WORK/ingress.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  until [ -x target/release/examples/loadgen ]; do sleep 5; done # built by `cargo build --release --example loadgen`
-  target/release/examples/loadgen --url "http://127.0.0.1:$PORT/webhooks/stripe" --connections 64 \
+    bench_start_worker "$WORK/ingress.log" "$BIN" serve
+  "$OUT/examples/loadgen" --url "$URL/webhooks/stripe" --connections 64 \
     --seconds 300 --requests "$EVENTS" --duplicates "$DUPS" --prefix evt_ci --random-ids
-  kill "$ingress"; wait "$ingress" 2>/dev/null || true; PIDS=()
+  bench_stop_last
   local u="((hashtext(message_id) & 2147483647) % 100000)"
-  q $db "UPDATE queue_messages SET message_type = $(python3 bench/console_indexes/types.py "$u")" >/dev/null
-  psql -X -q -c "VACUUM ANALYZE" -c "CHECKPOINT" $db
-  q $db "SELECT 'queued ' || count(*) || ' messages, ' || count(DISTINCT message_id) || ' distinct ids, '
+  q "$db" "UPDATE queue_messages SET message_type = $(python3 bench/console_indexes/types.py "$u")" >/dev/null
+  psql -X -q -c "VACUUM ANALYZE" -c "CHECKPOINT" "$db"
+  q "$db" "SELECT 'queued ' || count(*) || ' messages, ' || count(DISTINCT message_id) || ' distinct ids, '
            || count(DISTINCT message_type) || ' types' FROM queue_messages"
-  q $db "SELECT 'ids: slot 0 ' || (SELECT count(*) FROM processed_events_0) || ', slot 1 '
+  q "$db" "SELECT 'ids: slot 0 ' || (SELECT count(*) FROM processed_events_0) || ', slot 1 '
            || (SELECT count(*) FROM processed_events_1) || ', slot 2 (current) ' || (SELECT count(*) FROM processed_events_2)"
-  q $db "SELECT c.relname || ' ' || pg_size_pretty(pg_relation_size(c.oid)) FROM pg_class c
+  q "$db" "SELECT c.relname || ' ' || pg_size_pretty(pg_relation_size(c.oid)) FROM pg_class c
           WHERE c.relnamespace = 'dedup_worker'::regnamespace AND c.relname ~ '^processed_events_2' ORDER BY 1"
   psql -X -q -c "CREATE DATABASE ci_tpl_a TEMPLATE ci_tpl_b STRATEGY FILE_COPY" \
     -c "CREATE DATABASE ci_tpl_t TEMPLATE ci_tpl_b STRATEGY FILE_COPY" postgres
@@ -138,16 +110,16 @@ round() { # round X (a, t or b)
   local x=${1,,} db=ci_round url=$PG/ci_round
   psql -X -q -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" \
     -c "CREATE DATABASE $db TEMPLATE ci_tpl_$x STRATEGY FILE_COPY" -c "CHECKPOINT" postgres
-  local total before wal0 start first= elapsed left deadline
-  total=$(q $url "SELECT count(*) FROM queue_messages")
-  before=$(q $url "SELECT count(*) FROM processed_events_2")
-  wal0=$(q $url "SELECT pg_current_wal_lsn()")
+  local total before wal0 start first='' elapsed left deadline
+  total=$(q "$url" "SELECT count(*) FROM queue_messages")
+  before=$(q "$url" "SELECT count(*) FROM processed_events_2")
+  wal0=$(q "$url" "SELECT pg_current_wal_lsn()")
   start=$(now)
-  DATABASE_URL=$url DEDUP_LISTEN=127.0.0.1:0 "$BIN" consume >"$WORK/consume.log" 2>&1 &
-  local pid=$!; PIDS=("$pid")
+  DATABASE_URL=$url DEDUP_LISTEN=127.0.0.1:0 bench_spawn "$WORK/consume.log" "$BIN" consume
+  local pid=$LAST
   deadline=$((SECONDS + 600))
   while :; do
-    left=$(q $url "SELECT count(*) FROM queue_messages")
+    left=$(q "$url" "SELECT count(*) FROM queue_messages")
     [ -n "$first" ] || [ "$left" = "$total" ] || first=$(now)
     [ "$left" = 0 ] && break
     ((SECONDS < deadline)) || { echo "round $x NOT drained after 600 s ($left left)"; break; }
@@ -163,11 +135,11 @@ round() { # round X (a, t or b)
   cpu=$(for b in $bpids "$pid"; do awk '{ print $14 + $15 }' "/proc/$b/stat" 2>/dev/null || true; done |
     awk -v hz="$(getconf CLK_TCK)" '{ if (NR > 1) pg += $1; last = $1; n++ } END { }
       { a[NR] = $1 } END { s = 0; for (i = 1; i < NR; i++) s += a[i]; printf "PostgreSQL backends %.1f s, consume %.1f s CPU", s / hz, a[NR] / hz }')
-  kill "$pid"; wait "$pid" 2>/dev/null || true; PIDS=()
+  bench_stop "$pid"
   local after wal idx
-  after=$(q $url "SELECT count(*) FROM processed_events_2")
-  wal=$(q $url "SELECT pg_size_pretty(pg_current_wal_lsn() - '$wal0'::pg_lsn)")
-  idx=$(q $url "SELECT pg_size_pretty(pg_indexes_size('processed_events_2'))")
+  after=$(q "$url" "SELECT count(*) FROM processed_events_2")
+  wal=$(q "$url" "SELECT pg_size_pretty(pg_current_wal_lsn() - '$wal0'::pg_lsn)")
+  idx=$(q "$url" "SELECT pg_size_pretty(pg_indexes_size('processed_events_2'))")
   python3 -c "
 import sys
 x, total, el, first, start, new, wal, idx, cpu = sys.argv[1:]
@@ -178,9 +150,9 @@ print(f'{x.upper()} {int(total) / float(el):.0f} events/s: {total} in {float(el)
 }
 
 case ${1:-} in
-  prepare) prepare ;;
-  calibrate) calibrate ;;
-  rounds) echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') rounds: $2"; for x in $2; do round "$x"; done ;;
+  prepare) bench_bin --example loadgen; prepare ;;
+  calibrate) bench_calibrate ;;
+  rounds) bench_bin; bench_at_exit bench_dropdb ci_round; echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC') rounds: $2"; for x in $2; do round "$x"; done ;;
   drop) for d in ci_tpl_a ci_tpl_t ci_tpl_b ci_round; do psql -X -q -c "DROP DATABASE IF EXISTS $d WITH (FORCE)" postgres; done ;;
   *) echo "usage: $0 prepare|calibrate|rounds \"A B T …\"|drop" >&2; exit 2 ;;
 esac
