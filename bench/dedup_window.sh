@@ -64,7 +64,7 @@ received_all() { [ "$(received)" -ge "$1" ]; }
 batch_quantile() { # batch_quantile Q: the Q-quantile of dedup_consumer_batch_seconds over all the
   # consume processes, from their histogram buckets summed per bound and interpolated linearly
   # inside the bucket as PromQL's histogram_quantile does (so within a bucket's width, see
-  # HISTOGRAM_BUCKETS in src/telemetry/mod.rs; 0 if nothing was recorded)
+  # HISTOGRAM_BUCKETS in crates/dedup-worker-core/src/telemetry/mod.rs; 0 if nothing was recorded)
   local i
   for i in $(seq 1 "$CONSUMERS"); do curl -sf "http://127.0.0.1:$((PORT + i))/metrics" || true; done |
     python3 -c '

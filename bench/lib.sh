@@ -180,7 +180,7 @@ bench_ring_generations() {
 # The console's ten generation indexes (issue 28), dropped for a fill and built again after it:
 # their migration files, and from one file the index's name and its statement (CONCURRENTLY
 # removed: nothing else runs).
-bench_console_index_files() { ls migrations/postgres/20261230*_console_generation_*.sql; }
+bench_console_index_files() { ls crates/dedup-worker-core/migrations/postgres/20261230*_console_generation_*.sql; }
 bench_index_name() { grep -o 'IF NOT EXISTS [a-z0-9_]*' "$1" | awk '{print $4}'; }
 bench_index_statement() { grep -v '^--' "$1" | sed 's/CONCURRENTLY //'; }
 

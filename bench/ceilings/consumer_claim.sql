@@ -1,4 +1,4 @@
--- The database queue's claim of one consumer batch (src/store/queue_rows.rs, claim_messages),
+-- The database queue's claim of one consumer batch (crates/dedup-worker-core/src/store/queue_rows.rs, claim_messages),
 -- its own autocommit statement before the batch transaction, exactly as the consumer sends it
 -- (lease 10 s, a random claim token). pgbench variables: -D queue=<name> (run with -M prepared: the variables are bound as parameters) -D batch=256.
 -- consumer.sh runs consumer_claim.sql + consumer_tx.sql + consumer_ack.sql as one script.

@@ -1,7 +1,7 @@
 -- The ceiling of one consumer batch's transaction (forward handler, default batch of 256 new
 -- events, no duplicates), as the consumer sends it on PostgreSQL (read with log_statement=all
--- from `dedup-worker consume`; src/consumer/batch.rs, src/store/dedup/postgres.rs,
--- src/store/outbox_rows.rs): BEGIN, the shared ring lock, the generations read, the dedup
+-- from `dedup-worker consume`; crates/dedup-worker-core/src/consumer/batch.rs, crates/dedup-worker-core/src/store/dedup/postgres.rs,
+-- crates/dedup-worker-core/src/store/outbox_rows.rs): BEGIN, the shared ring lock, the generations read, the dedup
 -- insert (the consumer's exact statement for current slot 0, its arrays built here from
 -- generate_series instead of bound: fresh random 16-byte keys sorted as the consumer sorts
 -- them, ids from the client and a random number, `created` given so sealed generations may be

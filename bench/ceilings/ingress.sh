@@ -3,8 +3,8 @@
 # with the consumer and relay off accepts from examples/loadgen (64 connections, as
 # bench/pipeline.sh), against what PostgreSQL itself does for the same group commits.
 #
-# The statement per group (read with log_statement=all; src/queue/database.rs write_groups,
-# src/store/queue_rows.rs enqueue): ONE autocommit statement on a pooled connection,
+# The statement per group (read with log_statement=all; crates/dedup-worker-core/src/queue/database.rs write_groups,
+# crates/dedup-worker-core/src/store/queue_rows.rs enqueue): ONE autocommit statement on a pooled connection,
 #   WITH inserted AS (INSERT INTO queue_messages … SELECT $1, * FROM UNNEST(…) RETURNING 1)
 #   SELECT pg_notify($5, $1), (SELECT count(*) FROM inserted)
 # sent by `transport.publish_writers` writer tasks (default 4), each group what was waiting

@@ -1,5 +1,5 @@
--- The ceiling of one database-queue group commit of the ingress (src/store/queue_rows.rs,
--- enqueue; src/queue/database.rs, write_groups): one autocommit statement inserting the
+-- The ceiling of one database-queue group commit of the ingress (crates/dedup-worker-core/src/store/queue_rows.rs,
+-- enqueue; crates/dedup-worker-core/src/queue/database.rs, write_groups): one autocommit statement inserting the
 -- group's messages with UNNEST and notifying the queue's channel in the same transaction,
 -- exactly as the writers send it, the arrays built here from generate_series instead of bound:
 -- fresh ids, loadgen's payload shape (~150 bytes), type invoice.paid, source stripe, no

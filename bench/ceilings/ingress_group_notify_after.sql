@@ -5,7 +5,7 @@
 -- Lock/object, 1 in IO/WALSync). This variant sends the group's messages
 -- in one autocommit INSERT … SELECT FROM UNNEST (its commit is the group's fsync), then on the
 -- same connection the wake-up in a transaction of its own without waiting for its flush
--- (src/store/postgres.rs, notify_after_commit). The arrays are built here from generate_series
+-- (crates/dedup-worker-core/src/store/postgres.rs, notify_after_commit). The arrays are built here from generate_series
 -- instead of bound: fresh ids, loadgen's payload shape (~150 bytes), type invoice.paid, source
 -- stripe, no traceparent, a Stripe signature of the size the ingress carries.
 -- pgbench variables (run with -M prepared: they are bound as parameters): -D queue=<name>

@@ -1,5 +1,5 @@
 """Prints a psql script that EXPLAINs (ANALYZE, BUFFERS) one `/events` listing the way the
-console runs it: the SQL of src/store/event_list.rs (one statement per outcome; outcome `any`
+console runs it: the SQL of crates/dedup-worker-core/src/store/event_list.rs (one statement per outcome; outcome `any`
 is all of them, run concurrently by the console), as a prepared statement executed 6 times
 first, as sqlx's per-connection statement cache does, so the plan shown is the one PostgreSQL's
 plan cache settled on (custom or generic) for the 7th and later executions.
