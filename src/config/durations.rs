@@ -244,7 +244,11 @@ fn adopt(figment: &Figment, dict: &mut Dict, renamed: &Renamed) -> Result<bool, 
             ));
         }
     }
-    let amount = old.to_i128().and_then(|n| u64::try_from(n).ok());
+    // TOML gives signed integers, the environment unsigned ones.
+    let amount = old
+        .to_u128()
+        .and_then(|n| u64::try_from(n).ok())
+        .or_else(|| old.to_i128().and_then(|n| u64::try_from(n).ok()));
     let Some(amount) = amount else {
         return Err(invalid(
             renamed.old,
