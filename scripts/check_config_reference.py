@@ -2,7 +2,7 @@
 """Checks the book's configuration reference against config/default.toml, key by key.
 
 config/default.toml holds every key the settings struct reads, set or, for a key unset by
-default, as a commented-out example (`# dedup_window_secs = 60`), and a table of named tables
+default, as a commented-out example (`# dedup_window = "1m"`), and a table of named tables
 (`[sources.NAME]`) as a commented-out example table (`# [sources.github]`, its keys commented
 out below it), whose keys the reference names `sources.NAME.key`; it is loaded into `Settings`,
 whose sections deny unknown fields, on every start and in the tests. So a key it has and the

@@ -122,7 +122,7 @@ impl Tuning {
         };
         [
             ("BATCH_SIZE", self.batch_size.to_string()),
-            ("LEASE_SECS", self.lease_secs.to_string()),
+            ("LEASE", format!("{}s", self.lease_secs)),
             (parallel.0, parallel.1.to_string()),
         ]
         .into_iter()

@@ -20,7 +20,7 @@
 //! into `soak_api_effects` (no unique key). Every process reaches PostgreSQL, RabbitMQ, the
 //! emulator and the sink through a fault proxy of the driver's
 //! ([`dedup_worker::testing::fault_proxy`]), one per dependency; the emulator also through a
-//! duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window_secs`,
+//! duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window`,
 //! 60 s by default, `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so
 //! generations are sealed and emptied many times in a run.
 //!
@@ -173,7 +173,7 @@ struct Args {
     /// rounded up; 0: none).
     #[arg(long, env = "SOAK_API_RATE")]
     api_rate: Option<u32>,
-    /// The dedup window (`consumer.dedup_window_secs`).
+    /// The dedup window (`consumer.dedup_window`).
     #[arg(long, env = "SOAK_WINDOW_SECS", default_value_t = 60)]
     window_secs: u64,
     /// Where the run's directory is made.

@@ -511,7 +511,7 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
         .await;
     // All of it while the first process is still cut off: the proxy passes again only below.
     assert!(
-        cut_off.stderr().contains("consumer.step_timeout_ms"),
+        cut_off.stderr().contains("consumer.step_timeout"),
         "the first process gave its batch up on its step timeout"
     );
     let delivered = file_sink_ids(&sink);

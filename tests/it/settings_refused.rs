@@ -3,7 +3,8 @@
 //! `X` unset), under which anyone's delivery signed with the empty key would be a 200; and
 //! numbers past their bound, such as a `dedup_retention_days` whose conversion to seconds would
 //! wrap to hours and empty a two-day-old dedup generation (shown at the store too, with the
-//! conversion the binary uses).
+//! conversion the binary uses). Durations (issue 38): a former integer key (`_MS`, `_SECS`)
+//! starts with a warning naming its new spelling; given both ways, or as no duration, refused.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
@@ -306,4 +307,67 @@ async fn a_short_stripe_secret_starts_with_a_warning() {
         "{warning}"
     );
     assert!(!warning.contains("whsec_local"), "{warning}");
+}
+
+/// Issue 38: a duration set under its former integer key from the environment still starts the
+/// binary, read as the same duration, with a WARN naming the old key and the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_duration_key_starts_with_a_warning_naming_its_new_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = start(
+        &[
+            ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET.to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "250".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ],
+        dir.path(),
+    );
+    let Start::Listening {
+        mut child,
+        stderr_path,
+        ..
+    } = started
+    else {
+        panic!("refused a former duration key");
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = crate::helpers::without_colours(&std::fs::read_to_string(stderr_path).unwrap());
+    let warning = logged
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("consumer.poll_interval_ms"))
+        .unwrap_or_else(|| panic!("no WARN naming consumer.poll_interval_ms in: {logged}"));
+    assert!(
+        warning.contains("deprecated") && warning.contains("`consumer.poll_interval`"),
+        "{warning}"
+    );
+}
+
+/// Issue 38: a duration given under both its keys, or that is no duration, stops the start,
+/// naming the keys as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_given_twice_or_unreadable_stops_the_start() {
+    for (env, needed) in [
+        (
+            vec![
+                ("DEDUP_CONSUMER__LEASE_SECS", "30"),
+                ("DEDUP_CONSUMER__LEASE", "30s"),
+            ],
+            vec!["`consumer.lease_secs`", "`consumer.lease`"],
+        ),
+        (
+            vec![("DEDUP_CONSUMER__LEASE", "10 parsecs")],
+            vec!["`consumer.lease`", "10 parsecs", "\"10s\""],
+        ),
+        (
+            vec![("DEDUP_CONSUMER__LEASE_SECS", "1")],
+            vec!["`consumer.lease_secs`", "below the minimum of 2s"],
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        env.push(("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET.to_owned()));
+        let stderr = refusal(start(&env, dir.path()), |_| async { None }).await;
+        assert_names(&stderr, &needed);
+    }
 }

@@ -151,7 +151,7 @@ async fn page(
 /// How the backfill talks to its transport and reads Stripe's pages.
 #[derive(Debug, Clone, Copy)]
 pub struct BackfillLimits {
-    /// Each publish waits at most this (`transport.publish_timeout_ms`).
+    /// Each publish waits at most this (`transport.publish_timeout`).
     pub publish_timeout: Duration,
     /// The largest page read, in bytes ([`page_limit`]).
     pub max_page_bytes: usize,

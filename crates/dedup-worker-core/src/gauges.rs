@@ -42,7 +42,7 @@ pub struct GaugeSources {
     pub transport: Arc<dyn Transport>,
     /// The `transport` label: `database`, `rabbitmq` or `sqs`.
     pub transport_kind: &'static str,
-    /// The longest each call may take (`transport.publish_timeout_ms`, as for `/readyz`).
+    /// The longest each call may take (`transport.publish_timeout`, as for `/readyz`).
     pub timeout: Duration,
     /// The recorder whose upkeep runs on each tick, when one is installed.
     pub metrics: Option<PrometheusHandle>,

@@ -28,7 +28,7 @@ pub struct RetentionOptions {
     pub outbox_window: Duration,
     pub interval: Duration,
     pub batch: i64,
-    /// The longest one purge statement may wait for the store (`database.statement_timeout_ms`).
+    /// The longest one purge statement may wait for the store (`database.statement_timeout`).
     pub statement_timeout: Duration,
 }
 

@@ -34,8 +34,8 @@ const FIXED_NAMES: &[(&str, &str)] = &[
 /// must validate for that role (ingest needs a Stripe secret, the others do not). A misspelt
 /// name would otherwise be silently ignored by the binary.
 fn assert_settings_load(role: &str, what: &str, env: &BTreeMap<String, String>) {
-    use figment::providers::{Format, Serialized, Toml};
-    let mut figment = figment::Figment::from(Toml::string(dedup_worker_core::config::DEFAULT_TOML));
+    use figment::providers::Serialized;
+    let mut figment = dedup_worker_core::config::defaults();
     // As crates/dedup-worker-core/src/cli/mod.rs sets them for each subcommand.
     for (key, on) in [
         ("ingress", "ingest"),

@@ -5,7 +5,6 @@
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 
@@ -91,7 +90,7 @@ pub(super) async fn backfill(
         &store,
         transport.as_ref(),
         BackfillLimits {
-            publish_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
+            publish_timeout: settings.transport.publish_timeout,
             max_page_bytes: backfill::page_limit(settings.consumer.max_message_bytes),
         },
         |s| {

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -81,7 +80,7 @@ async fn show(
     let settings = store_settings(config)?;
     let store = Store::connect(&settings).await?;
     let options = ShowOptions {
-        statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+        statement_timeout: settings.database.statement_timeout,
         database_queue: settings.transport.kind == TransportKind::Database,
         default_source: settings.consumer.source.clone(),
         limit: 100,

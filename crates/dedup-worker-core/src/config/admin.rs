@@ -96,14 +96,12 @@ fn bool_or_auto<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Erro
 
 #[cfg(test)]
 mod tests {
-    use figment::providers::{Format, Serialized, Toml};
-    use figment::Figment;
+    use figment::providers::Serialized;
 
-    use crate::config::{Settings, DEFAULT_TOML};
+    use crate::config::{defaults, Settings};
 
     fn admin(values: &[(&str, serde_json::Value)]) -> Result<Settings, String> {
-        let mut figment = Figment::from(Toml::string(DEFAULT_TOML))
-            .merge(Serialized::default("stripe.secrets", "whsec_test"));
+        let mut figment = defaults().merge(Serialized::default("stripe.secrets", "whsec_test"));
         for (key, value) in values {
             figment = figment.merge(Serialized::default(key, value.clone()));
         }

@@ -1,7 +1,7 @@
-//! Upper bounds of the numeric settings, and the conversions of day and hour counts to
-//! durations.
+//! Upper bounds of the numeric and duration settings, and the conversions of day and hour counts
+//! to durations.
 //!
-//! Every number in `config/default.toml` has a largest accepted value, far above what any
+//! Every number and duration in `config/default.toml` has a largest accepted value, far above what any
 //! deployment needs and far below where the durations and counts made from it could overflow
 //! (`dedup_retention_days * 86_400` wraps in a release build: a window of 2⁶⁴ + 61,184 seconds
 //! becomes 17 hours, and retention empties a two-day-old dedup generation). A value above its
@@ -10,12 +10,15 @@
 
 use std::time::Duration;
 
+use super::durations::shown;
 use super::{invalid, ConfigError, ConsumerSettings, OutboxSettings, Settings};
 
-/// One hour in milliseconds: the bound of every `*_ms` timeout and poll interval.
-const HOUR_MS: u64 = 3_600_000;
-/// One day in milliseconds: the bound of the retry backoffs.
-const DAY_MS: u64 = 86_400_000;
+/// The bound of every timeout, lease and poll interval, and of the signature tolerances.
+const HOUR: Duration = Duration::from_secs(3_600);
+/// The bound of the retry backoffs and of the retention interval.
+const DAY: Duration = Duration::from_secs(86_400);
+/// SQS's longest long poll (`WaitTimeSeconds`).
+pub(super) const SQS_LONGEST_POLL: Duration = Duration::from_secs(20);
 /// 64 MiB: the bound of the body and message sizes.
 const SIXTY_FOUR_MIB: u64 = 64 * 1024 * 1024;
 
@@ -29,23 +32,21 @@ pub fn whole_hours(hours: u64) -> Duration {
     Duration::from_secs(hours.saturating_mul(3_600))
 }
 
-/// The largest `consumer.dedup_retention_days`, and in seconds `consumer.dedup_window_secs`.
+/// The largest `consumer.dedup_retention_days`, and in days `consumer.dedup_window`.
 const MAX_DEDUP_DAYS: u64 = 3_650;
 
 impl ConsumerSettings {
-    /// How long processed ids are kept: `dedup_window_secs` when set, else
-    /// `dedup_retention_days` as a duration.
+    /// How long processed ids are kept: `dedup_window` when set, else `dedup_retention_days` as
+    /// a duration.
     pub fn dedup_window(&self) -> Duration {
-        match self.dedup_window_secs {
-            Some(secs) => Duration::from_secs(secs),
-            None => whole_days(self.dedup_retention_days),
-        }
+        self.dedup_window
+            .unwrap_or_else(|| whole_days(self.dedup_retention_days))
     }
 
     /// The key that set [`ConsumerSettings::dedup_window`], for error messages.
     pub fn dedup_window_key(&self) -> &'static str {
-        match self.dedup_window_secs {
-            Some(_) => "consumer.dedup_window_secs",
+        match self.dedup_window {
+            Some(_) => "consumer.dedup_window",
             None => "consumer.dedup_retention_days",
         }
     }
@@ -67,47 +68,28 @@ fn wide<T: TryInto<u64>>(value: T) -> u64 {
 impl Settings {
     /// Each numeric key, its value and its bound: every integer key of config/default.toml (a
     /// unit test checks both ways, and that the file states each bound beside its key).
-    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 41] {
-        let (d, h, st, sw, t) = (
+    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 19] {
+        let (d, h, t, c, o) = (
             &self.database,
             &self.http,
-            &self.stripe,
-            &self.standard_webhooks,
             &self.transport,
+            &self.consumer,
+            &self.outbox,
         );
-        let (c, o) = (&self.consumer, &self.outbox);
         [
             ("database.max_connections", wide(d.max_connections), 1_000),
-            ("database.acquire_timeout_ms", d.acquire_timeout_ms, HOUR_MS),
-            (
-                "database.statement_timeout_ms",
-                d.statement_timeout_ms,
-                HOUR_MS,
-            ),
             (
                 "http.body_limit_bytes",
                 wide(h.body_limit_bytes),
                 SIXTY_FOUR_MIB,
             ),
-            (
-                "http.header_read_timeout_ms",
-                h.header_read_timeout_ms,
-                HOUR_MS,
-            ),
             ("http.max_header_bytes", wide(h.max_header_bytes), 1_048_576),
-            ("http.body_read_timeout_ms", h.body_read_timeout_ms, HOUR_MS),
-            ("http.request_timeout_ms", h.request_timeout_ms, HOUR_MS),
             (
                 "http.max_concurrent_requests",
                 wide(h.max_concurrent_requests),
                 1_000_000,
             ),
             ("http.max_connections", wide(h.max_connections), 1_000_000),
-            // The consumer's use of a verified Stripe `created` (which dedup generations to look
-            // in) is sound only while the accepted signature age is far below a day.
-            ("stripe.tolerance_secs", st.tolerance_secs, 3_600),
-            ("stripe.api_timeout_ms", st.api_timeout_ms, HOUR_MS),
-            ("standard_webhooks.tolerance_secs", sw.tolerance_secs, 3_600),
             (
                 "transport.publish_batch_max",
                 wide(t.publish_batch_max),
@@ -119,30 +101,14 @@ impl Settings {
                 wide(t.publish_channel_capacity),
                 1_000_000,
             ),
-            (
-                "transport.publish_timeout_ms",
-                t.publish_timeout_ms,
-                HOUR_MS,
-            ),
             ("transport.delivery_limit", wide(t.delivery_limit), 1_000),
-            ("transport.sqs_wait_time_secs", t.sqs_wait_time_secs, 20),
             ("consumer.batch_size", wide(c.batch_size), 10_000),
             ("consumer.workers", wide(c.workers), 256),
-            ("consumer.lease_secs", c.lease_secs, 3_600),
-            ("consumer.step_timeout_ms", c.step_timeout_ms, HOUR_MS),
-            ("consumer.poll_interval_ms", c.poll_interval_ms, HOUR_MS),
             ("consumer.max_attempts", wide(c.max_attempts), 100_000),
-            ("consumer.retry_base_ms", c.retry_base_ms, DAY_MS),
-            ("consumer.retry_max_ms", c.retry_max_ms, DAY_MS),
             (
                 "consumer.dedup_retention_days",
                 c.dedup_retention_days,
                 MAX_DEDUP_DAYS,
-            ),
-            (
-                "consumer.retention_interval_secs",
-                c.retention_interval_secs,
-                86_400,
             ),
             (
                 "consumer.retention_batch",
@@ -156,26 +122,71 @@ impl Settings {
             ),
             ("outbox.batch_size", wide(o.batch_size), 10_000),
             ("outbox.concurrency", wide(o.concurrency), 10_000),
-            ("outbox.poll_interval_ms", o.poll_interval_ms, HOUR_MS),
-            ("outbox.lease_secs", o.lease_secs, 3_600),
             ("outbox.max_attempts", wide(o.max_attempts), 100_000),
-            ("outbox.retry_base_ms", o.retry_base_ms, DAY_MS),
-            ("outbox.retry_max_ms", o.retry_max_ms, DAY_MS),
-            ("outbox.http_timeout_ms", o.http_timeout_ms, HOUR_MS),
             ("outbox.retention_hours", o.retention_hours, 87_600),
-            ("shutdown.grace_secs", self.shutdown.grace_secs, 3_600),
         ]
     }
 
-    /// Refuses any numeric value above its bound, naming the key.
+    /// Each duration key, its value and its bound: every duration of config/default.toml (a unit
+    /// test checks both ways, and that the file states each bound beside its key).
+    pub(super) fn bounded_durations(&self) -> [(&'static str, Duration, Duration); 22] {
+        let (d, h, st, sw, t) = (
+            &self.database,
+            &self.http,
+            &self.stripe,
+            &self.standard_webhooks,
+            &self.transport,
+        );
+        let (c, o) = (&self.consumer, &self.outbox);
+        [
+            ("database.acquire_timeout", d.acquire_timeout, HOUR),
+            ("database.statement_timeout", d.statement_timeout, HOUR),
+            ("http.header_read_timeout", h.header_read_timeout, HOUR),
+            ("http.body_read_timeout", h.body_read_timeout, HOUR),
+            ("http.request_timeout", h.request_timeout, HOUR),
+            // The consumer's use of a verified Stripe `created` (which dedup generations to look
+            // in) is sound only while the accepted signature age is far below a day.
+            ("stripe.tolerance", st.tolerance, HOUR),
+            ("stripe.api_timeout", st.api_timeout, HOUR),
+            ("standard_webhooks.tolerance", sw.tolerance, HOUR),
+            ("transport.publish_timeout", t.publish_timeout, HOUR),
+            ("transport.sqs_wait_time", t.sqs_wait_time, SQS_LONGEST_POLL),
+            ("consumer.lease", c.lease, HOUR),
+            ("consumer.step_timeout", c.step_timeout, HOUR),
+            ("consumer.poll_interval", c.poll_interval, HOUR),
+            ("consumer.retry_base", c.retry_base, DAY),
+            ("consumer.retry_max", c.retry_max, DAY),
+            ("consumer.retention_interval", c.retention_interval, DAY),
+            ("outbox.poll_interval", o.poll_interval, HOUR),
+            ("outbox.lease", o.lease, HOUR),
+            ("outbox.retry_base", o.retry_base, DAY),
+            ("outbox.retry_max", o.retry_max, DAY),
+            ("outbox.http_timeout", o.http_timeout, HOUR),
+            ("shutdown.grace", self.shutdown.grace, HOUR),
+        ]
+    }
+
+    /// Refuses any numeric value or duration above its bound, naming the key.
     pub(super) fn check_upper_bounds(&self) -> Result<(), ConfigError> {
-        // The optional window in seconds (absent from the defaults, so not in the table above):
-        // the days' bound.
-        let window_secs = self.consumer.dedup_window_secs.map(|secs| {
-            let key = "consumer.dedup_window_secs";
-            (key, secs, MAX_DEDUP_DAYS * 86_400)
+        // The optional window (absent from the defaults, so not in the table): the days' bound.
+        let window = self.consumer.dedup_window.map(|window| {
+            let key = "consumer.dedup_window";
+            (key, window, whole_days(MAX_DEDUP_DAYS))
         });
-        for (key, value, max) in self.bounded_values().into_iter().chain(window_secs) {
+        for (key, value, max) in self.bounded_durations().into_iter().chain(window) {
+            if value > max {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "is {}, more than {}, the most it accepts (far beyond what a deployment \
+                         needs; see config/default.toml)",
+                        shown(value),
+                        shown(max)
+                    ),
+                ));
+            }
+        }
+        for (key, value, max) in self.bounded_values() {
             if value > max {
                 return Err(invalid(
                     key,
@@ -192,30 +203,30 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
-    use figment::providers::{Format, Serialized, Toml};
+    use figment::providers::Serialized;
     use figment::value::{Dict, Value};
-    use figment::Figment;
 
     use super::*;
-    use crate::config::DEFAULT_TOML;
+    use crate::config::durations::RENAMED;
+    use crate::config::{defaults, DEFAULT_TOML};
 
     /// The issue's value: times 86,400 it wraps to 61,184 seconds.
     const WRAPPING_DAYS: u64 = 213_503_982_334_602;
 
-    fn with(key: &str, value: u64) -> Result<Settings, ConfigError> {
+    fn with<T: serde::Serialize>(key: &str, value: T) -> Result<Settings, ConfigError> {
         Settings::from_figment(
-            Figment::from(Toml::string(DEFAULT_TOML))
+            defaults()
                 .merge(Serialized::default("stripe.secrets", "whsec_test"))
                 .merge(Serialized::default(key, value)),
         )
     }
 
-    fn defaults() -> Settings {
+    fn defaults_settings() -> Settings {
         with("consumer.batch_size", 256).expect("the defaults are valid")
     }
 
-    /// Dotted keys of the integer values under `dict`.
-    fn integer_keys(prefix: &str, dict: &Dict, keys: &mut Vec<String>) {
+    /// Dotted keys of the values under `dict` that `is_kind` picks.
+    fn keys_of(prefix: &str, dict: &Dict, is_kind: fn(&Value) -> bool, keys: &mut Vec<String>) {
         for (name, value) in dict {
             let key = if prefix.is_empty() {
                 name.clone()
@@ -223,35 +234,65 @@ mod tests {
                 format!("{prefix}.{name}")
             };
             match value {
-                Value::Dict(_, inner) => integer_keys(&key, inner, keys),
-                Value::Num(_, num) if num.to_i128().is_some() => keys.push(key),
+                Value::Dict(_, inner) => keys_of(&key, inner, is_kind, keys),
+                value if is_kind(value) => keys.push(key),
                 _ => {}
             }
         }
     }
 
+    fn default_keys(is_kind: fn(&Value) -> bool) -> Vec<String> {
+        let dict: Dict = defaults().extract().expect("the defaults parse");
+        let mut keys = Vec::new();
+        keys_of("", &dict, is_kind, &mut keys);
+        keys.sort();
+        keys
+    }
+
+    fn is_integer(value: &Value) -> bool {
+        matches!(value, Value::Num(_, num) if num.to_i128().is_some())
+    }
+
+    fn is_duration(value: &Value) -> bool {
+        matches!(value, Value::String(_, text) if humantime::parse_duration(text).is_ok())
+    }
+
     #[test]
     fn every_integer_key_of_the_defaults_has_a_bound_and_no_other_key_does() {
-        let dict: Dict = Figment::from(Toml::string(DEFAULT_TOML))
-            .extract()
-            .expect("the defaults parse");
-        let mut in_file = Vec::new();
-        integer_keys("", &dict, &mut in_file);
-        in_file.sort();
-        let mut bounded: Vec<String> = defaults()
+        let mut bounded: Vec<String> = defaults_settings()
             .bounded_values()
             .iter()
             .map(|(key, _, _)| key.to_string())
             .collect();
         bounded.sort();
-        assert_eq!(bounded, in_file);
+        assert_eq!(bounded, default_keys(is_integer));
+    }
+
+    /// And each is one of the renamed integer keys' new spellings (all of them but the dedup
+    /// window, which has no default).
+    #[test]
+    fn every_duration_key_of_the_defaults_has_a_bound_and_no_other_key_does() {
+        let mut bounded: Vec<String> = defaults_settings()
+            .bounded_durations()
+            .iter()
+            .map(|(key, _, _)| key.to_string())
+            .collect();
+        bounded.sort();
+        assert_eq!(bounded, default_keys(is_duration));
+        let mut renamed: Vec<String> = RENAMED
+            .iter()
+            .map(|r| r.new.to_owned())
+            .filter(|key| key != "consumer.dedup_window")
+            .collect();
+        renamed.sort();
+        assert_eq!(renamed, bounded);
     }
 
     /// Table-driven over every bounded key: its bound is accepted, one more is refused naming the
     /// key and the bound, and so is the largest number the key's type holds.
     #[test]
     fn a_value_over_its_bound_is_refused_naming_the_key() {
-        for (key, _, max) in defaults().bounded_values() {
+        for (key, _, max) in defaults_settings().bounded_values() {
             let at = with(key, max).unwrap_or_else(|e| panic!("{key} = {max}: {e}"));
             let read = at.bounded_values().into_iter().find(|(k, _, _)| *k == key);
             assert_eq!(read.map(|(_, value, _)| value), Some(max), "{key}");
@@ -271,11 +312,51 @@ mod tests {
         );
     }
 
+    /// The same for the durations, in both spellings: the refusal names the key as written.
+    #[test]
+    fn a_duration_over_its_bound_is_refused_naming_the_key_as_written() {
+        for (key, _, max) in defaults_settings().bounded_durations() {
+            let at = with(key, shown(max)).unwrap_or_else(|e| panic!("{key} = {max:?}: {e}"));
+            let read = at
+                .bounded_durations()
+                .into_iter()
+                .find(|(k, _, _)| *k == key);
+            assert_eq!(read.map(|(_, value, _)| value), Some(max), "{key}");
+            let over = shown(max + Duration::from_secs(1));
+            let text = with(key, &over).expect_err(key).to_string();
+            assert!(
+                text.contains(&format!("`{key}`")) && text.contains(&shown(max)),
+                "{key} = {over}: {text}"
+            );
+            let old = RENAMED.iter().find(|r| r.new == key).expect("renamed").old;
+            for over in [max.as_secs() * 1_000 + 1_000, u64::MAX] {
+                let text = with(old, over).expect_err(old).to_string();
+                assert!(text.contains(&format!("`{old}`")), "{old} = {over}: {text}");
+            }
+        }
+        let window = shown(whole_days(MAX_DEDUP_DAYS + 1));
+        let text = with("consumer.dedup_window", &window)
+            .expect_err("over")
+            .to_string();
+        assert!(text.contains("`consumer.dedup_window`"), "{text}");
+        let text = with("consumer.dedup_window", u64::MAX)
+            .expect_err("over")
+            .to_string();
+        assert!(text.contains("`consumer.dedup_window`"), "{text}");
+    }
+
     /// config/default.toml says each key's bound in the comment just above the key.
     #[test]
     fn the_defaults_file_states_each_bound_beside_its_key() {
+        let settings = defaults_settings();
+        let numbers = settings
+            .bounded_values()
+            .map(|(key, _, max)| (key, max.to_string()));
+        let durations = settings
+            .bounded_durations()
+            .map(|(key, _, max)| (key, shown(max)));
         let lines: Vec<&str> = DEFAULT_TOML.lines().collect();
-        for (key, _, max) in defaults().bounded_values() {
+        for (key, max) in numbers.into_iter().chain(durations) {
             let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
             let header = format!("[{section}]");
             let start = lines

@@ -1,15 +1,14 @@
 //! `[sources.NAME.hmac]`: templates, presets overridden, and each refusal naming its key.
 
 use figment::providers::{Format, Serialized, Toml};
-use figment::Figment;
 
 use super::*;
 use crate::config::hmac_presets::presets;
-use crate::config::{Settings, DEFAULT_TOML};
+use crate::config::{defaults, Settings};
 
 fn load(extra: &str) -> Result<Settings, ConfigError> {
     Settings::from_figment(
-        Figment::from(Toml::string(DEFAULT_TOML))
+        defaults()
             .merge(Serialized::default("stripe.secrets", "whsec_test"))
             .merge(Toml::string(extra)),
     )

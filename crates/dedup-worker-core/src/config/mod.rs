@@ -1,16 +1,16 @@
 //! Configuration: one typed [`Settings`] struct, loaded in layers and validated before anything
 //! binds or connects.
 //!
-//! Layers, later wins: the embedded `config/default.toml` (which documents every key), the file
-//! given with `--config`, then the environment. The environment has the fixed names of the design
-//! (`DATABASE_URL`, `DEDUP_LISTEN`, …) plus `DEDUP_<SECTION>__<KEY>` for any other key. Every
-//! error names the key it is about.
+//! Layers, later wins ([`layers`]): the embedded `config/default.toml` (which documents every
+//! key), the file given with `--config`, then the environment. The environment has the fixed
+//! names of the design (`DATABASE_URL`, `DEDUP_LISTEN`, …) plus `DEDUP_<SECTION>__<KEY>` for any
+//! other key. Durations are written with their unit (`"500ms"`, `"10s"`, [`durations`]). Every
+//! error names the key it is about, as the user wrote it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use figment::providers::{Env, Format, Toml};
 use figment::Figment;
 use serde::Deserialize;
 
@@ -20,10 +20,12 @@ use crate::telemetry::LogFormat;
 
 mod admin;
 mod bounds;
+mod durations;
 mod hmac;
 mod hmac_presets;
 mod hmac_settings;
 mod hmac_template;
+mod layers;
 mod paypal;
 mod secrets;
 mod sink;
@@ -38,6 +40,7 @@ pub use hmac::{
     HmacSettings, Locator, Piece, TimestampAt, TimestampFormat, MAX_SIGNATURES_PER_HEADER,
 };
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
+pub use layers::defaults;
 pub use paypal::{
     certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
 };
@@ -59,23 +62,9 @@ pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
 /// handled a second time: a second charge.
 pub const MIN_DEDUP_RETENTION_DAYS: u64 = 4;
 
-/// Shortest accepted `consumer.lease_secs` and `outbox.lease_secs`: heartbeats extend a lease
+/// Shortest accepted `consumer.lease` and `outbox.lease`, in seconds: heartbeats extend a lease
 /// every third of it, so this leaves them about 0.7 s each.
 pub const MIN_LEASE_SECS: u64 = 2;
-
-/// Fixed environment names and the keys they set.
-const FIXED_ENV: &[(&str, &str)] = &[
-    ("DATABASE_URL", "database_url"),
-    ("DEDUP_LISTEN", "http.listen"),
-    ("DEDUP_TRANSPORT", "transport.kind"),
-    ("AMQP_URL", "transport.amqp_url"),
-    ("DEDUP_QUEUE", "transport.queue"),
-    ("STRIPE_WEBHOOK_SECRET", "stripe.secrets"),
-    ("DEDUP_SINK", "outbox.sink"),
-    ("DEDUP_SINK_SIGNING_SECRET", "outbox.signing_secret"),
-    ("STRIPE_API_BASE", "stripe.api_base"),
-    ("STRIPE_API_KEY", "stripe.api_key"),
-];
 
 /// Why the configuration was refused. The message always names the key.
 #[derive(Debug, thiserror::Error)]
@@ -184,11 +173,13 @@ pub struct DatabaseSettings {
     /// Pool size; bounds the connections this process holds.
     pub max_connections: u32,
     /// Wait for a pooled connection before failing (ingress then answers 503).
-    pub acquire_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub acquire_timeout: Duration,
     /// PostgreSQL's `statement_timeout` on the service's connections, and the longest the
     /// database queue, the relay and retention wait for any one store call: a database that
     /// stops answering (a partition, a hung host) holds none of them longer.
-    pub statement_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub statement_timeout: Duration,
     /// Whether starting a role applies pending migrations first.
     pub migrate_on_start: bool,
 }
@@ -213,15 +204,18 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// The request line and headers must arrive within this (a kept-alive connection's next
     /// request too), or the connection is closed.
-    pub header_read_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub header_read_timeout: Duration,
     /// Largest request line plus headers; larger ones get 431.
     pub max_header_bytes: usize,
     /// The longest pause while a body arrives (between two reads, as nginx's
     /// `client_body_timeout`); then 408.
-    pub body_read_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub body_read_timeout: Duration,
     /// The whole request, body included, is answered within this; 503 with `Retry-After`
     /// beyond.
-    pub request_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub request_timeout: Duration,
     /// Requests handled at once; more are answered 503 with `Retry-After` at once.
     pub max_concurrent_requests: usize,
     /// Connections open at once; more wait in the listen backlog until one closes.
@@ -235,7 +229,8 @@ pub struct StripeSettings {
     #[serde(deserialize_with = "secrets::comma_separated_stripe")]
     pub secrets: Vec<Secret>,
     /// Accepted clock difference in both directions.
-    pub tolerance_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub tolerance: Duration,
     /// Stripe's API (`STRIPE_API_BASE`), listed by `dedup-worker backfill`.
     pub api_base: String,
     /// A key that may read events (`STRIPE_API_KEY`): `backfill` lists them, and the consumer
@@ -244,7 +239,8 @@ pub struct StripeSettings {
     /// `Stripe-Version` sent with every API call (the v2 API requires one).
     pub api_version: String,
     /// Bounds one API request of the consumer's thin-event fetch (connect, send, read).
-    pub api_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub api_timeout: Duration,
     /// Whether the consumer replaces a thin event by its full event
     /// (`GET /v2/core/events/{id}`) before the handler runs, so handlers see one shape.
     pub fetch_thin_events: bool,
@@ -262,7 +258,8 @@ pub struct StandardWebhookSettings {
     #[serde(deserialize_with = "secrets::comma_separated_public_keys")]
     pub public_keys: Vec<StandardPublicKey>,
     /// Accepted clock difference in both directions.
-    pub tolerance_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub tolerance: Duration,
     /// Source half of the dedup key for these events (the id is `webhook-id`).
     pub source: String,
 }
@@ -308,7 +305,8 @@ pub struct TransportSettings {
     /// SDK's retries: twice this). A dependency that stops answering holds no request longer
     /// than this, and the sender retries (a commit that landed after all is recognised by its
     /// id).
-    pub publish_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub publish_timeout: Duration,
     /// RabbitMQ: deliveries of one message that may end unsettled before the consumer
     /// dead-letters it (from `x-delivery-count`, whatever the queue was declared with); also the
     /// `x-delivery-limit` backstop of a queue the service creates.
@@ -317,7 +315,8 @@ pub struct TransportSettings {
     /// SQS's range). Each call is billed and throttled, and a short poll (0) of an empty queue
     /// answers at once, so an idle consumer would send a stream of them; SQS still answers a
     /// long poll as soon as a message arrives.
-    pub sqs_wait_time_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub sqs_wait_time: Duration,
     /// SQS FIFO queues: the JSON pointer to the value that is a message's group (SQS keeps a
     /// group in order and holds its later messages while earlier ones are in flight). The
     /// event's object by default, so one object's events stay in order and other objects'
@@ -346,28 +345,34 @@ pub struct ConsumerSettings {
     pub workers: usize,
     /// How long a received message stays leased (database queue row, SQS visibility); the
     /// consumer extends it every third of it while it works on the batch.
-    pub lease_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub lease: Duration,
     /// The longest one batch may take, from its transaction's start to its acks: past it the
     /// batch is abandoned (rolled back) and given back to the transport. Also PostgreSQL's
     /// `idle_in_transaction_session_timeout`, so the server ends an abandoned transaction and
     /// frees its locks even when the client cannot reach it.
-    pub step_timeout_ms: u64,
-    pub poll_interval_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub step_timeout: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub poll_interval: Duration,
     pub max_attempts: u32,
-    pub retry_base_ms: u64,
-    pub retry_max_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_base: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_max: Duration,
     /// Processed ids are kept this long; a duplicate arriving later is handled again. At least
     /// [`MIN_DEDUP_RETENTION_DAYS`] unless `allow_short_dedup_retention`.
     pub dedup_retention_days: u64,
-    /// Accepts a `dedup_retention_days` below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
+    /// Accepts a dedup window below [`MIN_DEDUP_RETENTION_DAYS`], for sources known
     /// never to redeliver that late. Off by default: the floor protects Stripe events.
     pub allow_short_dedup_retention: bool,
-    /// The dedup window in seconds; when set it replaces `dedup_retention_days` (see
+    /// The dedup window; when set it replaces `dedup_retention_days` (see
     /// [`ConsumerSettings::dedup_window`]). Below the same minimum only with
     /// `allow_short_dedup_retention`.
-    #[serde(default)]
-    pub dedup_window_secs: Option<u64>,
-    pub retention_interval_secs: u64,
+    #[serde(default, deserialize_with = "durations::read_optional")]
+    pub dedup_window: Option<Duration>,
+    #[serde(deserialize_with = "durations::read")]
+    pub retention_interval: Duration,
     pub retention_batch: i64,
     /// Larger messages are dead-lettered without being parsed.
     pub max_message_bytes: usize,
@@ -414,14 +419,19 @@ pub struct OutboxSettings {
     pub signing_secret: Vec<SigningSecret>,
     pub batch_size: usize,
     pub concurrency: usize,
-    pub poll_interval_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub poll_interval: Duration,
     /// How long a claimed row stays leased; the relay extends it every third of it while it
     /// delivers the row.
-    pub lease_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub lease: Duration,
     pub max_attempts: u32,
-    pub retry_base_ms: u64,
-    pub retry_max_ms: u64,
-    pub http_timeout_ms: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_base: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_max: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub http_timeout: Duration,
     pub retention_hours: u64,
 }
 
@@ -429,49 +439,24 @@ pub struct OutboxSettings {
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSettings {
     /// Time given to in-flight work after a stop signal.
-    pub grace_secs: u64,
+    #[serde(deserialize_with = "durations::read")]
+    pub grace: Duration,
 }
 
 impl Settings {
     /// Loads defaults, then `file`, then the process environment, and validates.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+    pub fn load(file: Option<&std::path::Path>) -> Result<Self, ConfigError> {
         Self::from_figment(Self::figment(file))
     }
 
-    /// The layered sources, before extraction (tests add their own layers on top).
-    pub fn figment(file: Option<&Path>) -> Figment {
-        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
-        if let Some(path) = file {
-            figment = figment.merge(Toml::file_exact(path));
-        }
-        let fixed = Env::raw()
-            .only(&FIXED_ENV.iter().map(|(name, _)| *name).collect::<Vec<_>>())
-            .map(|name| {
-                let key = FIXED_ENV
-                    .iter()
-                    .find(|(env, _)| name.as_str().eq_ignore_ascii_case(env))
-                    .map(|(_, key)| *key)
-                    .unwrap_or("");
-                key.into()
-            });
-        // DEDUP_<SECTION>__<KEY>; the fixed DEDUP_* names have no `__` and are excluded.
-        let nested = Env::prefixed("DEDUP_")
-            .filter(|key| key.as_str().contains("__"))
-            .split("__");
-        figment.merge(fixed).merge(nested)
-    }
-
-    /// The `[log]` settings alone, from the same layers, so logging is set up before the rest is
-    /// validated (whose errors are then logged as configured); defaults if they do not parse
-    /// (the full load reports why).
-    pub fn log_settings(file: Option<&Path>) -> LogSettings {
-        Self::figment(file).extract_inner("log").unwrap_or_default()
-    }
-
-    /// Extracts and validates.
+    /// Extracts and validates; warns once of each deprecated key read.
     pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let (figment, old_keys) = durations::adopt_old_keys(figment)?;
+        old_keys.warn();
         let settings: Settings = figment.extract().map_err(Box::new)?;
-        settings.validate()?;
+        settings
+            .validate()
+            .map_err(|error| old_keys.as_written(error))?;
         settings.warn_about_weak_values();
         Ok(settings)
     }
@@ -489,7 +474,7 @@ impl Settings {
     }
 
     pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs(self.shutdown.grace_secs)
+        self.shutdown.grace
     }
 }
 

@@ -210,15 +210,14 @@ pub(super) fn check_paypal_keys(
 #[cfg(test)]
 mod tests {
     use figment::providers::{Format, Serialized, Toml};
-    use figment::Figment;
 
-    use crate::config::{ConfigError, Settings, DEFAULT_TOML};
+    use crate::config::{defaults, ConfigError, Settings};
 
     const PEM: &str = include_str!("../signature/testdata/rsa_test_certificate.pem");
 
     fn load(extra: &str) -> Result<Settings, ConfigError> {
         Settings::from_figment(
-            Figment::from(Toml::string(DEFAULT_TOML))
+            defaults()
                 .merge(Serialized::default("stripe.secrets", "whsec_test"))
                 .merge(Toml::string(extra)),
         )

@@ -143,7 +143,7 @@ pub(super) fn check_source(
             key("tolerance_secs"),
             format!(
                 "is {secs}, more than {MAX_TOLERANCE_SECS}, the most it accepts (as \
-                 stripe.tolerance_secs: a replayed delivery is accepted for that long)"
+                 stripe.tolerance: a replayed delivery is accepted for that long)"
             ),
         )),
         _ => Ok(()),

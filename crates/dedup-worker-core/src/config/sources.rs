@@ -25,7 +25,7 @@ pub const MAX_SOURCE_NAME_CHARS: usize = 64;
 /// ingress does not control).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
-/// The largest `tolerance_secs`, as `stripe.tolerance_secs`'s.
+/// The largest `tolerance_secs`, as `stripe.tolerance`'s.
 pub const MAX_TOLERANCE_SECS: u64 = 3_600;
 
 /// A sender's signature scheme. Adding one is a variant here and a file in
@@ -234,13 +234,12 @@ fn comma_separated_source_secrets<'de, D: Deserializer<'de>>(
 #[cfg(test)]
 mod tests {
     use figment::providers::{Format, Serialized, Toml};
-    use figment::Figment;
 
-    use crate::config::{ConfigError, SchemeKind, Settings, DEFAULT_TOML};
+    use crate::config::{defaults, ConfigError, SchemeKind, Settings};
 
     fn load(extra: &str) -> Result<Settings, ConfigError> {
         Settings::from_figment(
-            Figment::from(Toml::string(DEFAULT_TOML))
+            defaults()
                 .merge(Serialized::default("stripe.secrets", "whsec_test"))
                 .merge(Toml::string(extra)),
         )

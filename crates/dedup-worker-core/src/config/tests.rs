@@ -7,7 +7,7 @@ use base64::prelude::{Engine as _, BASE64_STANDARD};
 use figment::providers::Serialized;
 
 fn with<T: serde::Serialize>(key: &str, value: T) -> Figment {
-    Figment::from(Toml::string(DEFAULT_TOML))
+    defaults()
         .merge(Serialized::default("stripe.secrets", "whsec_test"))
         .merge(Serialized::default(key, value))
 }
@@ -15,8 +15,7 @@ fn with<T: serde::Serialize>(key: &str, value: T) -> Figment {
 #[test]
 fn defaults_need_only_a_secret() {
     let s = Settings::from_figment(
-        Figment::from(Toml::string(DEFAULT_TOML))
-            .merge(Serialized::default("stripe.secrets", "whsec_a, whsec_b")),
+        defaults().merge(Serialized::default("stripe.secrets", "whsec_a, whsec_b")),
     )
     .expect("valid");
     assert_eq!(s.stripe.secrets.len(), 2);
@@ -27,8 +26,7 @@ fn defaults_need_only_a_secret() {
 
 #[test]
 fn missing_secret_names_the_key() {
-    let err =
-        Settings::from_figment(Figment::from(Toml::string(DEFAULT_TOML))).expect_err("no secret");
+    let err = Settings::from_figment(defaults()).expect_err("no secret");
     assert!(err.to_string().contains("stripe.secrets"), "{err}");
 }
 
@@ -88,44 +86,41 @@ fn short_dedup_retention_is_accepted_when_explicitly_allowed() {
 }
 
 #[test]
-fn dedup_window_secs_replaces_the_days_under_the_same_minimum() {
+fn dedup_window_replaces_the_days_under_the_same_minimum() {
     let days = Settings::from_figment(with("http.listen", "127.0.0.1:0")).expect("valid");
     assert_eq!(
         days.consumer.dedup_window(),
         Duration::from_secs(30 * 86_400)
     );
 
-    let err = Settings::from_figment(with("consumer.dedup_window_secs", 60))
+    let err = Settings::from_figment(with("consumer.dedup_window", "1m"))
         .expect_err("a minute is below Stripe's retries");
     let text = err.to_string();
     for needed in [
-        "consumer.dedup_window_secs",
-        "is 60 s",
+        "consumer.dedup_window",
+        "is 1m",
         "minimum of 4 days",
         "allow_short_dedup_retention",
     ] {
         assert!(text.contains(needed), "{needed:?} missing from: {text}");
     }
 
-    let s = Settings::from_figment(with("consumer.dedup_window_secs", 60).merge(
+    let s = Settings::from_figment(with("consumer.dedup_window", "60s").merge(
         Serialized::default("consumer.allow_short_dedup_retention", true),
     ))
     .expect("allowed explicitly");
     assert_eq!(s.consumer.dedup_window(), Duration::from_secs(60));
 
-    let err = Settings::from_figment(with("consumer.dedup_window_secs", 3_650 * 86_400 + 1))
+    let err = Settings::from_figment(with("consumer.dedup_window", "3651days"))
         .expect_err("above the days' bound");
-    assert!(
-        err.to_string().contains("`consumer.dedup_window_secs`"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("`consumer.dedup_window`"), "{err}");
 
     // Set and long enough, it needs no override, and the days no longer count.
     let s = Settings::from_figment(
-        with("consumer.dedup_window_secs", 5 * 86_400)
+        with("consumer.dedup_window", "5days")
             .merge(Serialized::default("consumer.dedup_retention_days", 0)),
     )
-    .expect("the seconds decide");
+    .expect("the window decides");
     assert_eq!(s.consumer.dedup_window(), Duration::from_secs(5 * 86_400));
 }
 
@@ -143,28 +138,32 @@ fn retention_batch_must_be_positive() {
 
 #[test]
 fn sqs_wait_outside_long_poll_range_names_the_key() {
-    for value in [0, 21] {
-        let err = Settings::from_figment(with("transport.sqs_wait_time_secs", value))
+    for value in ["0s", "21s", "1500ms"] {
+        let err = Settings::from_figment(with("transport.sqs_wait_time", value))
             .expect_err("out of range");
-        assert!(err.to_string().contains("sqs_wait_time_secs"), "{err}");
+        assert!(
+            err.to_string().contains("`transport.sqs_wait_time`"),
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn leases_below_the_minimum_are_refused_naming_the_key() {
-    for key in ["consumer.lease_secs", "outbox.lease_secs"] {
-        let err = Settings::from_figment(with(key, MIN_LEASE_SECS - 1)).expect_err("too short");
-        assert!(err.to_string().contains(key), "{err}");
-        Settings::from_figment(with(key, MIN_LEASE_SECS)).expect("the minimum is accepted");
+    let minimum = format!("{MIN_LEASE_SECS}s");
+    for key in ["consumer.lease", "outbox.lease"] {
+        let err = Settings::from_figment(with(key, "1999ms")).expect_err("too short");
+        assert!(err.to_string().contains(&format!("`{key}`")), "{err}");
+        Settings::from_figment(with(key, &minimum)).expect("the minimum is accepted");
     }
 }
 
 #[test]
 fn zero_store_timeouts_are_refused_naming_the_key() {
     // 0 would mean "no limit" to PostgreSQL, the opposite of what a small value asks for.
-    for key in ["database.statement_timeout_ms", "consumer.step_timeout_ms"] {
-        let err = Settings::from_figment(with(key, 0)).expect_err("zero");
-        assert!(err.to_string().contains(key), "{err}");
+    for key in ["database.statement_timeout", "consumer.step_timeout"] {
+        let err = Settings::from_figment(with(key, "0s")).expect_err("zero");
+        assert!(err.to_string().contains(&format!("`{key}`")), "{err}");
     }
 }
 
@@ -190,15 +189,15 @@ fn signing_secrets_are_decoded_while_loading_and_a_bad_one_names_its_key() {
 fn fetching_thin_events_needs_a_key_and_a_timeout_inside_the_batch() {
     let err = Settings::from_figment(with("stripe.fetch_thin_events", true)).expect_err("no key");
     assert!(err.to_string().contains("stripe.api_key"), "{err}");
-    let keyed = |timeout: u64| {
+    let keyed = |timeout: &str| {
         with("stripe.fetch_thin_events", true)
             .merge(Serialized::default("stripe.api_key", "rk_test_1"))
-            .merge(Serialized::default("stripe.api_timeout_ms", timeout))
+            .merge(Serialized::default("stripe.api_timeout", timeout))
     };
-    assert!(Settings::from_figment(keyed(10_000)).is_ok());
-    for refused in [0, 10_001] {
+    assert!(Settings::from_figment(keyed("10s")).is_ok());
+    for refused in ["0s", "10001ms"] {
         let err = Settings::from_figment(keyed(refused)).expect_err("outside the batch");
-        assert!(err.to_string().contains("stripe.api_timeout_ms"), "{err}");
+        assert!(err.to_string().contains("`stripe.api_timeout`"), "{err}");
     }
     let s = Settings::from_figment(with("consumer.envelope", "eventbridge")).expect("valid");
     assert_eq!(s.consumer.envelope, EnvelopeKind::Eventbridge);
@@ -307,7 +306,7 @@ fn secrets_that_verify_nothing_are_refused_naming_key_and_entry() {
             (format!("{GOOD_HMAC}, whsec_"), "entry 2"),
             (format!("{GOOD_HMAC},whsec_ \t"), "entry 2"),
         ] {
-            let figment = Figment::from(Toml::string(DEFAULT_TOML))
+            let figment = defaults()
                 .merge(Serialized::default("stripe.secrets", GOOD_HMAC))
                 .merge(Serialized::default(key, &value));
             let text = Settings::from_figment(figment)

@@ -1,6 +1,10 @@
 //! The checks that need more than one value's type: values that parse but cannot work. Each
 //! refusal names its key. (Secrets and the sink spec are refused while loading, by their types.)
 
+use std::time::Duration;
+
+use super::bounds::SQS_LONGEST_POLL;
+use super::durations::shown;
 use super::source_checks::check_source;
 use super::{
     invalid, stripe_key_material, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS,
@@ -56,6 +60,21 @@ impl Settings {
                 ),
             ));
         }
+        // The signatures' timestamps are whole seconds, and so is the skew they are held to.
+        for (key, tolerance) in [
+            ("stripe.tolerance", self.stripe.tolerance),
+            (
+                "standard_webhooks.tolerance",
+                self.standard_webhooks.tolerance,
+            ),
+        ] {
+            if tolerance.subsec_nanos() != 0 {
+                return Err(invalid(
+                    key,
+                    format!("is {}: it must be whole seconds", shown(tolerance)),
+                ));
+            }
+        }
         for (key, source) in [
             ("standard_webhooks.source", &self.standard_webhooks.source),
             ("consumer.source", &self.consumer.source),
@@ -101,10 +120,15 @@ impl Settings {
                 ));
             }
         }
-        if !(1..=20).contains(&transport.sqs_wait_time_secs) {
+        let wait = transport.sqs_wait_time;
+        if wait < Duration::from_secs(1) || wait > SQS_LONGEST_POLL || wait.subsec_nanos() != 0 {
             return Err(invalid(
-                "transport.sqs_wait_time_secs",
-                "must be 1 to 20 (SQS's long-poll range; 0 would be short polling)",
+                "transport.sqs_wait_time",
+                format!(
+                    "is {}: it must be whole seconds from 1s to 20s (SQS's long-poll range; 0 \
+                     would be short polling)",
+                    shown(wait)
+                ),
             ));
         }
         if transport.queue.is_empty() {
@@ -112,10 +136,7 @@ impl Settings {
         }
         positive("transport.publish_batch_max", transport.publish_batch_max)?;
         positive("transport.publish_writers", transport.publish_writers)?;
-        positive(
-            "transport.publish_timeout_ms",
-            transport.publish_timeout_ms as usize,
-        )?;
+        positive_duration("transport.publish_timeout", transport.publish_timeout)?;
         positive(
             "transport.publish_channel_capacity",
             transport.publish_channel_capacity,
@@ -125,18 +146,20 @@ impl Settings {
     /// Sizes, timeouts and counts for which zero would stop the work or bound nothing.
     fn check_counts(&self) -> Result<(), ConfigError> {
         let (http, consumer, outbox) = (&self.http, &self.consumer, &self.outbox);
-        let millis = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        for (key, value) in [
+            ("http.header_read_timeout", http.header_read_timeout),
+            ("http.body_read_timeout", http.body_read_timeout),
+            ("http.request_timeout", http.request_timeout),
+            (
+                "database.statement_timeout",
+                self.database.statement_timeout,
+            ),
+            ("consumer.step_timeout", consumer.step_timeout),
+        ] {
+            positive_duration(key, value)?;
+        }
         for (key, value) in [
             ("http.body_limit_bytes", http.body_limit_bytes),
-            (
-                "http.header_read_timeout_ms",
-                millis(http.header_read_timeout_ms),
-            ),
-            (
-                "http.body_read_timeout_ms",
-                millis(http.body_read_timeout_ms),
-            ),
-            ("http.request_timeout_ms", millis(http.request_timeout_ms)),
             ("http.max_concurrent_requests", http.max_concurrent_requests),
             ("http.max_connections", http.max_connections),
             ("http.max_header_bytes", http.max_header_bytes),
@@ -145,11 +168,6 @@ impl Settings {
                 "database.max_connections",
                 self.database.max_connections as usize,
             ),
-            (
-                "database.statement_timeout_ms",
-                millis(self.database.statement_timeout_ms),
-            ),
-            ("consumer.step_timeout_ms", millis(consumer.step_timeout_ms)),
             ("consumer.batch_size", consumer.batch_size),
             ("consumer.workers", consumer.workers),
             ("consumer.max_attempts", consumer.max_attempts as usize),
@@ -173,16 +191,17 @@ impl Settings {
         // cover the slowest batch; but a one-second lease would be lost to any pause of a third
         // of a second (a slow heartbeat round trip, a stalled runtime), and its work done twice.
         for (key, value) in [
-            ("consumer.lease_secs", self.consumer.lease_secs),
-            ("outbox.lease_secs", self.outbox.lease_secs),
+            ("consumer.lease", self.consumer.lease),
+            ("outbox.lease", self.outbox.lease),
         ] {
-            if value < MIN_LEASE_SECS {
+            if value < Duration::from_secs(MIN_LEASE_SECS) {
                 return Err(invalid(
                     key,
                     format!(
-                        "is {value}, below the minimum of {MIN_LEASE_SECS} s: the lease is \
-                         extended every third of it, and a shorter one is lost to a pause that \
-                         long (its work is then done twice)"
+                        "is {}, below the minimum of {MIN_LEASE_SECS}s: the lease is extended \
+                         every third of it, and a shorter one is lost to a pause that long (its \
+                         work is then done twice)",
+                        shown(value)
                     ),
                 ));
             }
@@ -191,8 +210,8 @@ impl Settings {
         if window.as_secs() < MIN_DEDUP_RETENTION_DAYS * 86_400
             && !self.consumer.allow_short_dedup_retention
         {
-            let value = match self.consumer.dedup_window_secs {
-                Some(secs) => format!("{secs} s"),
+            let value = match self.consumer.dedup_window {
+                Some(window) => shown(window),
                 None => self.consumer.dedup_retention_days.to_string(),
             };
             return Err(invalid(
@@ -226,15 +245,16 @@ impl Settings {
                      event with Stripe's API; set STRIPE_API_KEY (a key that may read events)",
                 ));
             }
-            let timeout = stripe.api_timeout_ms;
-            if timeout == 0 || timeout > self.consumer.step_timeout_ms / 3 {
+            let timeout = stripe.api_timeout;
+            if timeout.is_zero() || timeout > self.consumer.step_timeout / 3 {
                 return Err(invalid(
-                    "stripe.api_timeout_ms",
+                    "stripe.api_timeout",
                     format!(
-                        "is {timeout}: it must be above zero and at most a third of \
-                         consumer.step_timeout_ms ({}), so a slow API fails its fetch (retried \
+                        "is {}: it must be above zero and at most a third of \
+                         consumer.step_timeout ({}), so a slow API fails its fetch (retried \
                          later) rather than the whole batch",
-                        self.consumer.step_timeout_ms
+                        shown(timeout),
+                        shown(self.consumer.step_timeout)
                     ),
                 ));
             }
@@ -306,6 +326,14 @@ impl Settings {
                 );
             }
         }
+    }
+}
+
+fn positive_duration(key: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        Err(invalid(key, "must be longer than zero"))
+    } else {
+        Ok(())
     }
 }
 

@@ -165,7 +165,7 @@ pub async fn retry_by_filter(
 }
 
 /// Runs an action on a task of its own, and waits for it. A request's future is dropped when
-/// it is cut off (`http.request_timeout_ms`, a closed connection, a second click); an action
+/// it is cut off (`http.request_timeout`, a closed connection, a second click); an action
 /// dropped between two rows would be left half done and unrecorded. Detached, it finishes and
 /// records what it did even when nobody waits for the answer any more.
 async fn detached<T: Send + 'static>(

@@ -53,7 +53,7 @@ pub struct ConsoleState {
 /// The console's view of the configuration.
 #[derive(Debug, Clone)]
 pub struct ConsoleOptions {
-    /// Bounds each read (`database.statement_timeout_ms`).
+    /// Bounds each read (`database.statement_timeout`).
     pub statement_timeout: Duration,
     /// The sources an id is searched under (Stripe's, Standard Webhooks', the consumer's).
     pub sources: Vec<String>,

@@ -1,11 +1,11 @@
 //! [`HandlerError`]: what a handler's failure means for its event, decided by its type.
 //!
-//! * **Retryable**: the event is redelivered with backoff (`consumer.retry_base_ms` doubling up
-//!   to `consumer.retry_max_ms`), up to `consumer.max_attempts`, then dead-lettered. For what
+//! * **Retryable**: the event is redelivered with backoff (`consumer.retry_base` doubling up
+//!   to `consumer.retry_max`), up to `consumer.max_attempts`, then dead-lettered. For what
 //!   may pass: a lost connection, a deadlock, a lock timeout, a dependency down, a row that has
 //!   not arrived yet (Stripe delivers out of order).
 //! * **Retry after**: as retryable, but redelivered after the delay the handler names (a
-//!   provider's `Retry-After`, a rate limit's reset), at most `consumer.retry_max_ms` (the
+//!   provider's `Retry-After`, a rate limit's reset), at most `consumer.retry_max` (the
 //!   operator's bound, which every transport can hold); it still counts towards
 //!   `consumer.max_attempts`.
 //! * **Fatal**: dead-lettered at once, after this one attempt: the same event fails the same
@@ -34,7 +34,7 @@ pub enum HandlerError {
     /// Will never succeed (malformed payload, unknown account): dead-lettered at once.
     #[error("fatal: {0}")]
     Fatal(#[source] Cause),
-    /// Worth trying again after `after` (capped at `consumer.retry_max_ms`) rather than after
+    /// Worth trying again after `after` (capped at `consumer.retry_max`) rather than after
     /// the backoff's own delay; counts towards `consumer.max_attempts` like a retryable one.
     #[error("retry after {after:?}: {cause}")]
     RetryAfter {

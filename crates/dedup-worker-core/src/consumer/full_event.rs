@@ -19,9 +19,9 @@
 //! answer over the size limit) is
 //! dead-lettered at once. The event's other fields (source, dedup key, type) stay as decoded.
 //!
-//! Bounded: each request within `stripe.api_timeout_ms`, [`FETCH_TRIES`] tries within one step,
+//! Bounded: each request within `stripe.api_timeout`, [`FETCH_TRIES`] tries within one step,
 //! at most [`FETCH_CONCURRENCY`] requests at a time, and the whole fetch within half of
-//! `consumer.step_timeout_ms`, so a slow API fails its fetches (retried later), not the batch.
+//! `consumer.step_timeout`, so a slow API fails its fetches (retried later), not the batch.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub const FETCH_TRIES: RetryPolicy = RetryPolicy {
 /// client, shared by the workers).
 #[derive(Clone)]
 pub struct FullEventFetch {
-    /// Stripe's API under `stripe.api_key`, each request bounded by `stripe.api_timeout_ms`.
+    /// Stripe's API under `stripe.api_key`, each request bounded by `stripe.api_timeout`.
     api: StripeApi,
     /// The largest full event accepted (`consumer.max_message_bytes`, as for a message).
     max_bytes: usize,

@@ -73,11 +73,11 @@ pub struct ConsumerOptions {
     /// Larger messages are dead-lettered without being parsed (bounds the work one foreign
     /// message can cause).
     pub max_message_bytes: usize,
-    /// How long the transport leases a received message (`consumer.lease_secs`); the consumer
+    /// How long the transport leases a received message (`consumer.lease`); the consumer
     /// extends the lease every third of it while it works on the batch.
     pub lease: Duration,
     /// The longest one batch may take, from its transaction's start to its acks
-    /// (`consumer.step_timeout_ms`). Past it the step fails: its transaction is dropped
+    /// (`consumer.step_timeout`). Past it the step fails: its transaction is dropped
     /// (rolled back) and the loop gives its deliveries back. Without it, a database that stops
     /// answering mid-transaction would hold the batch, and on RabbitMQ its unacked deliveries,
     /// for as long as the connection stays open.
@@ -95,7 +95,9 @@ pub enum ConsumerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The batch did not finish within [`ConsumerOptions::step_timeout`].
-    #[error("the batch did not finish within {0:?} (consumer.step_timeout_ms); abandoned and rolled back")]
+    #[error(
+        "the batch did not finish within {0:?} (consumer.step_timeout); abandoned and rolled back"
+    )]
     TimedOut(Duration),
 }
 

@@ -82,10 +82,10 @@ impl Default for ServerLimits {
 impl From<&HttpSettings> for ServerLimits {
     fn from(http: &HttpSettings) -> Self {
         ServerLimits {
-            header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+            header_read_timeout: http.header_read_timeout,
             max_header_bytes: http.max_header_bytes,
-            body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
-            request_timeout: Duration::from_millis(http.request_timeout_ms),
+            body_read_timeout: http.body_read_timeout,
+            request_timeout: http.request_timeout,
             max_concurrent_requests: http.max_concurrent_requests,
             max_connections: http.max_connections,
         }

@@ -95,7 +95,7 @@ pub struct EventQuery {
 /// What the listing needs of the configuration.
 #[derive(Debug, Clone)]
 pub struct ListOptions {
-    /// Each read's bound (`database.statement_timeout_ms`).
+    /// Each read's bound (`database.statement_timeout`).
     pub statement_timeout: Duration,
     /// The sources an id is looked up under (Stripe's, Standard Webhooks', the consumer's, each
     /// `[sources.NAME]`).
@@ -119,7 +119,7 @@ impl ListOptions {
         sources.sort();
         sources.dedup();
         ListOptions {
-            statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+            statement_timeout: settings.database.statement_timeout,
             sources,
             default_source: settings.consumer.source.clone(),
             database_queue: settings.transport.kind == TransportKind::Database,

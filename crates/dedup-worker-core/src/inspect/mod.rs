@@ -30,7 +30,7 @@ use crate::store::{
 /// How to look.
 #[derive(Debug, Clone)]
 pub struct ShowOptions {
-    /// Each read's bound (`database.statement_timeout_ms`).
+    /// Each read's bound (`database.statement_timeout`).
     pub statement_timeout: Duration,
     /// Whether the transport is the database queue, the one transport whose waiting messages
     /// the store holds.

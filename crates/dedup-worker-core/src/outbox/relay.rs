@@ -36,7 +36,7 @@ pub struct RelayOptions {
     /// Standard Webhooks secrets and ed25519 keys signing every HTTP delivery
     /// (`outbox.signing_secret`); empty: unsigned.
     pub signing_secrets: Arc<[SigningSecret]>,
-    /// The longest a claim or a mark waits for the store (`database.statement_timeout_ms`): a
+    /// The longest a claim or a mark waits for the store (`database.statement_timeout`): a
     /// database that stops answering fails the step, which backs off and tries again.
     pub statement_timeout: Duration,
 }

@@ -149,7 +149,7 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Receives up to `max` messages, waiting up to `wait` for the first one. Empty on timeout.
     /// A transport whose every call is billed may wait longer than `wait`, up to a long poll of
-    /// its own (SQS: `transport.sqs_wait_time_secs`); it still returns as soon as a message
+    /// its own (SQS: `transport.sqs_wait_time`); it still returns as soon as a message
     /// arrives. A caller that must stop sooner drops the future, as the consumer does on
     /// shutdown: what a dropped receive had taken comes back after its lease.
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError>;

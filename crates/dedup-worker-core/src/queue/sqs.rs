@@ -8,12 +8,12 @@
 //! * `receive` long-polls for a first page of ten, then gathers the rest of the batch with
 //!   short polls side by side, until a time budget of a quarter of the lease is spent, and keeps
 //!   what it holds leased while it does (`sqs/fill.rs`). Each message stays invisible for the
-//!   lease (`consumer.lease_secs`, extended by the consumer's heartbeat) and comes back if not
+//!   lease (`consumer.lease`, extended by the consumer's heartbeat) and comes back if not
 //!   deleted.
 //! * Long polling: every `ReceiveMessage` is billed and counts against throttling, and an empty
 //!   short poll answers at once, so a consumer looping on `receive` with its short
-//!   `consumer.poll_interval_ms` would send a stream of empty calls while idle. So a receive
-//!   waits at least the transport's own long poll (`transport.sqs_wait_time_secs`, 20 s by
+//!   `consumer.poll_interval` would send a stream of empty calls while idle. So a receive
+//!   waits at least the transport's own long poll (`transport.sqs_wait_time`, 20 s by
 //!   default: SQS's maximum), longer than its caller's `wait` if need be. SQS answers as soon as
 //!   a message arrives, so this costs no latency; an idle consumer makes one call per worker per
 //!   long poll. Shutdown does not wait for it: the consumer drops a pending receive when its
@@ -23,8 +23,8 @@
 //! * Every call is bounded: the SDK sets no read, attempt or operation timeout by default, so a
 //!   hung endpoint (a partition, a dead pooled connection) would hold a consumer's delete or
 //!   visibility change, a heartbeat or a publish forever. [`SqsQueue::from_env`] gives each
-//!   attempt its `call_timeout` (`transport.publish_timeout_ms`; an SQS sink's
-//!   `outbox.http_timeout_ms`) and each call, retries included, [`ATTEMPTS_PER_CALL`] times
+//!   attempt its `call_timeout` (`transport.publish_timeout`; an SQS sink's
+//!   `outbox.http_timeout`) and each call, retries included, [`ATTEMPTS_PER_CALL`] times
 //!   that: one hung attempt may be retried once. `ReceiveMessage` overrides both with its wait
 //!   plus [`RECEIVE_TIMEOUT_MARGIN`] per attempt: bounded if SQS never answers, yet never
 //!   cutting a long poll.

@@ -5,7 +5,7 @@
 //! when `http.listen` has port 0. [`Application::run`] takes a [`CancellationToken`]: on
 //! cancellation the HTTP server stops accepting and finishes in-flight requests, the consumers
 //! finish and commit their batches, the relays finish their deliveries, and everything is
-//! drained within `shutdown.grace_secs`. Work that cannot finish in time is given back (the
+//! drained within `shutdown.grace`. Work that cannot finish in time is given back (the
 //! last quarter of the grace period, at most 5 s, is kept for that), so nothing waits out a
 //! lease after a restart.
 //!

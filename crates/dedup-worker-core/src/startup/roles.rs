@@ -45,7 +45,7 @@ impl Roles<'_> {
     /// and the gauges behind `/metrics`, which every role has: see `crate::gauges` for why.
     pub fn spawn_http_and_gauges(&self, tasks: &mut Tasks, listener: TcpListener, clock: Clock) {
         let settings = self.settings;
-        let check_timeout = Duration::from_millis(settings.transport.publish_timeout_ms);
+        let check_timeout = settings.transport.publish_timeout;
         let metrics = crate::telemetry::metrics_handle();
         let mut app = ops::router(ops::OpsState {
             store: self.store.clone(),
@@ -161,9 +161,9 @@ impl Roles<'_> {
         let retention = RetentionOptions {
             dedup_window: c.dedup_window(),
             outbox_window: settings.outbox.retention(),
-            interval: Duration::from_secs(c.retention_interval_secs.max(1)),
+            interval: c.retention_interval.max(Duration::from_secs(1)),
             batch: c.retention_batch,
-            statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+            statement_timeout: settings.database.statement_timeout,
         };
         let (store, token) = (self.store.clone(), self.shutdown.clone());
         tasks.spawn(async move {
@@ -194,13 +194,13 @@ fn consumer_options(settings: &Settings) -> ConsumerOptions {
         source: c.source.clone(),
         dedup_key_pointer: c.dedup_key_pointer.clone(),
         batch_size: c.batch_size,
-        poll_interval: Duration::from_millis(c.poll_interval_ms),
+        poll_interval: c.poll_interval,
         max_attempts: c.max_attempts,
-        retry_base: Duration::from_millis(c.retry_base_ms),
-        retry_max: Duration::from_millis(c.retry_max_ms),
+        retry_base: c.retry_base,
+        retry_max: c.retry_max,
         max_message_bytes: c.max_message_bytes,
-        lease: Duration::from_secs(c.lease_secs),
-        step_timeout: Duration::from_millis(c.step_timeout_ms),
+        lease: c.lease,
+        step_timeout: c.step_timeout,
         envelope: c.envelope,
     }
 }
@@ -211,14 +211,14 @@ fn relay_options(settings: &Settings) -> RelayOptions {
         default_sink: o.sink.clone(),
         batch_size: o.batch_size,
         concurrency: o.concurrency,
-        poll_interval: Duration::from_millis(o.poll_interval_ms),
-        lease: Duration::from_secs(o.lease_secs),
+        poll_interval: o.poll_interval,
+        lease: o.lease,
         max_attempts: o.max_attempts,
-        retry_base: Duration::from_millis(o.retry_base_ms),
-        retry_max: Duration::from_millis(o.retry_max_ms),
-        http_timeout: Duration::from_millis(o.http_timeout_ms),
+        retry_base: o.retry_base,
+        retry_max: o.retry_max,
+        http_timeout: o.http_timeout,
         signing_secrets: o.signing_secret.clone().into(),
-        statement_timeout: Duration::from_millis(settings.database.statement_timeout_ms),
+        statement_timeout: settings.database.statement_timeout,
     }
 }
 
@@ -233,7 +233,7 @@ fn full_event_fetch(settings: &Settings) -> Result<Option<FullEventFetch>, Start
         &stripe.api_base,
         stripe.api_key.clone(),
         &stripe.api_version,
-        Duration::from_millis(stripe.api_timeout_ms),
+        stripe.api_timeout,
     )
     .map_err(StartupError::StripeApi)?;
     Ok(Some(FullEventFetch::new(

@@ -1,7 +1,6 @@
 //! The configured transport, built from [`Settings`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::config::{Settings, TransportKind};
 use crate::queue::database::GroupCommit;
@@ -31,17 +30,17 @@ pub async fn build_transport(
                 )
                 .unwrap_or(u16::MAX),
                 delivery_limit: settings.transport.delivery_limit,
-                retry_max: Duration::from_millis(settings.consumer.retry_max_ms),
+                retry_max: settings.consumer.retry_max,
             },
         )),
         TransportKind::Sqs => Arc::new(
             SqsQueue::from_env(
                 settings.transport.queue.clone(),
-                Duration::from_secs(settings.consumer.lease_secs),
-                Duration::from_millis(settings.transport.publish_timeout_ms),
+                settings.consumer.lease,
+                settings.transport.publish_timeout,
             )
             .await
-            .with_long_poll(Duration::from_secs(settings.transport.sqs_wait_time_secs))
+            .with_long_poll(settings.transport.sqs_wait_time)
             .with_message_group_pointer(settings.transport.sqs_message_group_pointer.clone()),
         ),
         TransportKind::Database => {
@@ -58,11 +57,9 @@ pub async fn build_transport(
                         settings.transport.publish_writers
                     },
                     channel_capacity: settings.transport.publish_channel_capacity,
-                    commit_timeout: Duration::from_millis(settings.transport.publish_timeout_ms),
-                    lease: Duration::from_secs(settings.consumer.lease_secs),
-                    statement_timeout: Duration::from_millis(
-                        settings.database.statement_timeout_ms,
-                    ),
+                    commit_timeout: settings.transport.publish_timeout,
+                    lease: settings.consumer.lease,
+                    statement_timeout: settings.database.statement_timeout,
                 },
             ))
         }

@@ -117,9 +117,7 @@ pub enum StoreError {
         source: sqlx::Error,
     },
     /// The first connection got no answer at all (a black-holed host or port).
-    #[error(
-        "cannot connect to {target}: no answer within {timeout:?} (database.acquire_timeout_ms)"
-    )]
+    #[error("cannot connect to {target}: no answer within {timeout:?} (database.acquire_timeout)")]
     ConnectTimedOut { target: String, timeout: Duration },
 }
 
@@ -244,7 +242,7 @@ impl Store {
         Self::connect_with(
             &settings.database_url,
             settings.database.max_connections,
-            Duration::from_millis(settings.database.acquire_timeout_ms),
+            settings.database.acquire_timeout,
             Some(ServerTimeouts::from_settings(settings)),
         )
         .await

@@ -29,7 +29,7 @@ pub async fn bounded<T>(
 /// worker's insert of the same event ids until TCP gave up, hours later.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerTimeouts {
-    /// `statement_timeout`: `database.statement_timeout_ms`.
+    /// `statement_timeout`: `database.statement_timeout`.
     pub statement: Duration,
     /// `idle_in_transaction_session_timeout`: the consumer's step timeout, by which the client
     /// has given the transaction up itself.
@@ -39,8 +39,8 @@ pub struct ServerTimeouts {
 impl ServerTimeouts {
     pub fn from_settings(settings: &Settings) -> Self {
         ServerTimeouts {
-            statement: Duration::from_millis(settings.database.statement_timeout_ms),
-            idle_in_transaction: Duration::from_millis(settings.consumer.step_timeout_ms),
+            statement: settings.database.statement_timeout,
+            idle_in_transaction: settings.consumer.step_timeout,
         }
     }
 

@@ -20,7 +20,7 @@ pub use logs::{init, init_tracing, LogFormat, Telemetry};
 /// One webhook request, body read to answer (`dedup_ingress_request_seconds`). BENCHMARKS.md:
 /// p50 1.4–4.5 ms and p99 3.6–9.2 ms at 64 connections (a group commit or a publisher confirm
 /// per request), so the buckets are dense from 1 to 10 ms; 3.5 s sits just past
-/// `transport.publish_timeout_ms` (3 s), so the requests answered 503 because the transport
+/// `transport.publish_timeout` (3 s), so the requests answered 503 because the transport
 /// did not answer fall in a bucket of their own, apart from slow successes.
 const INGRESS_BUCKETS: &[f64] = &[
     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 3.5, 10.0,
@@ -29,7 +29,7 @@ const INGRESS_BUCKETS: &[f64] = &[
 /// One consumer batch: transaction, handlers, commit and ack (`dedup_consumer_batch_seconds`).
 /// BENCHMARKS.md: p50 5–12 ms, p99 15–46 ms (a 256-event batch; more with a large dedup
 /// window), so the buckets are dense from 5 to 50 ms; the last ones reach
-/// `consumer.step_timeout_ms` (30 s), past which a batch is rolled back.
+/// `consumer.step_timeout` (30 s), past which a batch is rolled back.
 const CONSUMER_BATCH_BUCKETS: &[f64] = &[
     0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
     30.0,
@@ -37,7 +37,7 @@ const CONSUMER_BATCH_BUCKETS: &[f64] = &[
 
 /// One outbox row's delivery (`dedup_relay_delivery_seconds`): a file sink's write and fsync
 /// (shared by its batch) or a log line take a millisecond or less, an AMQP confirm or an SQS
-/// `SendMessage` a few, an HTTP receiver whatever it takes, up to `outbox.http_timeout_ms`
+/// `SendMessage` a few, an HTTP receiver whatever it takes, up to `outbox.http_timeout`
 /// (10 s by default), where a delivery fails; so from 1 ms up to that timeout and past it.
 const RELAY_DELIVERY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Settings, DEFAULT_TOML};
+use crate::config::Settings;
 use crate::startup::{Application, Service};
 use crate::store::Store;
 
@@ -22,8 +22,8 @@ pub const TEST_SECRET: &str = "whsec_test_secret";
 /// When the result does not validate (a value of the wrong type, a setting that requires
 /// another).
 pub fn test_settings(db_url: &str, values: &[(&str, serde_json::Value)]) -> Settings {
-    use figment::providers::{Format, Serialized, Toml};
-    let mut figment = figment::Figment::from(Toml::string(DEFAULT_TOML))
+    use figment::providers::Serialized;
+    let mut figment = crate::config::defaults()
         .merge(Serialized::default("database_url", db_url))
         .merge(Serialized::default("http.listen", "127.0.0.1:0"))
         .merge(Serialized::default("stripe.secrets", TEST_SECRET));

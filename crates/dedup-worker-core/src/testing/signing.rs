@@ -52,7 +52,7 @@ pub async fn post_signed(
 }
 
 /// Posts a signed event as Stripe delivers it: a 503 (the transport not reachable yet, a first
-/// publish slower than `transport.publish_timeout_ms` under load) or a failed request is sent
+/// publish slower than `transport.publish_timeout` under load) or a failed request is sent
 /// again, signed afresh, every 50 ms until another answer or 30 s. Whatever it answers then is
 /// the test's to check.
 ///

@@ -65,7 +65,7 @@ pub(super) fn record_event(event_id: &str, event_type: Option<&str>) {
 /// The one place an ingress outcome becomes HTTP: 200 with the event id (or the challenge), or
 /// the problem. Counts it under `source`, and times it under `route` (a path template, so the
 /// histogram's series stay few) from `started` (the body read: a slow sender's upload is its
-/// own, bounded by `http.body_read_timeout_ms`) to the answer: verification and the durable
+/// own, bounded by `http.body_read_timeout`) to the answer: verification and the durable
 /// publish, what an ingress latency objective is about.
 pub(super) fn answer(
     source: &str,

@@ -29,7 +29,7 @@ impl StandardProvider {
             StandardProvider {
                 keys: Arc::new(settings.secrets.iter().map(|s| s.key().to_vec()).collect()),
                 public_keys: Arc::new(settings.public_keys.clone()),
-                tolerance_secs: settings.tolerance_secs,
+                tolerance_secs: settings.tolerance.as_secs(),
                 source: settings.source.clone(),
             }
         })

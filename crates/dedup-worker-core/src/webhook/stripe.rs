@@ -28,7 +28,7 @@ impl StripeProvider {
                     .map(|s| s.expose().to_owned())
                     .collect(),
             ),
-            tolerance_secs: settings.tolerance_secs,
+            tolerance_secs: settings.tolerance.as_secs(),
             source: crate::stripe::SOURCE,
         }
     }

@@ -7,8 +7,29 @@
 //! validates as sqlx does, with the same `MigrateError` variants:
 //! `Dirty` (a row with `success = false`), `VersionMissing` (an applied version the library
 //! no longer has) and `VersionMismatch` (an applied migration whose file changed).
+//!
+//! Why not sqlx's own runner (issue 38, checked against sqlx 0.9.1, released 2026-11-17):
+//! * sqlx 0.9 can name the table (`Migrator::dangerous_set_table_name`, or `[migrate]
+//!   table-name` in `sqlx.toml` with the `sqlx-toml` feature), and creates it in the shape
+//!   above, so `_dedup_worker_migrations` would be read as it is. 0.8.x (0.8.6 is the last)
+//!   cannot.
+//! * Its SQLite `Migrate` (sqlx-sqlite 0.9.1, as 0.8.6) has a no-op `lock` and applies each
+//!   migration in a deferred `BEGIN`: two processes starting at once (which this runner
+//!   serves, `layout_upgrade::two_processes_migrating_a_fresh_database_at_once_sqlite`) would
+//!   both apply the first migration and one would fail. Keeping that means calling
+//!   `run_direct` on a connection already in `BEGIN IMMEDIATE` (sqlx nests its transactions
+//!   as savepoints): all migrations under one write lock.
+//! * The first start after an upgrade moves the library's rows out of `_sqlx_migrations`
+//!   ([`adopt_history`]); that stays ours either way.
+//! * 0.9 is a breaking upgrade for the whole workspace: every `query*()` takes
+//!   `impl SqlSafeStr` (about 80 call sites build their SQL at run time across the root crate,
+//!   `dedup-db`, `idempotency-key`, the tests and examples, each to wrap in `AssertSqlSafe`),
+//!   `RawSql` gains a database parameter, `SqliteValue` is no longer `Sync`, and the `Migrate`
+//!   trait changed; `libsqlite3-sys` links `sqlite3` once per build, so every crate moves
+//!   together (four manifests). Not worth it for this file alone; when the workspace moves to
+//!   0.9 for its own reasons, this file becomes `adopt_history` plus that `run_direct` call.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use sqlx::migrate::{MigrateError, Migration, Migrator};
@@ -118,41 +139,35 @@ async fn adopt_history(pool: &SqlitePool, migrator: &Migrator) -> Result<(), Sto
     Ok(())
 }
 
-/// One recorded migration: whether it completed, and the checksum of the file applied.
-struct Applied {
-    success: bool,
-    checksum: Vec<u8>,
-}
+/// The recorded migrations by version: whether each completed, and the checksum of its file.
+type History = BTreeMap<i64, (bool, Vec<u8>)>;
 
-async fn applied(pool: &SqlitePool) -> Result<HashMap<i64, Applied>, StoreError> {
-    let rows: Vec<(i64, bool, Vec<u8>)> = sqlx::query_as(
-        "SELECT version, success, checksum FROM _dedup_worker_migrations ORDER BY version",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(execute)?;
+async fn applied(pool: &SqlitePool) -> Result<History, StoreError> {
+    let rows: Vec<(i64, bool, Vec<u8>)> =
+        sqlx::query_as("SELECT version, success, checksum FROM _dedup_worker_migrations")
+            .fetch_all(pool)
+            .await
+            .map_err(execute)?;
     Ok(rows
         .into_iter()
-        .map(|(version, success, checksum)| (version, Applied { success, checksum }))
+        .map(|(version, success, checksum)| (version, (success, checksum)))
         .collect())
 }
 
-/// sqlx's checks, in sqlx's order, before anything is applied: a partly applied migration, an
-/// applied one the library no longer has, then one whose file changed since.
-fn validate(applied: &HashMap<i64, Applied>, migrator: &Migrator) -> Result<(), MigrateError> {
-    let mut versions: Vec<&i64> = applied.keys().collect();
-    versions.sort();
-    if let Some(dirty) = versions.iter().find(|v| !applied[**v].success) {
-        return Err(MigrateError::Dirty(**dirty));
+/// sqlx's checks, in sqlx's order (and by version, as sqlx reads them), before anything is
+/// applied: a partly applied migration, an applied one the library no longer has, then one
+/// whose file changed since.
+fn validate(applied: &History, migrator: &Migrator) -> Result<(), MigrateError> {
+    if let Some((dirty, _)) = applied.iter().find(|(_, (success, _))| !success) {
+        return Err(MigrateError::Dirty(*dirty));
     }
-    if let Some(missing) = versions.iter().find(|v| !migrator.version_exists(***v)) {
-        return Err(MigrateError::VersionMissing(**missing));
+    if let Some(missing) = applied.keys().find(|v| !migrator.version_exists(**v)) {
+        return Err(MigrateError::VersionMissing(*missing));
     }
     for migration in up_migrations(migrator) {
-        if let Some(done) = applied.get(&migration.version) {
-            if *done.checksum != *migration.checksum {
-                return Err(MigrateError::VersionMismatch(migration.version));
-            }
+        let recorded = applied.get(&migration.version);
+        if recorded.is_some_and(|(_, checksum)| **checksum != *migration.checksum) {
+            return Err(MigrateError::VersionMismatch(migration.version));
         }
     }
     Ok(())
