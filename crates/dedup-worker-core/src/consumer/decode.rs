@@ -33,6 +33,8 @@
 //! envelope and one of its `detail`'s head; a message under source `stripe`, or without a
 //! message id, is read once more for its change (one borrowed parse, plus its `detail`'s head).
 
+use std::collections::HashSet;
+
 use crate::config::EnvelopeKind;
 use crate::event::{check_event_field, Event, EventField, InvalidEventField};
 use crate::queue::Delivery;
@@ -67,6 +69,42 @@ pub enum DecodeError {
     /// The `detail` of a Stripe EventBridge envelope is not a Stripe event that can be keyed.
     #[error("the EventBridge envelope's detail: {0}")]
     Detail(#[source] StripeShapeError),
+}
+
+/// A batch decoded: its events, one per dedup key, and the deliveries that are not events.
+pub(super) struct Decoded<'d> {
+    /// The first delivery of each key in the batch, as an event.
+    pub(super) events: Vec<(Event, &'d Delivery)>,
+    /// Another delivery of a key already taken in the batch: a duplicate.
+    pub(super) repeated: Vec<(Event, &'d Delivery)>,
+    /// The deliveries that cannot become events, with the reason (they are dead-lettered).
+    pub(super) undecodable: Vec<(&'d Delivery, DecodeError)>,
+}
+
+/// Stage 1 of the pipeline: each delivery [`decode_delivery`]d, in the batch's order.
+pub(super) fn decode_batch<'d>(
+    deliveries: &'d [Delivery],
+    options: &ConsumerOptions,
+) -> Decoded<'d> {
+    let mut decoded = Decoded {
+        events: Vec::new(),
+        repeated: Vec::new(),
+        undecodable: Vec::new(),
+    };
+    let mut keys_in_batch: HashSet<(String, String)> = HashSet::new();
+    for delivery in deliveries {
+        match decode_delivery(delivery, options) {
+            Ok(event) => {
+                if keys_in_batch.insert((event.source.clone(), event.id.clone())) {
+                    decoded.events.push((event, delivery));
+                } else {
+                    decoded.repeated.push((event, delivery));
+                }
+            }
+            Err(reason) => decoded.undecodable.push((delivery, reason)),
+        }
+    }
+    decoded
 }
 
 /// The event a delivery carries: the dedup key is the change's key for Stripe's shapes (see

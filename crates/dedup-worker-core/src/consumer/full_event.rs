@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::{Consumer, HandlerError};
+use super::HandlerError;
 use crate::event::Event;
 use crate::queue::Delivery;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use crate::stripe::{ApiError, RetryPolicy, StripeApi, StripeEventHead};
 
 /// Requests to Stripe's API in flight at once for one batch (Stripe allows 25 reads a second in
@@ -56,8 +56,15 @@ pub struct FullEventFetch {
     max_bytes: usize,
 }
 
-/// One event of the batch, with what its fetch gave.
-pub(super) type Fetched<'d> = (Event, &'d Delivery, Result<(), HandlerError>);
+/// A new event whose full event could not be fetched, with why: it fails as a handler would.
+pub(super) type Unfetched<'d> = (Event, &'d Delivery, HandlerError);
+
+/// The batch's events after stage 2: those to claim, and those whose fetch failed.
+pub(super) struct Fetched<'d> {
+    /// Every event whose fetch succeeded or was not needed, in the batch's order.
+    pub(super) events: Vec<(Event, &'d Delivery)>,
+    pub(super) unfetched: Vec<Unfetched<'d>>,
+}
 
 impl FullEventFetch {
     pub fn new(api: StripeApi, max_bytes: usize) -> Self {
@@ -123,62 +130,83 @@ fn thin_event(event: &Event) -> Option<(String, Option<String>)> {
     })
 }
 
-impl Consumer {
-    /// The batch's new thin events replaced by their full events (see the module docs); each
-    /// event comes back with its fetch's outcome, `Ok` for those that needed none. Without
-    /// fetching configured, every event as it is.
-    pub(super) async fn fetch_full_events<'d>(
-        &self,
-        events: Vec<(Event, &'d Delivery)>,
-    ) -> Result<Vec<Fetched<'d>>, StoreError> {
-        let Some(fetch) = &self.full_events else {
-            return Ok(events.into_iter().map(|(e, d)| (e, d, Ok(()))).collect());
-        };
-        let thin: Vec<Option<(String, Option<String>)>> =
-            events.iter().map(|(event, _)| thin_event(event)).collect();
-        let keys: Vec<String> = events
-            .iter()
-            .zip(&thin)
-            .filter(|(_, thin)| thin.is_some())
-            .map(|((event, _), _)| event.id.clone())
-            .collect();
-        if keys.is_empty() {
-            return Ok(events.into_iter().map(|(e, d)| (e, d, Ok(()))).collect());
-        }
-        let processed: HashSet<String> = self
-            .store
-            .dedup()
-            .processed_among(crate::stripe::SOURCE, &keys)
-            .await?
-            .into_iter()
-            .collect();
-        let limit = self.options.step_timeout / 2;
-        let deadline = tokio::time::Instant::now() + limit;
-        // The futures made first, then polled a few at a time: a stream's `map` closure over
-        // borrowed state would make the step's future not `Send`.
-        let processed = &processed;
-        let jobs: Vec<_> = events
-            .into_iter()
-            .zip(thin)
-            .map(|((mut event, delivery), thin)| async move {
-                let outcome = match thin {
-                    Some((own_id, context)) if !processed.contains(&event.id) => {
-                        let replaced = fetch.replace(&mut event, &own_id, context.as_deref());
-                        tokio::time::timeout_at(deadline, replaced).await.unwrap_or_else(|_| {
-                            Err(HandlerError::Retryable(
-                                format!("fetching the full event of thin event {own_id} did not finish within {limit:?}").into(),
-                            ))
-                        })
-                    }
-                    _ => Ok(()),
-                };
-                (event, delivery, outcome)
-            })
-            .collect();
-        let fetched = futures::stream::iter(jobs)
-            .buffered(FETCH_CONCURRENCY)
-            .collect()
-            .await;
-        Ok(fetched)
+/// Stage 2 of the pipeline: the batch's new thin events replaced by their full events (see the
+/// module docs), split from those whose fetch failed. Without fetching configured (`fetch` is
+/// `None`), every event as it is.
+pub(super) async fn fetch_full_events<'d>(
+    fetch: Option<&FullEventFetch>,
+    store: &Store,
+    step_timeout: Duration,
+    events: Vec<(Event, &'d Delivery)>,
+) -> Result<Fetched<'d>, StoreError> {
+    let mut unfetched = Vec::new();
+    let events = fetch_each(fetch, store, step_timeout, events)
+        .await?
+        .into_iter()
+        .filter_map(|(event, delivery, fetched)| match fetched {
+            Ok(()) => Some((event, delivery)),
+            Err(error) => {
+                unfetched.push((event, delivery, error));
+                None
+            }
+        })
+        .collect();
+    Ok(Fetched { events, unfetched })
+}
+
+/// Each event with its fetch's outcome, `Ok` for those that needed none.
+async fn fetch_each<'d>(
+    fetch: Option<&FullEventFetch>,
+    store: &Store,
+    step_timeout: Duration,
+    events: Vec<(Event, &'d Delivery)>,
+) -> Result<Vec<(Event, &'d Delivery, Result<(), HandlerError>)>, StoreError> {
+    let Some(fetch) = fetch else {
+        return Ok(events.into_iter().map(|(e, d)| (e, d, Ok(()))).collect());
+    };
+    let thin: Vec<Option<(String, Option<String>)>> =
+        events.iter().map(|(event, _)| thin_event(event)).collect();
+    let keys: Vec<String> = events
+        .iter()
+        .zip(&thin)
+        .filter(|(_, thin)| thin.is_some())
+        .map(|((event, _), _)| event.id.clone())
+        .collect();
+    if keys.is_empty() {
+        return Ok(events.into_iter().map(|(e, d)| (e, d, Ok(()))).collect());
     }
+    let processed: HashSet<String> = store
+        .dedup()
+        .processed_among(crate::stripe::SOURCE, &keys)
+        .await?
+        .into_iter()
+        .collect();
+    let limit = step_timeout / 2;
+    let deadline = tokio::time::Instant::now() + limit;
+    // The futures made first, then polled a few at a time: a stream's `map` closure over
+    // borrowed state would make the step's future not `Send`.
+    let processed = &processed;
+    let jobs: Vec<_> = events
+        .into_iter()
+        .zip(thin)
+        .map(|((mut event, delivery), thin)| async move {
+            let outcome = match thin {
+                Some((own_id, context)) if !processed.contains(&event.id) => {
+                    let replaced = fetch.replace(&mut event, &own_id, context.as_deref());
+                    tokio::time::timeout_at(deadline, replaced).await.unwrap_or_else(|_| {
+                        Err(HandlerError::Retryable(
+                            format!("fetching the full event of thin event {own_id} did not finish within {limit:?}").into(),
+                        ))
+                    })
+                }
+                _ => Ok(()),
+            };
+            (event, delivery, outcome)
+        })
+        .collect();
+    let fetched = futures::stream::iter(jobs)
+        .buffered(FETCH_CONCURRENCY)
+        .collect()
+        .await;
+    Ok(fetched)
 }

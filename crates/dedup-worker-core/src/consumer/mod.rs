@@ -1,60 +1,44 @@
-//! The deduplicating consumer.
+//! The deduplicating consumer: [`Consumer::try_step`] receives one batch from the transport and
+//! runs it through the pipeline, and [`Consumer::run`] repeats the step until shutdown.
 //!
-//! One step ([`Consumer::try_step`]) takes a batch from the transport and, in ONE database
-//! transaction, records the new `(source, event id)` pairs with `INSERT … ON CONFLICT DO
-//! NOTHING`, runs the [`Handler`] for the new ones only, and writes the outbox rows they
-//! produced. Only after the commit are the deliveries acked. So:
-//! * an event is marked processed only together with its handler's effects: a crash before
-//!   commit leaves nothing, and the redelivery runs the handler;
-//! * a duplicate (in the same batch, a later batch or another worker's) finds the row and is
-//!   acked without running the handler;
-//! * a failing event never blocks its batch: it is rolled back to its savepoint, its dedup row
-//!   removed, and it is retried with backoff or dead-lettered;
-//! * a delivery its transport gave up on ([`Delivery::give_up`]: over `transport.delivery_limit`,
-//!   or parked by the broker) is dead-lettered without running its handler, once per event,
-//!   unless its event was handled already;
-//! * a message that cannot become an event (not JSON, no id, an id the store cannot hold: see
-//!   [`decode`]) is dead-lettered with the reason and acked, never retried;
-//! * with `stripe.fetch_thin_events`, a new thin event is replaced by its full event before the
-//!   transaction opens (`full_event.rs`); a fetch that fails is that event's failure, retried
-//!   with backoff like a handler's, never the batch's;
-//! * no shared fate: if the database refuses the batch's transaction for one row's data (a
-//!   handler's outbox message with a NUL, say), the batch is processed again one delivery at a
-//!   time, and the delivery that is refused on its own is dead-lettered with the database's
-//!   reason. Any other failure (connection lost, deadlock) leaves the whole batch unacked, to
-//!   come back.
-//!
-//! The loop ([`Consumer::run`], in `run.rs`) repeats the step until shutdown, and heals what a
-//! failed step leaves: it gives the batch back to the transport at once, backs off, and waits
-//! for the store to answer before it receives again.
+//! What a batch does, in order, and what is acked when (a duplicate, a retry, a dead letter):
+//! `pipeline.rs`, the stages as one list, each stage's details in a file of its own. The loop
+//! around it (backoff, giving a failed step's batch back, shutdown): `run.rs`. What a handler
+//! implements: [`Handler`] (`handler.rs`), and its failures, [`HandlerError`] (`error.rs`).
 
-mod batch;
+// The batch's stages, each a file: pipeline.rs lists them in order.
+mod claim;
 mod dead_letter;
+mod decisions;
 pub mod decode;
-mod error;
 mod full_event;
-pub mod handler;
 mod handling;
-mod record;
-mod run;
+mod pipeline;
 mod settle;
+
+// The loop around the step; the handler's side.
+mod run;
+
+mod error;
+pub mod handler;
 mod stale;
 
-use std::collections::HashSet;
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 /// Re-exported beside [`Handler`], which returns it; it lives with the outbox it fills.
 pub use crate::outbox::OutboxMessage;
 pub use decode::{decode_delivery, DecodeError};
 pub use full_event::FullEventFetch;
 pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, LedgerHandler};
-use settle::Settlement;
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
-use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
+use crate::queue::{Transport, TransportError};
 use crate::store::{Store, StoreError, Wakeups};
+use handling::Handed;
 
 /// Consumer options (see `[consumer]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -126,22 +110,8 @@ impl std::ops::AddAssign for StepOutcome {
     }
 }
 
-/// Longest text kept in a dead letter's error (a handler's message may be anything).
-const MAX_DEAD_LETTER_ERROR_CHARS: usize = 4096;
-
-/// What happened to one new event in the transaction.
-enum Verdict {
-    Handled(Handled),
-    Failed(HandlerError),
-}
-
-/// What a handler that succeeded produced: its messages, and the `traceparent` of the span it
-/// ran in, which its outbox rows carry so the relay's delivery continues the event's trace.
-struct Handled {
-    messages: Vec<OutboxMessage>,
-    traceparent: Option<String>,
-}
-
+/// The consumer: what its batches run with. Its step and its loop are below; the batch itself
+/// is `pipeline.rs`'s.
 pub struct Consumer {
     store: Store,
     transport: Arc<dyn Transport>,
@@ -155,7 +125,7 @@ pub struct Consumer {
     full_events: Option<FullEventFetch>,
     /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
     /// fails, only these may count towards the transport's delivery limit (`run.rs`).
-    handed: std::sync::Mutex<HashSet<DeliveryTag>>,
+    handed: Handed,
 }
 
 impl Consumer {
@@ -174,13 +144,8 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
-            handed: std::sync::Mutex::default(),
+            handed: Handed::default(),
         }
-    }
-
-    /// The current step's deliveries handed to the handler, whatever a panicking holder left.
-    fn handed(&self) -> MutexGuard<'_, HashSet<DeliveryTag>> {
-        self.handed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Turns the stale-event guard on (`None`: off, the default).
@@ -195,77 +160,26 @@ impl Consumer {
         self
     }
 
-    /// Receives one batch and processes it. See the module docs for the guarantees.
+    /// Receives one batch and processes it: the stages of `pipeline.rs`, whose module docs
+    /// state the guarantees.
     pub async fn try_step(&self) -> Result<StepOutcome, ConsumerError> {
         let deliveries = self
             .transport
             .receive(self.options.batch_size, self.options.poll_interval)
             .await?;
-        self.process(&deliveries).await
+        pipeline::process(self, &deliveries).await
     }
 
-    /// Processes one received batch: commits its outcome while a heartbeat keeps its leases,
-    /// then acks and schedules its retries. The heartbeat stops before the acks and retries: an
-    /// extension landing after a retry would overwrite the retry's backoff.
-    async fn process(&self, deliveries: &[Delivery]) -> Result<StepOutcome, ConsumerError> {
-        if deliveries.is_empty() {
-            return Ok(StepOutcome::default());
-        }
-        self.handed().clear();
-        let limit = self.options.step_timeout;
-        let step = async {
-            let settlement = self.commit_holding_leases(deliveries).await?;
-            self.settle(settlement).await
-        };
-        tokio::time::timeout(limit, step)
-            .await
-            .unwrap_or(Err(ConsumerError::TimedOut(limit)))
-    }
-
-    /// Commits a batch's outcome; if the database refuses it for one row's data, commits it
-    /// again one delivery at a time, dead-lettering the delivery that is refused alone.
-    async fn commit<'d>(
-        &self,
-        deliveries: &'d [Delivery],
-    ) -> Result<Settlement<'d>, ConsumerError> {
-        match self.commit_batch(deliveries).await {
-            Err(ConsumerError::Store(error))
-                if deliveries.len() > 1 && error.refused_for_its_data() =>
-            {
-                tracing::warn!(%error, count = deliveries.len(), "the database refused a batch for one row's data; processing it one delivery at a time");
-                self.commit_one_by_one(deliveries).await
-            }
-            Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
-                self.dead_letter_refused(deliveries, &error).await
-            }
-            result => result,
-        }
-    }
-
-    /// The batch again, each delivery in a transaction of its own. Stops at the first failure
-    /// that is not about a row's data: what committed before it is settled, the rest given back.
-    async fn commit_one_by_one<'d>(
-        &self,
-        deliveries: &'d [Delivery],
-    ) -> Result<Settlement<'d>, ConsumerError> {
-        let mut settlement = Settlement::default();
-        for delivery in deliveries {
-            let alone = std::slice::from_ref(delivery);
-            let committed = match self.commit_batch(alone).await {
-                Err(ConsumerError::Store(error)) if error.refused_for_its_data() => {
-                    self.dead_letter_refused(alone, &error).await
-                }
-                result => result,
-            };
-            match committed {
-                Ok(committed) => settlement += committed,
-                Err(error) if settlement.outcome.received == 0 => return Err(error),
-                Err(error) => {
-                    settlement.failure = Some(error);
-                    break;
-                }
-            }
-        }
-        Ok(settlement)
+    /// Repeats receive-and-process until `shutdown` (`run.rs`: what a failed step leaves is
+    /// given back, then the loop backs off), then stops without stranding anything:
+    /// * a batch being processed is finished, committed and acked, unless `abandon` comes first
+    ///   (the grace period is nearly over): then its transaction is dropped, rolling back, and
+    ///   its deliveries are given back;
+    /// * a receive in progress (it may have claimed messages already) gets
+    ///   `RECEIVE_DRAIN` to return, and what it returns is given back; past that it is
+    ///   dropped (an SQS long poll that took nothing), and anything it had taken comes back
+    ///   after its lease.
+    pub async fn run(self, shutdown: CancellationToken, abandon: CancellationToken) {
+        run::run(&self, shutdown, abandon).await
     }
 }

@@ -24,9 +24,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Consumer, ConsumerError};
+use super::handling::Handed;
+use super::{pipeline, Consumer, ConsumerError};
 use crate::queue::{Delivery, DeliveryTag, Transport, TransportError};
 use crate::retry::backoff_delay;
+use crate::store::Store;
 
 /// The longest a give-back or a store ping may take before the loop moves on (what is not
 /// given back returns after its lease).
@@ -36,150 +38,155 @@ const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// what SQS answers a long poll with, is then given back. An idle long poll is dropped after it.
 pub const RECEIVE_DRAIN: Duration = Duration::from_secs(1);
 
-impl Consumer {
-    /// Repeats receive-and-process until `shutdown`, then stops without stranding anything:
-    /// * a batch being processed is finished, committed and acked, unless `abandon` comes first
-    ///   (the grace period is nearly over): then its transaction is dropped, rolling back, and
-    ///   its deliveries are given back;
-    /// * a receive in progress (it may have claimed messages already) gets
-    ///   `RECEIVE_DRAIN` to return, and what it returns is given back; past that it is
-    ///   dropped (an SQS long poll that took nothing), and anything it had taken comes back
-    ///   after its lease.
-    pub async fn run(self, shutdown: CancellationToken, abandon: CancellationToken) {
-        let mut failures = 0u32;
-        while !shutdown.is_cancelled() {
-            if failures > 0 && !self.wait_for_store(&shutdown, &mut failures).await {
+/// [`Consumer::run`]'s loop: receive, [`pipeline::process`], and on a
+/// failure give back, back off and wait for the store (see the module docs), until `shutdown`.
+pub(super) async fn run(
+    consumer: &Consumer,
+    shutdown: CancellationToken,
+    abandon: CancellationToken,
+) {
+    let Consumer {
+        store,
+        transport,
+        options,
+        handed,
+        ..
+    } = consumer;
+    let transport = transport.as_ref();
+    let mut failures = 0u32;
+    while !shutdown.is_cancelled() {
+        if failures > 0 && !wait_for_store(store, transport, &shutdown, &mut failures).await {
+            break;
+        }
+        let receive = transport.receive(options.batch_size, options.poll_interval);
+        tokio::pin!(receive);
+        let received = tokio::select! {
+            received = &mut receive => received,
+            _ = shutdown.cancelled() => {
+                give_back_pending_receive(transport, handed, receive).await;
                 break;
             }
-            let receive = self
-                .transport
-                .receive(self.options.batch_size, self.options.poll_interval);
-            tokio::pin!(receive);
-            let received = tokio::select! {
-                received = &mut receive => received,
-                _ = shutdown.cancelled() => {
-                    self.give_back_pending_receive(receive).await;
-                    break;
-                }
-            };
-            let (result, deliveries) = match received {
-                Ok(deliveries) => {
-                    let processed = tokio::select! {
-                        result = self.process(&deliveries) => Some(result),
-                        _ = abandon.cancelled() => None,
-                    };
-                    let Some(result) = processed else {
-                        let given_back = self.give_back(&deliveries).await;
-                        tracing::warn!(given_back, "shutdown grace period over mid-batch; its transaction was rolled back and its deliveries given back");
-                        break;
-                    };
-                    (result, deliveries)
-                }
-                Err(error) => (Err(ConsumerError::Transport(error)), Vec::new()),
-            };
-            let Err(error) = result else {
-                failures = 0;
-                continue;
-            };
-            failures = failures.saturating_add(1);
-            let given_back = self.give_back(&deliveries).await;
-            let delay = Self::failure_delay(failures);
-            tracing::warn!(%error, given_back, ?delay, "consumer step failed; its deliveries were given back to the transport");
-            metrics::counter!("dedup_consumer_step_failures_total").increment(1);
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(delay) => {}
-            }
-        }
-        tracing::debug!("consumer stopped");
-    }
-
-    /// On shutdown: lets a receive in progress finish for up to [`RECEIVE_DRAIN`] and gives
-    /// back what it took. A claim cut off mid-statement would leave its messages leased
-    /// until the lease ran out, delaying them by that much after a restart.
-    async fn give_back_pending_receive(
-        &self,
-        receive: impl std::future::Future<Output = Result<Vec<Delivery>, TransportError>>,
-    ) {
-        if let Ok(Ok(deliveries)) = tokio::time::timeout(RECEIVE_DRAIN, receive).await {
-            let given_back = self.give_back(&deliveries).await;
-            if given_back > 0 {
-                tracing::info!(given_back, "stopping: gave back what the last receive took");
-            }
-        }
-    }
-
-    fn failure_delay(failures: u32) -> Duration {
-        backoff_delay(
-            Duration::from_millis(100),
-            Duration::from_secs(10),
-            failures,
-        )
-    }
-
-    /// Hands a failed step's deliveries back to the transport: those handed to the handler as a
-    /// failed delivery, the others as never handled (see the module docs); returns how many
-    /// were offered.
-    async fn give_back(&self, deliveries: &[Delivery]) -> usize {
-        if deliveries.is_empty() {
-            return 0;
-        }
-        let handed = std::mem::take(&mut *self.handed());
-        let (seen, unseen): (Vec<&Delivery>, Vec<&Delivery>) =
-            deliveries.iter().partition(|d| handed.contains(&d.tag));
-        let tags: Vec<DeliveryTag> = seen.iter().map(|d| d.tag.clone()).collect();
-        let transport: &dyn Transport = self.transport.as_ref();
-        let give_back = async {
-            let released = match tags.is_empty() {
-                true => Ok(()),
-                false => transport.release(&tags).await,
-            };
-            let returned = match unseen.is_empty() {
-                true => Ok(()),
-                false => transport.give_back_unhandled(&unseen).await,
-            };
-            released.and(returned)
         };
-        match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, give_back).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "could not give deliveries back; they return after their lease")
+        let (result, deliveries) = match received {
+            Ok(deliveries) => {
+                let processed = tokio::select! {
+                    result = pipeline::process(consumer, &deliveries) => Some(result),
+                    _ = abandon.cancelled() => None,
+                };
+                let Some(result) = processed else {
+                    let given_back = give_back(transport, handed, &deliveries).await;
+                    tracing::warn!(given_back, "shutdown grace period over mid-batch; its transaction was rolled back and its deliveries given back");
+                    break;
+                };
+                (result, deliveries)
             }
-            Err(_) => {
-                tracing::warn!("giving deliveries back timed out; they return after their lease")
-            }
+            Err(error) => (Err(ConsumerError::Transport(error)), Vec::new()),
+        };
+        let Err(error) = result else {
+            failures = 0;
+            continue;
+        };
+        failures = failures.saturating_add(1);
+        let given_back = give_back(transport, handed, &deliveries).await;
+        let delay = failure_delay(failures);
+        tracing::warn!(%error, given_back, ?delay, "consumer step failed; its deliveries were given back to the transport");
+        metrics::counter!("dedup_consumer_step_failures_total").increment(1);
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
         }
-        deliveries.len()
     }
+    tracing::debug!("consumer stopped");
+}
 
-    /// After a failure, waits until the store answers; `false` if shutdown came first. While
-    /// it does not, the transport is told to hand back what it holds for this consumer
-    /// ([`Transport::pause_receiving`](crate::queue::Transport::pause_receiving)): other
-    /// processes, whose store may well answer, take it meanwhile.
-    async fn wait_for_store(&self, shutdown: &CancellationToken, failures: &mut u32) -> bool {
-        let mut paused = false;
-        loop {
-            let answered = tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                ping = tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, self.store.ping()) => matches!(ping, Ok(Ok(()))),
-            };
-            if answered {
-                return true;
-            }
-            if !paused {
-                paused = true;
-                tracing::warn!("the store does not answer; handing back what the transport holds for this consumer until it does");
-                let _ =
-                    tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, self.transport.pause_receiving())
-                        .await;
-            }
-            *failures = failures.saturating_add(1);
-            let delay = Self::failure_delay(*failures);
-            tracing::debug!(?delay, "the store does not answer yet; not receiving");
-            tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(delay) => {}
-            }
+/// On shutdown: lets a receive in progress finish for up to [`RECEIVE_DRAIN`] and gives
+/// back what it took. A claim cut off mid-statement would leave its messages leased
+/// until the lease ran out, delaying them by that much after a restart.
+async fn give_back_pending_receive(
+    transport: &dyn Transport,
+    handed: &Handed,
+    receive: impl std::future::Future<Output = Result<Vec<Delivery>, TransportError>>,
+) {
+    if let Ok(Ok(deliveries)) = tokio::time::timeout(RECEIVE_DRAIN, receive).await {
+        let given_back = give_back(transport, handed, &deliveries).await;
+        if given_back > 0 {
+            tracing::info!(given_back, "stopping: gave back what the last receive took");
+        }
+    }
+}
+
+fn failure_delay(failures: u32) -> Duration {
+    backoff_delay(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        failures,
+    )
+}
+
+/// Hands a failed step's deliveries back to the transport: those handed to the handler as a
+/// failed delivery, the others as never handled (see the module docs); returns how many
+/// were offered.
+async fn give_back(transport: &dyn Transport, handed: &Handed, deliveries: &[Delivery]) -> usize {
+    if deliveries.is_empty() {
+        return 0;
+    }
+    let handed = handed.take();
+    let (seen, unseen): (Vec<&Delivery>, Vec<&Delivery>) =
+        deliveries.iter().partition(|d| handed.contains(&d.tag));
+    let tags: Vec<DeliveryTag> = seen.iter().map(|d| d.tag.clone()).collect();
+    let give_back = async {
+        let released = match tags.is_empty() {
+            true => Ok(()),
+            false => transport.release(&tags).await,
+        };
+        let returned = match unseen.is_empty() {
+            true => Ok(()),
+            false => transport.give_back_unhandled(&unseen).await,
+        };
+        released.and(returned)
+    };
+    match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, give_back).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not give deliveries back; they return after their lease")
+        }
+        Err(_) => {
+            tracing::warn!("giving deliveries back timed out; they return after their lease")
+        }
+    }
+    deliveries.len()
+}
+
+/// After a failure, waits until the store answers; `false` if shutdown came first. While
+/// it does not, the transport is told to hand back what it holds for this consumer
+/// ([`Transport::pause_receiving`](crate::queue::Transport::pause_receiving)): other
+/// processes, whose store may well answer, take it meanwhile.
+async fn wait_for_store(
+    store: &Store,
+    transport: &dyn Transport,
+    shutdown: &CancellationToken,
+    failures: &mut u32,
+) -> bool {
+    let mut paused = false;
+    loop {
+        let answered = tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            ping = tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, store.ping()) => matches!(ping, Ok(Ok(()))),
+        };
+        if answered {
+            return true;
+        }
+        if !paused {
+            paused = true;
+            tracing::warn!("the store does not answer; handing back what the transport holds for this consumer until it does");
+            let _ = tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, transport.pause_receiving()).await;
+        }
+        *failures = failures.saturating_add(1);
+        let delay = failure_delay(*failures);
+        tracing::debug!(?delay, "the store does not answer yet; not receiving");
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(delay) => {}
         }
     }
 }

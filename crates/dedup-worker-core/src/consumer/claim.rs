@@ -1,6 +1,11 @@
-//! The dedup record of a batch: `INSERT … ON CONFLICT DO NOTHING` of every event's key, in the
-//! batch transaction, so "seen" and "handled" commit together. What the insert reports as new
-//! is handled; the rest are duplicates, acked without running the handler.
+//! Stage 3 of the pipeline, claiming the batch's ids: the dedup record's `INSERT … ON CONFLICT
+//! DO NOTHING` of every event's key, in the batch transaction, so "seen" and "handled" commit
+//! together. What the insert reports as new is handled; the rest are duplicates, acked without
+//! running the handler.
+//!
+//! A new event whose delivery the transport gave up on (over the delivery limit) is not
+//! handled but dead-lettered: a message that keeps killing its consumer must stop somewhere.
+//! Its claim is given back at once; a handled one was a duplicate, with nothing left to do.
 //!
 //! Every generation is looked up for every event: nothing the message says of itself (a
 //! signed `created` included, see `crate::store::dedup`) chooses where its id is looked up.
@@ -13,6 +18,35 @@ use crate::store::{ProcessedEvent, StoreError, StoreTx};
 
 /// A decoded event and the delivery it came in.
 pub(super) type Received<'e, 'd> = &'e (Event, &'d Delivery);
+
+/// The batch's events after the claim.
+pub(super) struct Claimed<'e, 'd> {
+    /// Claimed now: their handlers run.
+    pub(super) fresh: Vec<Received<'e, 'd>>,
+    /// Recorded before (by an earlier batch or another worker): duplicates.
+    pub(super) seen: Vec<Received<'e, 'd>>,
+    /// New, but their transport gave up on them: their claims given back, to be dead-lettered.
+    pub(super) given_up: Vec<Received<'e, 'd>>,
+}
+
+/// Claims the ids of `events` in `tx` ([`record_new`]), then gives back the claims of the
+/// deliveries the transport gave up on (see the module docs).
+pub(super) async fn claim_ids<'e, 'd>(
+    tx: &mut StoreTx,
+    events: Vec<Received<'e, 'd>>,
+) -> Result<Claimed<'e, 'd>, StoreError> {
+    let (fresh, seen) = record_new(tx, events).await?;
+    let (given_up, fresh): (Vec<_>, Vec<_>) =
+        fresh.into_iter().partition(|(_, d)| d.give_up.is_some());
+    for (event, _) in &given_up {
+        tx.delete_processed(&event.source, &event.id).await?;
+    }
+    Ok(Claimed {
+        fresh,
+        seen,
+        given_up,
+    })
+}
 
 /// Records the dedup keys of `events` in `tx`, one statement per source in the batch; splits
 /// them into those recorded now (to handle) and those already there (duplicates).
