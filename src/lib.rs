@@ -13,9 +13,9 @@
 //! * the [`prelude`]: the [`Service`] builder, the handler's trait and error, the event, the
 //!   transaction, outbox messages, migrations;
 //! * the macros [`execute!`] and [`with_connection!`] for SQL in a handler, on either store;
-//! * with the `testing` feature, [`testing`]: the kit for a handler crate's own tests (a database
+//! * with the `testing` feature, `testing`: the kit for a handler crate's own tests (a database
 //!   per test, the handler in one transaction, the application on port 0, signed events);
-//! * the versions of [`sqlx`] and [`async_trait`] a handler's code must match.
+//! * the versions of [`sqlx`] and [`async_trait`](macro@async_trait) a handler's code must match.
 //!
 //! Its shape is recorded in `docs/public-api/dedup-worker.txt` (`scripts/public_api.sh` writes it
 //! again, and with `--check` compares). Everything runs in the engine, the internal crate

@@ -1,10 +1,10 @@
 //! Configuration: one typed [`Settings`] struct, loaded in layers and validated before anything
 //! binds or connects.
 //!
-//! Layers, later wins ([`layers`]): the embedded `config/default.toml` (which documents every
+//! Layers, later wins (`layers.rs`): the embedded `config/default.toml` (which documents every
 //! key), the file given with `--config`, then the environment. The environment has the fixed
 //! names of the design (`DATABASE_URL`, `DEDUP_LISTEN`, …) plus `DEDUP_<SECTION>__<KEY>` for any
-//! other key. Durations are written with their unit (`"500ms"`, `"10s"`, [`durations`]). Every
+//! other key. Durations are written with their unit (`"500ms"`, `"10s"`, `durations.rs`). Every
 //! error names the key it is about, as the user wrote it.
 
 use std::net::SocketAddr;

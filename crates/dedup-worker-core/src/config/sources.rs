@@ -85,7 +85,7 @@ impl SchemeKind {
     }
 
     /// Whether the sender signs a timestamp, so `tolerance_secs` means something (for `hmac`,
-    /// its rules say: see [`SourceSettings::signs_a_timestamp`]).
+    /// its rules say: see `source_checks.rs`).
     pub fn signs_a_timestamp(self) -> bool {
         matches!(
             self,

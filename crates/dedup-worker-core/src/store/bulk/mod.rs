@@ -207,7 +207,7 @@ impl Bulk<'_> {
         }
     }
 
-    /// Puts up to [`CHUNK`] outbox rows of `rows` the filter selects with an id in
+    /// Puts up to `CHUNK` (1,000) outbox rows of `rows` the filter selects with an id in
     /// `(after, through]` back to `pending`, due now, in id order; on PostgreSQL the same
     /// statement notifies the relays (`OUTBOX_CHANNEL`), so they deliver them at once.
     pub async fn requeue_chunk(
