@@ -447,7 +447,7 @@ mod tests {
     /// the other's. And the upgrade moves every version released in the old layout.
     #[test]
     fn the_products_versions_are_apart_and_the_old_layout_knows_them() {
-        let pipeline = versions_in("../../migrations/postgres");
+        let pipeline = versions_in("../dedup-worker-core/migrations/postgres");
         let layer = versions_in("../idempotency-key/migrations/postgres");
         let shared: Vec<&i64> = pipeline.iter().filter(|v| layer.contains(v)).collect();
         assert!(shared.is_empty(), "versions in both products: {shared:?}");
