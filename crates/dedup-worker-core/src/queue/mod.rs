@@ -41,8 +41,11 @@ pub struct OutgoingMessage {
     pub traceparent: Option<String>,
     /// The `Stripe-Signature` the ingress verified, reduced to `t=…,v1=<the v1 that matched>`
     /// ([`crate::signature::stripe::VerifiedSignature::compact`]): a queue row's column, an AMQP
-    /// header, an SQS attribute. The consumer verifies it again before it trusts the event's
-    /// `created` (`consumer/record.rs`); `None` from every other publisher.
+    /// header, an SQS attribute; `None` from every other publisher. Issue 26 had the consumer
+    /// verify it again before trusting the event's `created`; since issue 36 no creation time
+    /// chooses where an id is looked up, so the consumer no longer reads it. It is still
+    /// carried (the column, header and attribute exist on every transport); dropping it is a
+    /// wire and schema change of its own.
     pub stripe_signature: Option<String>,
     /// The sender's delivery headers its scheme keeps (`X-GitHub-Delivery`, …), for the
     /// handler's [`crate::event::Event::header`]: a queue row's column, one AMQP header, one SQS
