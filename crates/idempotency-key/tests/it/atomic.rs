@@ -68,7 +68,7 @@ pub(super) fn created(inserted: Result<i64, sqlx::Error>) -> Response {
 }
 
 pub(super) async fn post_order(
-    c: &reqwest::Client,
+    c: &crate::helpers::http_client::Client,
     addr: std::net::SocketAddr,
     key: &str,
 ) -> Reply {

@@ -62,10 +62,7 @@ pub(super) async fn drain_waits_for_a_request_whose_client_went_away() {
     let h = Counting::gated();
     let layer = layer(&env).build();
     let addr = app(&env, &h, layer.clone()).await;
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let impatient = crate::helpers::http_client::Client::with_timeout(Duration::from_millis(300));
     let gave_up = impatient
         .post(format!("http://{addr}/orders"))
         .header("idempotency-key", "k-detached")

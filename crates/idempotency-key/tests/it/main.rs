@@ -76,7 +76,7 @@ impl Reply {
 }
 
 async fn post(
-    http: &reqwest::Client,
+    http: &helpers::http_client::Client,
     addr: SocketAddr,
     key: Option<&str>,
     account: Option<&str>,
@@ -146,8 +146,8 @@ async fn app(_env: &TestEnv, handler: &Counting, layer: IdempotencyLayer) -> Soc
     serve(handler.router().layer(layer)).await
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::new()
+fn http() -> helpers::http_client::Client {
+    helpers::http_client::Client::new()
 }
 
 fn stored(status: u16, body: &str) -> StoredResponse {

@@ -44,7 +44,12 @@ pub(super) async fn cut_redis_connections_leave_every_answer_to_postgres_and_the
 }
 
 /// POSTs and fails the test if no answer comes within [`ANSWER_WITHIN`].
-async fn post_within(c: &reqwest::Client, addr: SocketAddr, key: &str, body: &str) -> Reply {
+async fn post_within(
+    c: &crate::helpers::http_client::Client,
+    addr: SocketAddr,
+    key: &str,
+    body: &str,
+) -> Reply {
     tokio::time::timeout(ANSWER_WITHIN, post(c, addr, Some(key), None, body))
         .await
         .unwrap_or_else(|_| panic!("no answer for {key} within {ANSWER_WITHIN:?}"))
@@ -54,7 +59,7 @@ async fn post_within(c: &reqwest::Client, addr: SocketAddr, key: &str, body: &st
 /// replays and 20 concurrent duplicates while Redis is failing, then recovery.
 async fn redis_fault(fault: Fault) {
     let env = TestEnv::new().await;
-    let mut url = reqwest::Url::parse(&redis_url()).expect("redis url");
+    let mut url = ::redis::parse_redis_url(&redis_url()).expect("redis url");
     let upstream = format!(
         "{}:{}",
         url.host_str().expect("redis host"),
@@ -70,7 +75,7 @@ async fn redis_fault(fault: Fault) {
     let l = layer(&env).redis(cache).build();
     let store = l.store().clone();
     let addr = app(&env, &h, l).await;
-    let c = reqwest::Client::new();
+    let c = crate::helpers::http_client::Client::new();
 
     // Through the proxy, Redis works: a replay is served without PostgreSQL.
     gate.add_permits(1);
@@ -170,7 +175,7 @@ async fn redis_fault(fault: Fault) {
 /// Replays `key` until one is served from Redis (no PostgreSQL statement): the first replay
 /// after Redis was empty or unreachable comes from PostgreSQL and mirrors the result.
 async fn replayed_from_redis(
-    c: &reqwest::Client,
+    c: &crate::helpers::http_client::Client,
     addr: SocketAddr,
     store: &PgIdempotencyStore,
     key: &str,

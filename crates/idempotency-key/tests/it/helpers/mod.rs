@@ -5,6 +5,7 @@
 //! * [`counting`]: the handler behind the layer in most tests, counting its executions;
 //! * [`doomed`]: a server that dies as a crashed process does;
 //! * [`fault_proxy`]: a TCP proxy that black-holes, refuses or cuts PostgreSQL or Redis;
+//! * [`http_client`]: the tests' HTTP client (hyper's, so that reqwest stays behind `client`);
 //!
 //! and, here, polling with a deadline, serving a router on port 0, and the Redis server's URL.
 
@@ -17,6 +18,7 @@ pub mod db;
 pub mod doomed;
 pub mod env;
 pub mod fault_proxy;
+pub mod http_client;
 
 pub use counting::{in_transactional_mode, order_rows, Counting};
 pub use db::TestDb;
