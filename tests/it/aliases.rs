@@ -133,7 +133,7 @@ fn start(db: &TestDb, work: &Path, env: &[(&'static str, &str)]) -> RunningBinar
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
         ("DEDUP_QUEUE", QUEUE.to_owned()),
     ];
     all.extend(env.iter().map(|(k, v)| (*k, v.to_string())));

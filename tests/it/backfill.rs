@@ -125,8 +125,8 @@ async fn backfill_publishes_what_webhooks_missed_once_and_a_second_run_nothing()
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work.path(),
     );

@@ -34,7 +34,7 @@ async fn sqs_cut_three_times_then_refused_recovers_by_itself_and_loses_nothing()
 
 /// Issue 9: every SQS call has a timeout. SQS stops answering (a black hole) while a consumer
 /// holds a batch, just before it commits: its delete, and the give-back after it, give up
-/// within their timeouts (two attempts of `transport.publish_timeout_ms`), and the step fails
+/// within their timeouts (two attempts of `transport.publish_timeout`), and the step fails
 /// and says so while SQS is still silent, rather than wait for an answer that never comes.
 /// Once SQS answers again the message comes back, is recognised as handled and deleted, and
 /// every event is at the sink once.
@@ -59,9 +59,9 @@ async fn sqs_black_holed_mid_batch_the_consumer_gives_up_on_its_calls_and_recove
         ("DEDUP_SINK", format!("file:{}", sink.display())),
         // One worker: the step that fails is the one holding the batch.
         ("DEDUP_CONSUMER__WORKERS", "1".to_owned()),
-        ("DEDUP_CONSUMER__LEASE_SECS", "2".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_CONSUMER__LEASE", "2s".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".to_owned()),
     ];
     let bin = RunningBinary::start(&env, work.path());
     let client = reqwest::Client::new();
@@ -110,7 +110,7 @@ async fn sqs_black_holed_mid_batch_the_consumer_gives_up_on_its_calls_and_recove
     let logged_before = bin.stderr().len();
     held.release().await;
     // The step commits, then its delete goes into the black hole: two attempts of
-    // `transport.publish_timeout_ms` (3 s), then the give-back's (at most 5 s). Without a
+    // `transport.publish_timeout` (3 s), then the give-back's (at most 5 s). Without a
     // timeout the delete would hang until the proxy resets the connection, i.e. until SQS
     // answers again.
     let failed_step = bin
@@ -188,8 +188,8 @@ async fn cut_then_refuse(transport: Transport) {
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_TRANSPORT", queue.kind().to_owned()),
         ("DEDUP_SINK", format!("file:{}", sink.display())),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".to_owned()),
     ];
     let proxy = match queue.transport {
         Transport::Rabbitmq => {

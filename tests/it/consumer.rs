@@ -97,11 +97,11 @@ async fn handler_failures(backend: Backend) {
         &db.url,
         &[
             ("outbox.sink", json!(format!("file:{}", sink.display()))),
-            ("consumer.retry_base_ms", json!(20)),
-            ("consumer.retry_max_ms", json!(100)),
+            ("consumer.retry_base", json!("20ms")),
+            ("consumer.retry_max", json!("100ms")),
             ("consumer.max_attempts", json!(4)),
-            ("consumer.poll_interval_ms", json!(50)),
-            ("outbox.poll_interval_ms", json!(50)),
+            ("consumer.poll_interval", json!("50ms")),
+            ("outbox.poll_interval", json!("50ms")),
         ],
     );
     let app = TestApp::spawn(settings.clone(), Service::new().handler(handler.clone())).await;
@@ -239,7 +239,7 @@ async fn graceful_shutdown_finishes_accepted_work_on_restart() {
             &[
                 ("roles.ingress", json!(false)),
                 ("outbox.sink", sink_value),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -290,7 +290,7 @@ async fn two_processes_with_overlapping_duplicate_batches_drain_without_stalling
             ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
             ("DEDUP_CONSUMER__WORKERS", "3".to_owned()),
             ("DEDUP_CONSUMER__BATCH_SIZE", "48".to_owned()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
         ]
     };
     // The first process declares the queue; the messages go in before anyone consumes.
@@ -390,9 +390,9 @@ async fn a_step_slower_than_its_lease_keeps_its_batch(transport: Transport) {
         ("DEDUP_QUEUE", queue.name.clone()),
         ("DEDUP_SINK", format!("file:{}", sink.display())),
         ("DEDUP_CONSUMER__WORKERS", "2".to_owned()),
-        ("DEDUP_CONSUMER__LEASE_SECS", LEASE.as_secs().to_string()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+        ("DEDUP_CONSUMER__LEASE", format!("{}s", LEASE.as_secs())),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".to_owned()),
     ];
     let bin = RunningBinary::start(&env, work.path());
     let client = reqwest::Client::new();

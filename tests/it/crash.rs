@@ -36,12 +36,12 @@ fn after_sigkill(transport: Transport) -> Duration {
         Transport::Database | Transport::Rabbitmq => Duration::from_secs(15),
     }
 }
-/// After SIGTERM, within this: nothing waits out a lease ([`SIGTERM_LEASE_SECS`]).
+/// After SIGTERM, within this: nothing waits out a lease ([`SIGTERM_LEASE`]).
 const AFTER_SIGTERM: Duration = Duration::from_secs(12);
 /// The consumer's and the relay's lease in the SIGTERM test: long beside [`AFTER_SIGTERM`], so
 /// an event that waited out a lease cannot make the bound, and the bound still leaves a loaded
 /// machine room (5 s under a 10-s lease failed once while another build shared the two cores).
-const SIGTERM_LEASE_SECS: &str = "30";
+const SIGTERM_LEASE: &str = "30s";
 /// Events sent per test.
 ///
 /// Fewer on SQS: the emulator (moto) scans the whole queue several times per `ReceiveMessage`,
@@ -152,8 +152,8 @@ fn env(db: &TestDb, receiver: &Receiver, queue: &TestQueue) -> Vec<(&'static str
         ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
         ("DEDUP_SINK", receiver.url()),
         ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ("DEDUP_CONSUMER__BATCH_SIZE", "50".into()),
         ("DEDUP_OUTBOX__BATCH_SIZE", "50".into()),
     ]
@@ -319,9 +319,9 @@ async fn sigterm_under_load(backend: Backend, transport: Transport) {
     let work = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
     let mut env = env(&db, &receiver, &queue);
-    env.push(("DEDUP_SHUTDOWN__GRACE_SECS", "2".into()));
-    env.push(("DEDUP_CONSUMER__LEASE_SECS", SIGTERM_LEASE_SECS.into()));
-    env.push(("DEDUP_OUTBOX__LEASE_SECS", SIGTERM_LEASE_SECS.into()));
+    env.push(("DEDUP_SHUTDOWN__GRACE", "2s".into()));
+    env.push(("DEDUP_CONSUMER__LEASE", SIGTERM_LEASE.into()));
+    env.push(("DEDUP_OUTBOX__LEASE", SIGTERM_LEASE.into()));
     let mut bin = RunningBinary::start(&env, work.path());
 
     let ids: Vec<String> = (0..events).map(|i| format!("evt_term_{i:05}")).collect();

@@ -316,7 +316,7 @@ async fn an_event_handled_before_a_seal_is_not_handled_again_after_it(backend: B
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
             ("DEDUP_TRANSPORT", queue.kind().into()),
             ("DEDUP_QUEUE", queue.name.clone()),
         ],

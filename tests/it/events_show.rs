@@ -42,8 +42,8 @@ fn start(db: &TestDb, work: &Path, sink: Option<String>, extra: &[(&str, &str)])
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_SINK", sink),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     RunningBinary::start(&env, work)
@@ -279,8 +279,8 @@ async fn dead_lettered(backend: Backend) {
         &[
             ("DEDUP_CONSUMER__HANDLER", "ledger"),
             ("DEDUP_CONSUMER__MAX_ATTEMPTS", "2"),
-            ("DEDUP_CONSUMER__RETRY_BASE_MS", "50"),
-            ("DEDUP_CONSUMER__RETRY_MAX_MS", "100"),
+            ("DEDUP_CONSUMER__RETRY_BASE", "50ms"),
+            ("DEDUP_CONSUMER__RETRY_MAX", "100ms"),
         ],
     );
     let store = db.store().await;
@@ -472,8 +472,8 @@ async fn failed_outbox_row(backend: Backend) {
         Some(receiver.url()),
         &[
             ("DEDUP_OUTBOX__MAX_ATTEMPTS", "2"),
-            ("DEDUP_OUTBOX__RETRY_BASE_MS", "20"),
-            ("DEDUP_OUTBOX__RETRY_MAX_MS", "50"),
+            ("DEDUP_OUTBOX__RETRY_BASE", "20ms"),
+            ("DEDUP_OUTBOX__RETRY_MAX", "50ms"),
         ],
     );
     let store = db.store().await;

@@ -214,7 +214,7 @@ async fn interleaved_objects_are_handled_in_order_and_duplicates_once_through_th
             ("DEDUP_TRANSPORT", "sqs".into()),
             ("DEDUP_QUEUE", queue.url.clone()),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-            ("DEDUP_TRANSPORT__SQS_WAIT_TIME_SECS", "1".into()),
+            ("DEDUP_TRANSPORT__SQS_WAIT_TIME", "1s".into()),
             ("DEDUP_CONSUMER__BATCH_SIZE", "4".into()),
         ],
         work.path(),

@@ -24,7 +24,7 @@ const SECRET: &str = "whsec_test_secret";
 const MAX_ATTEMPTS: i32 = 3;
 
 /// The delay `evt_later` asks for: far above the backoff's own (20 ms doubling), below
-/// `consumer.retry_max_ms` (10 s).
+/// `consumer.retry_max` (10 s).
 const LATER: Duration = Duration::from_millis(1500);
 
 /// Fails each event the way its id names, through real statements on the batch's connection.
@@ -110,11 +110,11 @@ async fn classified(backend: Backend) {
         &db.url,
         &[
             ("outbox.sink", json!(format!("file:{}", sink.display()))),
-            ("consumer.retry_base_ms", json!(20)),
-            ("consumer.retry_max_ms", json!(10_000)),
+            ("consumer.retry_base", json!("20ms")),
+            ("consumer.retry_max", json!("10000ms")),
             ("consumer.max_attempts", json!(MAX_ATTEMPTS)),
-            ("consumer.poll_interval_ms", json!(50)),
-            ("outbox.poll_interval_ms", json!(50)),
+            ("consumer.poll_interval", json!("50ms")),
+            ("outbox.poll_interval", json!("50ms")),
         ],
     );
     let handler = Arc::new(Failing::default());

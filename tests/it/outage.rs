@@ -58,12 +58,12 @@ async fn store_outage_answers_503_and_acknowledges_nothing_it_did_not_store() {
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
-            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT", "1000ms".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
             // A batch the consumer had claimed when the outage hit comes back when its lease
             // ends (the designed recovery); a short lease keeps the test short.
-            ("DEDUP_CONSUMER__LEASE_SECS", "5".into()),
+            ("DEDUP_CONSUMER__LEASE", "5s".into()),
         ],
         work.path(),
     );
@@ -142,8 +142,8 @@ async fn a_mark_lost_to_an_outage_is_written_after_recovery_without_redelivery()
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_SINK", sink.url()),
-            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT", "1000ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work.path(),
     );
@@ -271,8 +271,8 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
             ("DEDUP_TRANSPORT", "rabbitmq".into()),
             ("DEDUP_QUEUE", queue.name.clone()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
-            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT", "1000ms".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
             ("DEDUP_CONSUMER__BATCH_SIZE", "50".into()),
             // Every failed step a delivery goes through counts towards this limit; a low one
             // shows the consumer does not cycle events through failed steps while the store
@@ -281,7 +281,7 @@ async fn rabbitmq_events_accepted_while_postgres_refuses_all_reach_the_sink_afte
                 "DEDUP_TRANSPORT__DELIVERY_LIMIT",
                 queue.delivery_limit().to_string(),
             ),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work.path(),
     );
@@ -431,7 +431,7 @@ async fn client_send(client: &reqwest::Client, url: &str, id: &str) -> Option<re
 /// partition between that process and the database: its connections open, nothing coming
 /// back), while a second process reaches PostgreSQL fine. The batch must move to the second
 /// process while the first is still cut off:
-/// * the first process's step is bounded (`consumer.step_timeout_ms`): it gives the batch back
+/// * the first process's step is bounded (`consumer.step_timeout`): it gives the batch back
 ///   and, its store not answering, hands back what RabbitMQ pushed to it beyond the batch;
 /// * its transaction, open on the server with the batch's dedup rows locked, is ended by the
 ///   server (`idle_in_transaction_session_timeout`), or the second process's inserts of the
@@ -458,10 +458,10 @@ async fn a_batch_stuck_on_a_database_that_stopped_answering_moves_to_another_pro
             ("DEDUP_TRANSPORT", "rabbitmq".to_owned()),
             ("DEDUP_QUEUE", queue.name.clone()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".to_owned()),
             // Short, so the test is; the default is 30 s.
-            ("DEDUP_CONSUMER__STEP_TIMEOUT_MS", "6000".to_owned()),
+            ("DEDUP_CONSUMER__STEP_TIMEOUT", "6000ms".to_owned()),
             ("DEDUP_ROLES__RELAY", relay.to_string()),
         ]
     };

@@ -39,8 +39,8 @@ fn env(db: &TestDb, work: &Path) -> Vec<(&'static str, String)> {
             "DEDUP_SINK",
             format!("file:{}", work.join("sink.jsonl").display()),
         ),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
     ]
 }
 

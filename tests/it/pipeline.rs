@@ -54,8 +54,8 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
             ("DEDUP_TRANSPORT", queue.kind().into()),
             ("DEDUP_QUEUE", queue.name.clone()),
         ],
@@ -78,7 +78,7 @@ async fn events_with_duplicates_once_each(backend: Backend, transport: Transport
 
     // On SQS the emulator is the bottleneck: moto answers one call at a time, each slower as the
     // queue fills, so on a busy machine a `SendMessage` can outlast
-    // `transport.publish_timeout_ms` and the ingress rightly answers 503. There the sender does
+    // `transport.publish_timeout` and the ingress rightly answers 503. There the sender does
     // what Stripe does and sends again, and the once-each checks below then also cover a publish
     // that landed after its 503 (its retry is the same event id). On the database queue and
     // RabbitMQ every first delivery must be accepted.

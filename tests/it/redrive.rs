@@ -55,8 +55,8 @@ fn binary_env(
         ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
         ("DEDUP_SINK", format!("file:{}", sink.display())),
         ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
     ]);
     env.extend(extra.iter().cloned());
     env

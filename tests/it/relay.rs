@@ -63,11 +63,11 @@ async fn http_sink_retries(backend: Backend) {
             &db.url,
             &[
                 ("outbox.sink", json!(url)),
-                ("outbox.retry_base_ms", json!(20)),
-                ("outbox.retry_max_ms", json!(100)),
+                ("outbox.retry_base", json!("20ms")),
+                ("outbox.retry_max", json!("100ms")),
                 ("outbox.max_attempts", json!(3)),
-                ("outbox.poll_interval_ms", json!(20)),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("outbox.poll_interval", json!("20ms")),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -174,10 +174,10 @@ async fn a_redirecting_http_sink_is_a_failed_delivery_and_never_sees_a_get() {
         &[
             ("outbox.sink", json!(format!("http://{addr}/hook"))),
             ("outbox.max_attempts", json!(2)),
-            ("outbox.retry_base_ms", json!(20)),
-            ("outbox.retry_max_ms", json!(50)),
-            ("outbox.poll_interval_ms", json!(50)),
-            ("consumer.poll_interval_ms", json!(50)),
+            ("outbox.retry_base", json!("20ms")),
+            ("outbox.retry_max", json!("50ms")),
+            ("outbox.poll_interval", json!("50ms")),
+            ("consumer.poll_interval", json!("50ms")),
         ],
     );
     let app = TestApp::spawn(settings, Service::new()).await;
@@ -454,7 +454,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
 }
 
 /// Issue 9: under load, a receiver whose listen backlog overflowed (Python's `http.server`
-/// listens with a backlog of 5) took the relay's requests in only after `outbox.http_timeout_ms`,
+/// listens with a backlog of 5) took the relay's requests in only after `outbox.http_timeout`,
 /// so the attempt counted as failed and the row was delivered twice. What `last_error` and the
 /// relay's log said was only "error sending request for url (…)": the cause (here, the timeout)
 /// was dropped with reqwest's error sources. A receiver that takes the connection and never
@@ -475,10 +475,10 @@ async fn a_delivery_that_timed_out_says_so_in_last_error() {
             &db.url,
             &[
                 ("outbox.sink", json!(format!("http://{addr}/hook"))),
-                ("outbox.http_timeout_ms", json!(300)),
+                ("outbox.http_timeout", json!("300ms")),
                 ("outbox.max_attempts", json!(1)),
-                ("outbox.poll_interval_ms", json!(20)),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("outbox.poll_interval", json!("20ms")),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -580,7 +580,7 @@ async fn accept_events(app: &TestApp, prefix: &str, n: usize) -> Vec<String> {
 
 /// Issue 9: the HTTP sink behind a fault proxy that first black-holes it (connections taken,
 /// never answered), then refuses it (connections reset as soon as taken). Each delivery fails
-/// when `outbox.http_timeout_ms` runs out, then on the reset, and `last_error` names that cause;
+/// when `outbox.http_timeout` runs out, then on the reset, and `last_error` names that cause;
 /// rows stay pending and are retried with backoff; once the proxy passes, every event reaches
 /// the receiver under its key and its row is marked dispatched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,13 +599,13 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
                     "outbox.sink",
                     json!(format!("http://127.0.0.1:{}/hook", proxy.port)),
                 ),
-                ("outbox.http_timeout_ms", json!(300)),
-                ("outbox.retry_base_ms", json!(50)),
-                ("outbox.retry_max_ms", json!(200)),
+                ("outbox.http_timeout", json!("300ms")),
+                ("outbox.retry_base", json!("50ms")),
+                ("outbox.retry_max", json!("200ms")),
                 // Never given up on: the outage, not the attempt limit, is under test.
                 ("outbox.max_attempts", json!(10_000)),
-                ("outbox.poll_interval_ms", json!(20)),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("outbox.poll_interval", json!("20ms")),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -687,11 +687,11 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
                     "outbox.sink",
                     json!(format!("http://127.0.0.1:{}/hook", proxy.port)),
                 ),
-                ("outbox.retry_base_ms", json!(50)),
-                ("outbox.retry_max_ms", json!(200)),
+                ("outbox.retry_base", json!("50ms")),
+                ("outbox.retry_max", json!("200ms")),
                 ("outbox.max_attempts", json!(10_000)),
-                ("outbox.poll_interval_ms", json!(20)),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("outbox.poll_interval", json!("20ms")),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),

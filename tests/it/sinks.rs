@@ -87,7 +87,7 @@ async fn amqp_sink_publishes_each_event_once_to_the_exchange() {
             &db.url,
             &[
                 ("outbox.sink", json!(sink)),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -156,7 +156,7 @@ async fn sqs_sink_sends_each_event_once_to_the_queue() {
             &db.url,
             &[
                 ("outbox.sink", json!(format!("sqs:{}", queue.name))),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),
@@ -241,10 +241,10 @@ async fn signed_http_deliveries_verify_under_any_one_secret_or_public_key() {
                     seed_key.whsk_seed, pair_key.whsk_pair
                 ),
             ),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__RETRY_BASE_MS", "100".into()),
-            ("DEDUP_OUTBOX__RETRY_MAX_MS", "200".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__RETRY_BASE", "100ms".into()),
+            ("DEDUP_OUTBOX__RETRY_MAX", "200ms".into()),
         ],
         work.path(),
     );

@@ -109,8 +109,8 @@ fn consumer_process(
             ("AWS_ENDPOINT_URL", sqs.calls.url()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work,
     )

@@ -90,8 +90,8 @@ fn start(
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_SINK", format!("file:{}", sink.display())),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
     ];
     if guard {
         env.push(("DEDUP_CONSUMER__STALE_GUARD__ENABLED", "true".to_owned()));

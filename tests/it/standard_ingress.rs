@@ -117,7 +117,7 @@ async fn webhook_id_dedups_under_its_own_source() {
                 ("standard_webhooks.secrets", json!(SECRET)),
                 ("outbox.sink", json!(format!("file:{}", sink.display()))),
                 ("consumer.handler", json!("ledger")),
-                ("consumer.poll_interval_ms", json!(50)),
+                ("consumer.poll_interval", json!("50ms")),
             ],
         ),
         Service::new(),

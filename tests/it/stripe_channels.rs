@@ -46,8 +46,8 @@ fn base_env(db: &TestDb, sink: &Path) -> Vec<(&'static str, String)> {
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_SINK", format!("file:{}", sink.display())),
         ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
     ]
 }
 
@@ -245,10 +245,10 @@ fn fetching_binary(db: &TestDb, sink: &Path, api: &EventsApi, work: &Path) -> Ru
         ("DEDUP_STRIPE__FETCH_THIN_EVENTS", "true".to_owned()),
         ("STRIPE_API_KEY", API_KEY.to_owned()),
         ("STRIPE_API_BASE", api.url()),
-        ("DEDUP_STRIPE__API_TIMEOUT_MS", "1000".to_owned()),
+        ("DEDUP_STRIPE__API_TIMEOUT", "1000ms".to_owned()),
         ("DEDUP_CONSUMER__MAX_ATTEMPTS", "3".to_owned()),
-        ("DEDUP_CONSUMER__RETRY_BASE_MS", "100".to_owned()),
-        ("DEDUP_CONSUMER__RETRY_MAX_MS", "500".to_owned()),
+        ("DEDUP_CONSUMER__RETRY_BASE", "100ms".to_owned()),
+        ("DEDUP_CONSUMER__RETRY_MAX", "500ms".to_owned()),
     ]);
     RunningBinary::start(&env, work)
 }

@@ -200,12 +200,7 @@ async fn published_vector_verifies_at_its_own_timestamp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tolerance_is_configurable() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let app = ingress_only(
-        &db,
-        &[("stripe.tolerance_secs", json!(3600))],
-        Service::new(),
-    )
-    .await;
+    let app = ingress_only(&db, &[("stripe.tolerance", json!("3600s"))], Service::new()).await;
     let body = stripe_event("evt_late", "charge.succeeded");
     let header = stripe_python_sign(SECRET, &[(body.clone(), now() - 1800)]);
     let (status, _, problem) = post(&app, Some(&header[0]), &body).await;

@@ -117,7 +117,7 @@ async fn handle_commits_what_succeeds_and_rolls_back_what_fails(backend: Backend
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_application_runs_the_handler_once_per_event_with_its_migrations() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let settings = test_settings(&db.url, &[("consumer.poll_interval_ms", json!(20))]);
+    let settings = test_settings(&db.url, &[("consumer.poll_interval", json!("20ms"))]);
     let app = TestApp::spawn(
         settings,
         Service::new().handler(Credit).migrations(MIGRATIONS),

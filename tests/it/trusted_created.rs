@@ -85,7 +85,7 @@ async fn start(backend: Backend, transport: Transport) -> Setup {
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
             ("DEDUP_TRANSPORT", queue.kind().into()),
             ("DEDUP_QUEUE", queue.name.clone()),
         ],

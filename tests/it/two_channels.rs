@@ -173,7 +173,7 @@ fn start(db: &TestDb, work: &std::path::Path) -> RunningBinary {
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", "whsec_two_channels".to_owned()),
         ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
         ("DEDUP_CONSUMER__WORKERS", "4".to_owned()),
         ("DEDUP_CONSUMER__BATCH_SIZE", "8".to_owned()),
         ("DEDUP_QUEUE", QUEUE.to_owned()),

@@ -10,7 +10,7 @@ use dedup_worker::Service;
 use dedup_worker_core::store::{NewOutboxRow, NewQueueMessage};
 use serde_json::json;
 
-const POLL_MS: u64 = 600_000;
+const POLL: &str = "10m";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notify_wakes_consumer_and_relay_of_another_process() {
@@ -23,8 +23,8 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
             &[
                 ("roles.ingress", json!(false)),
                 ("outbox.sink", json!(format!("file:{}", sink.display()))),
-                ("consumer.poll_interval_ms", json!(POLL_MS)),
-                ("outbox.poll_interval_ms", json!(POLL_MS)),
+                ("consumer.poll_interval", json!(POLL)),
+                ("outbox.poll_interval", json!(POLL)),
             ],
         ),
         Service::new(),

@@ -44,8 +44,8 @@ pub async fn console_app(db: &TestDb, values: &[(&str, Value)], service: Service
     let mut all = vec![
         ("admin.listen", json!("127.0.0.1:0")),
         ("admin.token", json!(TOKEN)),
-        ("consumer.poll_interval_ms", json!(50)),
-        ("outbox.poll_interval_ms", json!(50)),
+        ("consumer.poll_interval", json!("50ms")),
+        ("outbox.poll_interval", json!("50ms")),
     ];
     all.extend(values.iter().cloned());
     let app = TestApp::spawn(test_settings(&db.url, &all), service).await;

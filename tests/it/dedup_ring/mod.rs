@@ -117,10 +117,10 @@ fn start_binary(
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_CONSUMER__HANDLER", "ledger".into()),
             ("DEDUP_CONSUMER__WORKERS", "2".into()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
             (
-                "DEDUP_CONSUMER__RETENTION_INTERVAL_SECS",
-                retention_secs.to_string(),
+                "DEDUP_CONSUMER__RETENTION_INTERVAL",
+                format!("{retention_secs}s"),
             ),
             ("DEDUP_TRANSPORT", queue.kind().into()),
             ("DEDUP_QUEUE", queue.name.clone()),

@@ -76,8 +76,8 @@ fn start(db: &TestDb, queue: &TestQueue, work: &std::path::Path) -> RunningBinar
                 "DEDUP_SINK",
                 format!("file:{}", work.join("out.jsonl").display()),
             ),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "200".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "200ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work,
     )
@@ -281,8 +281,8 @@ async fn a_batch_refused_for_one_events_data_dead_letters_that_event_alone() {
             &[
                 ("roles.ingress", json!(false)),
                 ("outbox.sink", json!(format!("file:{}", sink.display()))),
-                ("consumer.poll_interval_ms", json!(50)),
-                ("outbox.poll_interval_ms", json!(50)),
+                ("consumer.poll_interval", json!("50ms")),
+                ("outbox.poll_interval", json!("50ms")),
             ],
         ),
         Service::new().handler(UnstorableOutbox),

@@ -27,8 +27,8 @@ fn start(db: &TestDb, work: &std::path::Path) -> RunningBinary {
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_STANDARD_WEBHOOKS__SECRETS", STANDARD_SECRET.into()),
             ("DEDUP_SINK", format!("file:{}", sink.display())),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work,
     )
@@ -291,8 +291,8 @@ async fn an_id_beyond_ascii_is_forwarded_to_an_http_sink() {
             ("DATABASE_URL", db.url.clone()),
             ("STRIPE_WEBHOOK_SECRET", SECRET.into()),
             ("DEDUP_SINK", receiver.url()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".into()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "100".into()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".into()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "100ms".into()),
         ],
         work.path(),
     );

@@ -18,9 +18,9 @@ fn start(db: &TestDb, work: &std::path::Path, extra: &[(&str, &str)]) -> Running
     let mut env = vec![
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("DEDUP_HTTP__HEADER_READ_TIMEOUT_MS", "4000".to_owned()),
-        ("DEDUP_HTTP__BODY_READ_TIMEOUT_MS", "4000".to_owned()),
-        ("DEDUP_HTTP__REQUEST_TIMEOUT_MS", "6000".to_owned()),
+        ("DEDUP_HTTP__HEADER_READ_TIMEOUT", "4000ms".to_owned()),
+        ("DEDUP_HTTP__BODY_READ_TIMEOUT", "4000ms".to_owned()),
+        ("DEDUP_HTTP__REQUEST_TIMEOUT", "6000ms".to_owned()),
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     RunningBinary::start(&env, work)
@@ -145,7 +145,7 @@ async fn past_the_concurrency_cap_requests_are_503_with_retry_after() {
         &[
             ("DEDUP_HTTP__MAX_CONCURRENT_REQUESTS", "2"),
             // Longer than the test: the two hold their places until it lets them go.
-            ("DEDUP_HTTP__REQUEST_TIMEOUT_MS", "120000"),
+            ("DEDUP_HTTP__REQUEST_TIMEOUT", "120000ms"),
         ],
     );
     // Two requests that trickle their bodies take the two places. One that arrives while a

@@ -39,8 +39,8 @@ async fn off_a_terminal_log_lines_are_json_and_carry_the_event_they_are_about() 
             ("DEDUP_LOG__FORMAT", "auto".to_owned()),
             ("RUST_LOG", "info".to_owned()),
             ("DEDUP_CONSUMER__STALE_GUARD__ENABLED", "true".to_owned()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
         ],
         work.path(),
     );
@@ -116,8 +116,8 @@ async fn text_logs_off_a_terminal_have_no_colours() {
             ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
             ("DEDUP_LOG__FORMAT", "text".to_owned()),
             ("RUST_LOG", "info".to_owned()),
-            ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-            ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+            ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+            ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
         ],
         work.path(),
     );
@@ -151,7 +151,7 @@ async fn failed_start(url: String) -> String {
     let output = tokio::task::spawn_blocking(move || {
         dedup_command(&[
             ("DATABASE_URL", url),
-            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT_MS", "1500".to_owned()),
+            ("DEDUP_DATABASE__ACQUIRE_TIMEOUT", "1500ms".to_owned()),
         ])
         .arg("migrate")
         .output()

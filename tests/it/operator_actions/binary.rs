@@ -31,15 +31,15 @@ fn start(
 ) -> RunningBinary {
     // PostgreSQL wakes the relay by NOTIFY; SQLite has only the poll.
     let relay_poll = match backend {
-        Backend::Postgres => "60000",
-        Backend::Sqlite => "100",
+        Backend::Postgres => "60s",
+        Backend::Sqlite => "100ms",
     };
     let mut env = vec![
         ("DATABASE_URL", db.url.clone()),
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_SINK", receiver.url()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "100".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", relay_poll.to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "100ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", relay_poll.to_owned()),
     ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     RunningBinary::start(&env, work)

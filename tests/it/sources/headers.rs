@@ -66,7 +66,7 @@ async fn github_headers_reach_the_handler(backend: Backend, transport: Transport
     let recorder = Arc::new(Recorder::default());
     let mut values = vec![
         ("sources", sources(&[("repo-hooks", "github", &[SECRET])])),
-        ("consumer.poll_interval_ms", json!(50)),
+        ("consumer.poll_interval", json!("50ms")),
     ];
     values.extend(transport_settings(&queue));
     let app = TestApp::spawn(

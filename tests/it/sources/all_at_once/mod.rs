@@ -70,8 +70,8 @@ async fn every_source_at_once(transport: Transport) {
         ("DEDUP_QUEUE", queue.name.clone()),
         ("AMQP_URL", amqp_url()),
         ("DEDUP_CONSUMER__HANDLER", "ledger".to_owned()),
-        ("DEDUP_CONSUMER__POLL_INTERVAL_MS", "50".to_owned()),
-        ("DEDUP_OUTBOX__POLL_INTERVAL_MS", "50".to_owned()),
+        ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
     ];
     for sender in &senders {
         env.extend(sender.env.iter().cloned());
