@@ -15,7 +15,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::{self, Deserializer, Visitor};
 
 use super::layers::DEFAULTS_NAME;
-use super::{invalid, ConfigError};
+use super::ConfigError;
 
 /// What a duration value says it expects, in every refusal of one.
 const EXPECTED: &str = "a duration with its unit, such as \"500ms\", \"10s\" or \"2m\"";
@@ -155,9 +155,21 @@ impl Visitor<'_> for DurationVisitor {
     }
 }
 
+/// A source's integer tolerance (`sources.NAME.tolerance_secs`): one per configured source,
+/// so it is not in [`RENAMED`], whose keys are fixed.
+const SOURCE_TOLERANCE: (&str, &str, Unit) = ("tolerance_secs", "tolerance", Unit::Secs);
+
+/// An old key a configuration was written with, as written (`sources.slack.tolerance_secs`), and
+/// the key it is now read under.
+#[derive(Debug, PartialEq, Eq)]
+struct OldSpelling {
+    old: String,
+    new: String,
+}
+
 /// The old keys a configuration was written with, each now read under its new key.
 #[derive(Debug, Default)]
-pub(super) struct OldSpellings(Vec<&'static Renamed>);
+pub(super) struct OldSpellings(Vec<OldSpelling>);
 
 impl OldSpellings {
     /// The deprecation warnings, one per old key: it names the new key and the value in the new
@@ -185,11 +197,16 @@ impl OldSpellings {
 
     /// `error` naming the key as the user wrote it: the old key where the value came from one.
     pub(super) fn as_written(&self, error: ConfigError) -> ConfigError {
+        let written = |key: &str| self.0.iter().find(|r| r.new == key).map(|r| r.old.clone());
         match error {
-            ConfigError::Invalid { key, reason } => {
-                let key = self.0.iter().find(|r| r.new == key).map_or(key, |r| r.old);
-                ConfigError::Invalid { key, reason }
-            }
+            ConfigError::Invalid { key, reason } => match written(key) {
+                Some(old) => ConfigError::InvalidAt { key: old, reason },
+                None => ConfigError::Invalid { key, reason },
+            },
+            ConfigError::InvalidAt { key, reason } => ConfigError::InvalidAt {
+                key: written(&key).unwrap_or(key),
+                reason,
+            },
             other => other,
         }
     }
@@ -203,10 +220,46 @@ pub(super) fn adopt_old_keys(figment: Figment) -> Result<(Figment, OldSpellings)
         return Ok((figment, OldSpellings::default()));
     };
     let mut found = OldSpellings::default();
+    let mut note = |old: String, new: String| {
+        let spelling = OldSpelling { old, new };
+        if !found.0.contains(&spelling) {
+            found.0.push(spelling);
+        }
+    };
     for dict in data.values_mut() {
         for renamed in &RENAMED {
-            if adopt(&figment, dict, renamed)? && !found.0.contains(&renamed) {
-                found.0.push(renamed);
+            let (section, old_name) = renamed.old.split_once('.').unwrap_or(("", renamed.old));
+            let new_name = renamed.new.rsplit_once('.').map_or(renamed.new, |(_, n)| n);
+            let Some(Value::Dict(_, section)) = dict.get_mut(section) else {
+                continue;
+            };
+            let key = Key {
+                old: renamed.old.to_owned(),
+                new: renamed.new.to_owned(),
+                old_name,
+                new_name,
+                unit: renamed.unit,
+            };
+            if adopt(&figment, section, &key)? {
+                note(key.old, key.new);
+            }
+        }
+        if let Some(Value::Dict(_, sources)) = dict.get_mut("sources") {
+            let (old_name, new_name, unit) = SOURCE_TOLERANCE;
+            for (name, source) in sources.iter_mut() {
+                let Value::Dict(_, source) = source else {
+                    continue;
+                };
+                let key = Key {
+                    old: format!("sources.{name}.{old_name}"),
+                    new: format!("sources.{name}.{new_name}"),
+                    old_name,
+                    new_name,
+                    unit,
+                };
+                if adopt(&figment, source, &key)? {
+                    note(key.old, key.new);
+                }
             }
         }
     }
@@ -220,13 +273,19 @@ pub(super) fn adopt_old_keys(figment: Figment) -> Result<(Figment, OldSpellings)
     Ok((Figment::from(sources).merge(Rewritten(data)), found))
 }
 
-/// Moves `renamed.old` of `dict` to `renamed.new` as a duration; whether it was there.
-fn adopt(figment: &Figment, dict: &mut Dict, renamed: &Renamed) -> Result<bool, ConfigError> {
-    let (section, old_name) = renamed.old.split_once('.').unwrap_or(("", renamed.old));
-    let new_name = renamed.new.rsplit_once('.').map_or(renamed.new, |(_, n)| n);
-    let Some(Value::Dict(_, section)) = dict.get_mut(section) else {
-        return Ok(false);
-    };
+/// One old key as it appears in one table: its dotted keys in messages, its names in the table.
+struct Key<'a> {
+    old: String,
+    new: String,
+    old_name: &'a str,
+    new_name: &'a str,
+    unit: Unit,
+}
+
+/// Moves `key.old_name` of `section` (the table that holds it) to `key.new_name` as a duration;
+/// whether it was there.
+fn adopt(figment: &Figment, section: &mut Dict, key: &Key<'_>) -> Result<bool, ConfigError> {
+    let (old_name, new_name) = (key.old_name, key.new_name);
     let Some(old) = section.remove(old_name) else {
         return Ok(false);
     };
@@ -235,11 +294,11 @@ fn adopt(figment: &Figment, dict: &mut Dict, renamed: &Renamed) -> Result<bool, 
             .get_metadata(new.tag())
             .is_some_and(|m| m.name == DEFAULTS_NAME);
         if !from_defaults {
-            return Err(invalid(
-                renamed.old,
+            return Err(ConfigError::invalid_at(
+                &key.old,
                 format!(
                     "is given together with `{}`, its new spelling; keep only `{}`",
-                    renamed.new, renamed.new
+                    key.new, key.new
                 ),
             ));
         }
@@ -250,16 +309,16 @@ fn adopt(figment: &Figment, dict: &mut Dict, renamed: &Renamed) -> Result<bool, 
         .and_then(|n| u64::try_from(n).ok())
         .or_else(|| old.to_i128().and_then(|n| u64::try_from(n).ok()));
     let Some(amount) = amount else {
-        return Err(invalid(
-            renamed.old,
+        return Err(ConfigError::invalid_at(
+            &key.old,
             format!(
                 "must be a whole number of {} (or write `{}` with its unit, such as \"10s\")",
-                renamed.unit.name(),
-                renamed.new
+                key.unit.name(),
+                key.new
             ),
         ));
     };
-    let duration = shown(renamed.unit.duration(amount));
+    let duration = shown(key.unit.duration(amount));
     section.insert(new_name.to_owned(), Value::String(old.tag(), duration));
     Ok(true)
 }

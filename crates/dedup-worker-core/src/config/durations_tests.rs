@@ -77,6 +77,26 @@ fn every_old_key_is_read_as_its_new_one_and_warned_about() {
     assert!(none.warnings().is_empty());
 }
 
+/// A source's tolerance is one key per configured source: each source's old key is read as
+/// seconds under its new one and warned about by its own name.
+#[test]
+fn each_sources_old_tolerance_key_is_read_as_seconds_and_warned_about() {
+    let toml = "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 90\n\
+                [sources.zoom]\nscheme = \"zoom\"\nsecrets = \"y\"\ntolerance = \"2m\"\n";
+    let (_, old_keys) = adopt_old_keys(with(toml)).expect("adopted");
+    let warnings = old_keys.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("`sources.slack.tolerance_secs`")
+            && warnings[0].contains("`sources.slack.tolerance`"),
+        "{}",
+        warnings[0]
+    );
+    let settings = load(toml).expect("valid");
+    assert_eq!(settings.sources["slack"].tolerance_secs(), 90);
+    assert_eq!(settings.sources["zoom"].tolerance_secs(), 120);
+}
+
 #[test]
 fn a_key_given_in_both_spellings_is_refused_naming_both() {
     let text = refusal("[consumer]\npoll_interval_ms = 250\npoll_interval = \"250ms\"\n");

@@ -24,7 +24,7 @@ fn the_sources_fields_override_its_presets() {
          [sources.hs]\nscheme = \"hmac\"\npreset = \"hubspot\"\nsecrets = \"k\"\n\
          public_url = \"https://h.example/webhooks/hs\"\n\
          [sources.cal]\nscheme = \"hmac\"\npreset = \"calendly\"\nsecrets = \"k\"\n\
-         tolerance_secs = 60\n",
+         tolerance = \"1m\"\n",
     )
     .expect("valid");
     let forms = &s.sources["forms"];
@@ -49,7 +49,7 @@ fn each_refusal_names_the_key() {
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nsigned = \"{timestamp}.{body}\"\n", "sources.x.hmac.signed", "timestamp_header"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nsigned = \"{url}\"\n", "sources.x.hmac.signed", "{body}"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nsigned = \"{url}{body}\"\n", "sources.x.public_url", "signs the URL"),
-        ("tolerance_secs = 60\n[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\n", "sources.x.tolerance_secs", "signs no timestamp"),
+        ("tolerance = \"1m\"\n[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\n", "sources.x.tolerance", "signs no timestamp"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_pointer = \"event_id\"\n", "sources.x.hmac.id_pointer", "JSON pointer"),
         ("[sources.x.hmac]\nsignature_header = \"S\"\nid_header = \"I\"\nid_pointer = \"/id\"\n", "sources.x.hmac.id_pointer", "not both"),
         ("[sources.x.hmac]\nsignature_header = \"bad header\"\nid_header = \"I\"\n", "sources.x.hmac.signature_header", "header name"),

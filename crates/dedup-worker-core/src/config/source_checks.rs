@@ -1,8 +1,11 @@
 //! Whether a `[sources.NAME]` can work, checked once at load (`validate.rs`): its name, its
-//! secrets as its scheme keys them, `public_url` and `tolerance_secs` where the scheme (or the
+//! secrets as its scheme keys them, `public_url` and `tolerance` where the scheme (or the
 //! declarative scheme's rules) signs a URL or a timestamp, PayPal's keys, `id_field`; each
 //! refusal names the key it is about.
 
+use std::time::Duration;
+
+use super::durations::shown;
 use super::hmac::{refuse, resolve, HmacRules};
 use super::paypal::check_paypal_keys;
 use super::sources::{SchemeKind, SourceSettings, MAX_SOURCE_NAME_CHARS, MAX_TOLERANCE_SECS};
@@ -127,25 +130,34 @@ pub(super) fn check_source(
         }
         _ => {}
     }
-    match source.tolerance_secs {
+    match source.tolerance {
         Some(_) if !signs_a_timestamp => Err(ConfigError::invalid_at(
-            key("tolerance_secs"),
+            key("tolerance"),
             format!(
                 "the {} scheme signs no timestamp, so there is nothing to hold it to; remove it",
                 source.scheme.name()
             ),
         )),
-        Some(0) => Err(ConfigError::invalid_at(
-            key("tolerance_secs"),
+        Some(tolerance) if tolerance.is_zero() => Err(ConfigError::invalid_at(
+            key("tolerance"),
             "must be greater than zero",
         )),
-        Some(secs) if secs > MAX_TOLERANCE_SECS => Err(ConfigError::invalid_at(
-            key("tolerance_secs"),
-            format!(
-                "is {secs}, more than {MAX_TOLERANCE_SECS}, the most it accepts (as \
-                 stripe.tolerance: a replayed delivery is accepted for that long)"
-            ),
+        // The senders' timestamps are whole seconds, and so is the skew they are held to.
+        Some(tolerance) if tolerance.subsec_nanos() != 0 => Err(ConfigError::invalid_at(
+            key("tolerance"),
+            format!("is {}: it must be whole seconds", shown(tolerance)),
         )),
+        Some(tolerance) if tolerance.as_secs() > MAX_TOLERANCE_SECS => {
+            Err(ConfigError::invalid_at(
+                key("tolerance"),
+                format!(
+                    "is {}, more than {}, the most it accepts (as stripe.tolerance: a replayed \
+                     delivery is accepted for that long)",
+                    shown(tolerance),
+                    shown(Duration::from_secs(MAX_TOLERANCE_SECS))
+                ),
+            ))
+        }
         _ => Ok(()),
     }
 }

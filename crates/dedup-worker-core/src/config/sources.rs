@@ -3,6 +3,7 @@
 //! and the `source` label of their metrics.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
@@ -20,12 +21,12 @@ pub const RESERVED_SOURCE_NAMES: &[&str] = &["stripe", "standard"];
 /// Longest source name: it is a path segment, a metrics label and the source half of every key.
 pub const MAX_SOURCE_NAME_CHARS: usize = 64;
 
-/// The default `tolerance_secs` of a scheme whose sender signs a timestamp (Slack's five
+/// The default `tolerance`, in seconds, of a scheme whose sender signs a timestamp (Slack's five
 /// minutes, as its SDK checks; Paddle's SDKs check five seconds, too tight for a clock the
 /// ingress does not control).
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
-/// The largest `tolerance_secs`, as `stripe.tolerance`'s.
+/// The largest `tolerance`, in seconds, as `stripe.tolerance`'s.
 pub const MAX_TOLERANCE_SECS: u64 = 3_600;
 
 /// A sender's signature scheme. Adding one is a variant here and a file in
@@ -142,11 +143,13 @@ pub struct SourceSettings {
     /// one is required, except for `paypal`, which shares none (and refuses them).
     #[serde(default, deserialize_with = "comma_separated_source_secrets")]
     pub secrets: Vec<Secret>,
-    /// Accepted clock difference in both directions, for schemes that sign a timestamp;
-    /// the scheme's default when unset ([`SchemeKind::default_tolerance_secs`]). Refused for
-    /// schemes that sign none (it would promise a check that is not made).
-    #[serde(default)]
-    pub tolerance_secs: Option<u64>,
+    /// Accepted clock difference in both directions, for schemes that sign a timestamp
+    /// (`"5m"`; whole seconds, as the timestamps are); the scheme's default when unset
+    /// ([`SchemeKind::default_tolerance_secs`]). Refused for schemes that sign none (it would
+    /// promise a check that is not made). Formerly `tolerance_secs`, an integer, still read
+    /// with a warning (`super::durations`).
+    #[serde(default, deserialize_with = "super::durations::read_optional")]
+    pub tolerance: Option<Duration>,
     /// The URL the sender posts to, exactly as given to it (Square signs it with the body): an
     /// absolute `http`/`https` URL, required for the schemes that sign it and refused for the
     /// others. Behind a proxy, the public one, not the one this process sees.
@@ -183,7 +186,8 @@ pub struct SourceSettings {
 impl SourceSettings {
     /// The tolerance the scheme applies.
     pub fn tolerance_secs(&self) -> u64 {
-        self.tolerance_secs
+        self.tolerance
+            .map(|tolerance| tolerance.as_secs())
             .or_else(|| self.preset_tolerance_secs())
             .unwrap_or_else(|| self.scheme.default_tolerance_secs())
     }
@@ -255,7 +259,7 @@ mod tests {
             "[sources.github]\nscheme = \"github\"\nsecrets = \"s3cret-one, s3cret-two\"\n\
              [sources.slack]\nscheme = \"slack\"\nsecrets = [\"s3cret-three\"]\n\
              [sources.shop-1]\nscheme = \"shopify\"\nsecrets = [\"s3cret-four\"]\n\
-             [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance_secs = 30\n\
+             [sources.paddle]\nscheme = \"paddle\"\nsecrets = [\"pdl_ntfset_s3cret\"]\ntolerance = \"30s\"\n\
              [sources.linear]\nscheme = \"linear\"\nsecrets = [\"lin_wh_s3cret\"]\n\
              [sources.square]\nscheme = \"square\"\nsecrets = [\"sq\"]\n\
              public_url = \"https://hooks.example.com/webhooks/square\"\n\
@@ -328,19 +332,41 @@ mod tests {
                 "a-z, 0-9",
             ),
             (
-                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 0\n",
-                "`sources.slack.tolerance_secs`",
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance = \"0s\"\n",
+                "`sources.slack.tolerance`",
                 "greater than zero",
             ),
             (
-                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 3601\n",
-                "`sources.slack.tolerance_secs`",
-                "more than 3600",
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance = \"1h 1s\"\n",
+                "`sources.slack.tolerance`",
+                "more than 1h",
             ),
             (
-                "[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\ntolerance_secs = 60\n",
-                "`sources.github.tolerance_secs`",
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance = \"1500ms\"\n",
+                "`sources.slack.tolerance`",
+                "whole seconds",
+            ),
+            (
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance = 30\n",
+                "`sources.slack.tolerance`",
+                "with its unit",
+            ),
+            (
+                "[sources.github]\nscheme = \"github\"\nsecrets = \"x\"\ntolerance = \"1m\"\n",
+                "`sources.github.tolerance`",
                 "signs no timestamp",
+            ),
+            // The old integer key: read as seconds, and a refusal names it as written.
+            (
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 3601\n",
+                "`sources.slack.tolerance_secs`",
+                "more than 1h",
+            ),
+            (
+                "[sources.slack]\nscheme = \"slack\"\nsecrets = \"x\"\ntolerance_secs = 30\n\
+                 tolerance = \"30s\"\n",
+                "`sources.slack.tolerance_secs`",
+                "keep only `sources.slack.tolerance`",
             ),
             (
                 "[sources.square]\nscheme = \"square\"\nsecrets = \"x\"\n",

@@ -5,7 +5,7 @@
 //! only the last). Keys other than `ts` and `h1` are ignored (the Python SDK refuses them; they
 //! sign nothing here either way). `ts` must be within the source's tolerance of now, either way:
 //! Paddle's SDKs hold it to five seconds, which a clock the ingress does not control would
-//! break; the default here is 300 as Slack's, `tolerance_secs` to tighten it.
+//! break; the default here is 300 as Slack's, `tolerance` to tighten it.
 //!
 //! The dedup id is the body's `event_id` (`evt_…`), the same on every retry and every
 //! destination; the body's `notification_id` (`ntf_…`) is per destination and is not used. The

@@ -100,7 +100,7 @@ async fn a_batch_is_accepted_only_once_every_item_is_durable() {
         SourceSettings {
             scheme: SchemeKind::Adyen,
             secrets: vec![Secret(KEY.to_owned())],
-            tolerance_secs: None,
+            tolerance: None,
             public_url: None,
             webhook_id: None,
             certificate: None,
