@@ -28,7 +28,7 @@ impl DoomedServer {
                 .expect("the doomed server's runtime");
             rt.block_on(async move {
                 let pool = PgPool::connect(&db_url).await.expect("connect");
-                let addr = super::serve(make(pool)).await;
+                let addr = crate::serve(make(pool)).await;
                 addr_tx.send(addr).expect("send the address");
                 let _ = kill_rx.await;
             });
