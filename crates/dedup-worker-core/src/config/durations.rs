@@ -122,6 +122,13 @@ pub(super) const RENAMED: [Renamed; 23] = {
     ]
 };
 
+/// Why `tolerance` cannot be a signature's tolerance: the signed timestamps are whole seconds,
+/// and so is the skew they are held to. `None` when it is whole seconds.
+pub(super) fn not_whole_seconds(tolerance: Duration) -> Option<String> {
+    (tolerance.subsec_nanos() != 0)
+        .then(|| format!("is {}: it must be whole seconds", shown(tolerance)))
+}
+
 /// A duration as written in messages: `1h`, `500ms`, `2m 30s`.
 pub(super) fn shown(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
@@ -228,16 +235,13 @@ pub(super) fn adopt_old_keys(figment: Figment) -> Result<(Figment, OldSpellings)
     };
     for dict in data.values_mut() {
         for renamed in &RENAMED {
-            let (section, old_name) = renamed.old.split_once('.').unwrap_or(("", renamed.old));
-            let new_name = renamed.new.rsplit_once('.').map_or(renamed.new, |(_, n)| n);
+            let (section, _) = renamed.old.split_once('.').unwrap_or(("", renamed.old));
             let Some(Value::Dict(_, section)) = dict.get_mut(section) else {
                 continue;
             };
             let key = Key {
                 old: renamed.old.to_owned(),
                 new: renamed.new.to_owned(),
-                old_name,
-                new_name,
                 unit: renamed.unit,
             };
             if adopt(&figment, section, &key)? {
@@ -253,8 +257,6 @@ pub(super) fn adopt_old_keys(figment: Figment) -> Result<(Figment, OldSpellings)
                 let key = Key {
                     old: format!("sources.{name}.{old_name}"),
                     new: format!("sources.{name}.{new_name}"),
-                    old_name,
-                    new_name,
                     unit,
                 };
                 if adopt(&figment, source, &key)? {
@@ -273,19 +275,23 @@ pub(super) fn adopt_old_keys(figment: Figment) -> Result<(Figment, OldSpellings)
     Ok((Figment::from(sources).merge(Rewritten(data)), found))
 }
 
-/// One old key as it appears in one table: its dotted keys in messages, its names in the table.
-struct Key<'a> {
+/// One old key of one table: the dotted keys, as messages name them (the table holds each under
+/// its last part).
+struct Key {
     old: String,
     new: String,
-    old_name: &'a str,
-    new_name: &'a str,
     unit: Unit,
+}
+
+/// The last part of a dotted key: its name in the table that holds it.
+fn name_in_table(dotted: &str) -> &str {
+    dotted.rsplit_once('.').map_or(dotted, |(_, name)| name)
 }
 
 /// Moves `key.old_name` of `section` (the table that holds it) to `key.new_name` as a duration;
 /// whether it was there.
-fn adopt(figment: &Figment, section: &mut Dict, key: &Key<'_>) -> Result<bool, ConfigError> {
-    let (old_name, new_name) = (key.old_name, key.new_name);
+fn adopt(figment: &Figment, section: &mut Dict, key: &Key) -> Result<bool, ConfigError> {
+    let (old_name, new_name) = (name_in_table(&key.old), name_in_table(&key.new));
     let Some(old) = section.remove(old_name) else {
         return Ok(false);
     };

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::durations::shown;
+use super::durations::{not_whole_seconds, shown};
 use super::hmac::{refuse, resolve, HmacRules};
 use super::paypal::check_paypal_keys;
 use super::sources::{SchemeKind, SourceSettings, MAX_SOURCE_NAME_CHARS, MAX_TOLERANCE_SECS};
@@ -142,13 +142,9 @@ pub(super) fn check_source(
             key("tolerance"),
             "must be greater than zero",
         )),
-        // The senders' timestamps are whole seconds, and so is the skew they are held to.
-        Some(tolerance) if tolerance.subsec_nanos() != 0 => Err(ConfigError::invalid_at(
-            key("tolerance"),
-            format!("is {}: it must be whole seconds", shown(tolerance)),
-        )),
-        Some(tolerance) if tolerance.as_secs() > MAX_TOLERANCE_SECS => {
-            Err(ConfigError::invalid_at(
+        Some(tolerance) => match not_whole_seconds(tolerance) {
+            Some(reason) => Err(ConfigError::invalid_at(key("tolerance"), reason)),
+            None if tolerance.as_secs() > MAX_TOLERANCE_SECS => Err(ConfigError::invalid_at(
                 key("tolerance"),
                 format!(
                     "is {}, more than {}, the most it accepts (as stripe.tolerance: a replayed \
@@ -156,9 +152,10 @@ pub(super) fn check_source(
                     shown(tolerance),
                     shown(Duration::from_secs(MAX_TOLERANCE_SECS))
                 ),
-            ))
-        }
-        _ => Ok(()),
+            )),
+            None => Ok(()),
+        },
+        None => Ok(()),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::bounds::SQS_LONGEST_POLL;
-use super::durations::shown;
+use super::durations::{not_whole_seconds, shown};
 use super::source_checks::check_source;
 use super::{
     invalid, stripe_key_material, ConfigError, Settings, TransportKind, MIN_DEDUP_RETENTION_DAYS,
@@ -60,7 +60,6 @@ impl Settings {
                 ),
             ));
         }
-        // The signatures' timestamps are whole seconds, and so is the skew they are held to.
         for (key, tolerance) in [
             ("stripe.tolerance", self.stripe.tolerance),
             (
@@ -68,11 +67,8 @@ impl Settings {
                 self.standard_webhooks.tolerance,
             ),
         ] {
-            if tolerance.subsec_nanos() != 0 {
-                return Err(invalid(
-                    key,
-                    format!("is {}: it must be whole seconds", shown(tolerance)),
-                ));
+            if let Some(reason) = not_whole_seconds(tolerance) {
+                return Err(invalid(key, reason));
             }
         }
         for (key, source) in [
