@@ -45,9 +45,13 @@ def commented_keys(text):
         if header:
             section = header.group(1)
             continue
-        named = re.match(r"^#\s?\[([a-z_]+)\.[a-z0-9_-]+\]\s*$", line)
+        named = re.match(r"^#\s?\[([a-z_.]+)\.[a-z0-9_-]+\]\s*$", line)
         if named:
             section = f"{named.group(1)}.NAME"
+            continue
+        listed = re.match(r"^#\s?\[\[([a-z_.]+)\]\]\s*$", line)
+        if listed:
+            section = listed.group(1)
             continue
         example = re.match(r"^#\s?([a-z_]+) = \S", line)
         if example:

@@ -155,6 +155,7 @@ fn consumer(store: &Store, handler: Arc<PauseOnce>, batch: Vec<Delivery>) -> Con
         lease: Duration::from_secs(60),
         step_timeout: Duration::from_secs(120),
         envelope: EnvelopeKind::None,
+        outbox_plan: Default::default(),
     };
     let transport = Arc::new(OneBatch {
         batch: Mutex::new(Some(batch)),

@@ -176,6 +176,7 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
         lease: Duration::from_secs(60),
         step_timeout: Duration::from_millis(250),
         envelope: EnvelopeKind::None,
+        outbox_plan: Default::default(),
     };
     let consumer = Consumer::new(
         proxied.clone(),

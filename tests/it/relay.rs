@@ -283,6 +283,7 @@ async fn lease_taken_over(backend: Backend) {
                 http_timeout: Duration::from_secs(30),
                 signing_secrets: Arc::from([]),
                 statement_timeout: Duration::from_secs(10),
+                ..test_relay_defaults()
             },
         ))
     };
@@ -416,6 +417,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
                 http_timeout: Duration::from_secs(30),
                 signing_secrets: Arc::from([]),
                 statement_timeout: Duration::from_secs(10),
+                ..test_relay_defaults()
             },
         )
     };
@@ -604,6 +606,10 @@ async fn a_black_holed_then_refusing_sink_fails_deliveries_with_their_cause_then
                 ("outbox.retry_max", json!("200ms")),
                 // Never given up on: the outage, not the attempt limit, is under test.
                 ("outbox.max_attempts", json!(10_000)),
+                // Each attempt's cause is under test, not the circuit breaker (which would open
+                // after 20 failures and send a probe at a time).
+                ("outbox.breaker.failures", json!(0)),
+                ("outbox.breaker.window", json!(0)),
                 ("outbox.poll_interval", json!("20ms")),
                 ("consumer.poll_interval", json!("50ms")),
             ],
@@ -727,4 +733,32 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
         "a cut delivery was delivered again (under the same key, checked above)"
     );
     app.stop().await;
+}
+
+/// A relay's options where a test does not care: `[outbox]`'s defaults, no named sinks.
+fn test_relay_defaults() -> dedup_worker_core::outbox::relay::RelayOptions {
+    use dedup_worker_core::config::{BreakerSettings, SinkSpec};
+    dedup_worker_core::outbox::relay::RelayOptions {
+        default_sink: SinkSpec::Log,
+        batch_size: 256,
+        concurrency: 32,
+        poll_interval: Duration::from_millis(500),
+        lease: Duration::from_secs(10),
+        max_attempts: 12,
+        retry_base: Duration::from_millis(500),
+        retry_max: Duration::from_secs(600),
+        http_timeout: Duration::from_secs(10),
+        signing_secrets: Arc::from([]),
+        statement_timeout: Duration::from_secs(10),
+        max_retry_after: Duration::from_secs(300),
+        breaker: BreakerSettings {
+            failures: 20,
+            failure_ratio: 0.5,
+            window: 100,
+            min_requests: 20,
+            probe_after: Duration::from_secs(5),
+            probe_max: Duration::from_secs(300),
+        },
+        sinks: Default::default(),
+    }
 }

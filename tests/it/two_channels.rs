@@ -54,6 +54,7 @@ fn options() -> ConsumerOptions {
         lease: Duration::from_secs(10),
         step_timeout: Duration::from_secs(30),
         envelope: EnvelopeKind::None,
+        outbox_plan: Default::default(),
     }
 }
 

@@ -216,7 +216,7 @@ async fn gauges_follow_the_database_queue_dead_letters_and_the_outbox_on_both_st
         tx.commit().await.unwrap();
         let claimed = store
             .outbox()
-            .claim(1, Duration::from_secs(10))
+            .claim_lane("default", 1, Duration::from_secs(10))
             .await
             .unwrap();
         let failed = store

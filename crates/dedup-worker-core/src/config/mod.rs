@@ -15,7 +15,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use crate::signature::ed25519::StandardPublicKey;
-use crate::signature::secrets::{SigningSecret, StandardSecret};
+use crate::signature::secrets::StandardSecret;
 use crate::telemetry::LogFormat;
 
 mod admin;
@@ -26,6 +26,8 @@ mod hmac_presets;
 mod hmac_settings;
 mod hmac_template;
 mod layers;
+mod outbox;
+mod outbox_checks;
 mod paypal;
 mod secrets;
 mod sink;
@@ -41,6 +43,11 @@ pub use hmac::{
 };
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
 pub use layers::defaults;
+pub use outbox::{
+    BreakerOverrides, BreakerSettings, OutboxSettings, RouteSettings, SinkSettings, Unrouted,
+    DEFAULT_LANE,
+};
+pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{
     certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
 };
@@ -404,35 +411,6 @@ pub struct StaleGuardSettings {
     pub object_pointer: String,
     /// JSON pointer to the version, an integer (Stripe: the event's `created`).
     pub version_pointer: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutboxSettings {
-    /// `log`, `file:PATH`, an http(s) URL, `amqp://…?exchange=NAME` or an SQS queue URL; parsed
-    /// while loading.
-    pub sink: SinkSpec,
-    /// Standard Webhooks secrets, decoded while loading, each signing every HTTP sink delivery:
-    /// `whsec_` secrets with a `v1` item, `whsk_` ed25519 keys with a `v1a` item; empty:
-    /// deliveries are not signed.
-    #[serde(deserialize_with = "secrets::comma_separated_signing")]
-    pub signing_secret: Vec<SigningSecret>,
-    pub batch_size: usize,
-    pub concurrency: usize,
-    #[serde(deserialize_with = "durations::read")]
-    pub poll_interval: Duration,
-    /// How long a claimed row stays leased; the relay extends it every third of it while it
-    /// delivers the row.
-    #[serde(deserialize_with = "durations::read")]
-    pub lease: Duration,
-    pub max_attempts: u32,
-    #[serde(deserialize_with = "durations::read")]
-    pub retry_base: Duration,
-    #[serde(deserialize_with = "durations::read")]
-    pub retry_max: Duration,
-    #[serde(deserialize_with = "durations::read")]
-    pub http_timeout: Duration,
-    pub retention_hours: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -3,6 +3,7 @@
 use super::*;
 use crate::signature::ed25519::MAX_PUBLIC_KEYS;
 use crate::signature::secrets::webhook_signature;
+use crate::signature::secrets::SigningSecret;
 use base64::prelude::{Engine as _, BASE64_STANDARD};
 use figment::providers::Serialized;
 

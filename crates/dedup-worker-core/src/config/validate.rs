@@ -25,6 +25,7 @@ impl Settings {
         self.check_leases_and_dedup_window()?;
         self.check_stripe_api()?;
         self.check_pointers()?;
+        self.check_outbox_lanes()?;
         self.admin.check()
     }
 

@@ -19,6 +19,7 @@ use super::handling::{Handled, Verdict};
 use super::settle::Settlement;
 use super::{ConsumerOptions, HandlerError, StepOutcome};
 use crate::event::Event;
+use crate::outbox::OutboxPlan;
 use crate::queue::{Delivery, DeliveryTag};
 use crate::retry::backoff_delay;
 use crate::store::{NewDeadLetter, NewOutboxRow, StoreError, StoreTx};
@@ -85,6 +86,7 @@ impl<'d> Decisions<'d> {
     pub(super) fn handled<'e>(
         &mut self,
         verdicts: Vec<(Received<'e, 'd>, Verdict)>,
+        plan: &OutboxPlan,
     ) -> Vec<Failed<'e, 'd>> {
         let mut failed = Vec::new();
         for ((event, delivery), verdict) in verdicts {
@@ -101,16 +103,12 @@ impl<'d> Decisions<'d> {
                 messages,
                 traceparent,
             } = handled;
-            self.outbox_rows
-                .extend(messages.into_iter().map(|m| NewOutboxRow {
-                    source: event.source.clone(),
-                    event_id: event.id.clone(),
-                    destination: m.destination,
-                    idempotency_key: m.idempotency_key,
-                    event_type: m.event_type,
-                    payload: m.payload.to_vec(),
-                    traceparent: traceparent.clone(),
-                }));
+            plan.rows(
+                event,
+                messages,
+                traceparent.as_deref(),
+                &mut self.outbox_rows,
+            );
         }
         failed
     }

@@ -69,6 +69,8 @@ pub struct ConsumerOptions {
     /// What wraps the events in the queue's messages (`consumer.envelope`): nothing, or
     /// EventBridge envelopes, unwrapped by [`decode_delivery`].
     pub envelope: EnvelopeKind,
+    /// Which lanes the handlers' messages go to (`[[outbox.routes]]`).
+    pub outbox_plan: std::sync::Arc<crate::outbox::OutboxPlan>,
 }
 
 /// A step failed as a whole; nothing was acked, so the transport redelivers.

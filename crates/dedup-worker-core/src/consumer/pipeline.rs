@@ -184,7 +184,7 @@ async fn transact<'d>(
 
     // 5. Decide what becomes of the rest (the duplicates were decided as they were found).
     let dead_letters = dead_letters(consumer);
-    let failed = batch.handled(verdicts);
+    let failed = batch.handled(verdicts, &options.outbox_plan);
     batch.failed(&failed, &unfetched, options, &dead_letters);
     batch.given_up(&given_up, &dead_letters);
     batch.undecodable(&undecodable, &dead_letters);

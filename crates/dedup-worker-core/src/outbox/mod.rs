@@ -14,7 +14,11 @@
 //! * [`sink`]: where rows go (log, JSON-lines file, HTTP POST with `Idempotency-Key`).
 
 mod message;
+pub mod pace;
+mod plan;
 pub mod relay;
+pub mod routes;
 pub mod sink;
 
 pub use message::OutboxMessage;
+pub use plan::OutboxPlan;

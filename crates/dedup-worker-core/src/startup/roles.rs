@@ -202,6 +202,7 @@ fn consumer_options(settings: &Settings) -> ConsumerOptions {
         lease: c.lease,
         step_timeout: c.step_timeout,
         envelope: c.envelope,
+        outbox_plan: std::sync::Arc::new(crate::outbox::OutboxPlan::new(&settings.outbox)),
     }
 }
 
@@ -219,6 +220,9 @@ fn relay_options(settings: &Settings) -> RelayOptions {
         http_timeout: o.http_timeout,
         signing_secrets: o.signing_secret.clone().into(),
         statement_timeout: settings.database.statement_timeout,
+        max_retry_after: o.max_retry_after,
+        breaker: o.breaker.clone(),
+        sinks: o.sinks.clone(),
     }
 }
 

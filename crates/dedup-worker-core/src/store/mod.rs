@@ -40,6 +40,7 @@ mod queue;
 mod reads;
 mod retention;
 mod rows;
+mod sinks;
 mod sqlite;
 mod stale;
 mod timeouts;
@@ -69,6 +70,7 @@ pub use reads::{
     AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
 };
 pub use retention::Retention;
+pub use sinks::{Circuit, SinkState, Sinks};
 pub use stale::StaleEvents;
 pub use timeouts::{bounded, ServerTimeouts};
 pub use transaction::{DbTx, StoreTx};
@@ -223,7 +225,7 @@ pub const QUEUE_CHANNEL: &str = "dedup_queue";
 pub const OUTBOX_CHANNEL: &str = "dedup_outbox";
 
 /// A connection pool to one of the two backends. Which one is the store's own business: the
-/// pipeline reaches each table family by name (`store.outbox().claim(…)`), and asks
+/// pipeline reaches each table family by name (`store.outbox().claim_lane(…)`), and asks
 /// [`Store::single_writer`] where the difference matters.
 #[derive(Debug, Clone)]
 pub struct Store(Pool);
@@ -321,6 +323,11 @@ impl Store {
     /// The outbox's rows (`outbox.rs`).
     pub fn outbox(&self) -> Outbox<'_> {
         Outbox { pool: &self.0 }
+    }
+
+    /// The outbox lanes' shared state: paused, circuit, the receiver's hold (`sinks.rs`).
+    pub fn sinks(&self) -> Sinks<'_> {
+        Sinks { pool: &self.0 }
     }
 
     /// Dead letters and the record of their redrives (`dead_letters.rs`).

@@ -39,12 +39,13 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
             let payloads: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
             let traces: Vec<Option<&str>> = rows.iter().map(|r| r.traceparent.as_deref()).collect();
+            let sinks: Vec<&str> = rows.iter().map(NewOutboxRow::lane).collect();
             sqlx::query(
                 "WITH inserted AS (
                  INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload,
-                                     traceparent)
+                                     traceparent, sink)
                  SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-                                      $8::text[])
+                                      $8::text[], $9::text[])
                  RETURNING 1
              )
              SELECT pg_notify($7, ''), (SELECT count(*) FROM inserted)",
@@ -57,6 +58,7 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             .bind(&payloads)
             .bind(OUTBOX_CHANNEL)
             .bind(&traces)
+            .bind(&sinks)
             .execute(&mut **tx)
             .await?;
         }
@@ -65,7 +67,7 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             for chunk in rows.chunks(CHUNK / 2) {
                 let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                     "INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload, \
-                 next_attempt_at, created_at, traceparent) ",
+                 next_attempt_at, created_at, traceparent, sink) ",
                 );
                 qb.push_values(chunk, |mut b, r| {
                     b.push_bind(&r.source)
@@ -76,7 +78,8 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
                         .push_bind(r.payload.as_slice())
                         .push_bind(now)
                         .push_bind(now)
-                        .push_bind(r.traceparent.as_deref());
+                        .push_bind(r.traceparent.as_deref())
+                        .push_bind(r.lane());
                 });
                 qb.build().execute(&mut **tx).await?;
             }
@@ -86,9 +89,14 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
 }
 
 impl Outbox<'_> {
-    /// Leases up to `max` due pending rows for `lease` (FOR UPDATE SKIP LOCKED on PostgreSQL),
-    /// under a fresh claim token.
-    pub async fn claim(self, max: usize, lease: Duration) -> Result<Vec<OutboxRow>, StoreError> {
+    /// Leases up to `max` due pending rows of lane `sink` for `lease` (FOR UPDATE SKIP LOCKED on
+    /// PostgreSQL), under a fresh claim token, counting an attempt on each.
+    pub async fn claim_lane(
+        self,
+        sink: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
         let claim_token = new_claim_token();
         Ok(match self.pool {
             Pool::Postgres(pool) => {
@@ -97,7 +105,7 @@ impl Outbox<'_> {
                 SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1,
                     claim_token = $3
                FROM (SELECT id FROM outbox
-                      WHERE status = 'pending' AND next_attempt_at <= now()
+                      WHERE sink = $4 AND status = 'pending' AND next_attempt_at <= now()
                       ORDER BY next_attempt_at
                       LIMIT $1
                       FOR UPDATE SKIP LOCKED) c
@@ -108,6 +116,7 @@ impl Outbox<'_> {
                 .bind(max as i64)
                 .bind(secs(lease))
                 .bind(claim_token)
+                .bind(sink)
                 .fetch_all(pool)
                 .await?
             }
@@ -116,7 +125,7 @@ impl Outbox<'_> {
                 sqlx::query_as::<_, OutboxRow>(
                     "UPDATE outbox SET next_attempt_at = $1, attempts = attempts + 1, claim_token = $4
               WHERE id IN (SELECT id FROM outbox
-                            WHERE status = 'pending' AND next_attempt_at <= $2
+                            WHERE sink = $5 AND status = 'pending' AND next_attempt_at <= $2
                             ORDER BY next_attempt_at LIMIT $3)
           RETURNING id, source, event_id, destination, idempotency_key, event_type, payload, attempts,
                     traceparent, claim_token",
@@ -125,10 +134,81 @@ impl Outbox<'_> {
                 .bind(now)
                 .bind(max as i64)
                 .bind(claim_token)
+                .bind(sink)
                 .fetch_all(pool)
                 .await?
             }
         })
+    }
+
+    /// The lanes that have pending rows (due or not), by a loose scan of `outbox_lane_due`: one
+    /// index probe per lane, however many rows wait.
+    pub async fn pending_lanes(self) -> Result<Vec<String>, StoreError> {
+        const SQL: &str = "WITH RECURSIVE lanes(sink) AS (
+                SELECT min(sink) FROM outbox WHERE status = 'pending'
+                UNION ALL
+                SELECT (SELECT min(o.sink) FROM outbox o
+                         WHERE o.status = 'pending' AND o.sink > lanes.sink)
+                  FROM lanes WHERE lanes.sink IS NOT NULL)
+            SELECT sink FROM lanes WHERE sink IS NOT NULL";
+        Ok(match self.pool {
+            Pool::Postgres(pool) => sqlx::query_scalar(SQL).fetch_all(pool).await?,
+            Pool::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_all(pool).await?,
+        })
+    }
+
+    /// Puts rows claimed under `claim_token` back, due after `delay`, and gives back the attempt
+    /// their claim counted: they were not sent (their lane is held by the receiver's
+    /// `Retry-After`, its circuit opened, or it was paused), or the receiver asked for time.
+    /// `reason` becomes their `last_error`. Returns the rows deferred (not those marked or
+    /// claimed by another relay meanwhile).
+    pub async fn defer(
+        self,
+        claim_token: i64,
+        ids: &[i64],
+        delay: Duration,
+        reason: &str,
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        match self.pool {
+            Pool::Postgres(pool) => Ok(sqlx::query(
+                "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $3),
+                        attempts = GREATEST(attempts - 1, 0), last_error = $4
+              WHERE id = ANY($1) AND claim_token = $2 AND status = 'pending'",
+            )
+            .bind(ids)
+            .bind(claim_token)
+            .bind(secs(delay))
+            .bind(reason)
+            .execute(pool)
+            .await?
+            .rows_affected()),
+            Pool::Sqlite(pool) => {
+                let due = now_ms() + millis(delay);
+                let mut deferred = 0;
+                let mut tx = begin_immediate(pool).await?;
+                for chunk in ids.chunks(CHUNK - 3) {
+                    let mut qb: QueryBuilder<Sqlite> =
+                        QueryBuilder::new("UPDATE outbox SET next_attempt_at = ");
+                    qb.push_bind(due)
+                        .push(", attempts = max(attempts - 1, 0), last_error = ")
+                        .push_bind(reason)
+                        .push(" WHERE status = 'pending' AND claim_token = ")
+                        .push_bind(claim_token)
+                        .push(" AND id IN (");
+                    let mut list = qb.separated(", ");
+                    for id in chunk {
+                        list.push_bind(*id);
+                    }
+                    qb.push(")");
+                    deferred += qb.build().execute(&mut *tx).await?.rows_affected();
+                }
+                tx.commit().await?;
+                Ok(deferred)
+            }
+        }
     }
 
     /// Marks rows dispatched, each only if it still carries the token of `claims`. Returns how

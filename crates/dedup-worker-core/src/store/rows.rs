@@ -59,6 +59,16 @@ pub struct NewOutboxRow {
     pub traceparent: Option<String>,
 }
 
+impl NewOutboxRow {
+    /// The lane the row is delivered in (the `sink` column): its destination, a configured
+    /// sink's name or an ad-hoc spec, or `default`.
+    pub fn lane(&self) -> &str {
+        self.destination
+            .as_deref()
+            .unwrap_or(crate::config::DEFAULT_LANE)
+    }
+}
+
 /// An outbox row claimed by a relay.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OutboxRow {

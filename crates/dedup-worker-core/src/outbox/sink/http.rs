@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use super::{timed, Sink, SinkError};
 use crate::config::shown_url;
+use crate::outbox::pace::retry_after;
 use crate::signature::secrets::{webhook_signature, SigningSecret};
 use crate::store::OutboxRow;
 use crate::telemetry::traces;
@@ -107,6 +108,15 @@ impl HttpSink {
                 status: status.as_u16(),
                 location,
             })
+        } else if let Some(retry_after) = (status == http::StatusCode::TOO_MANY_REQUESTS
+            || status == http::StatusCode::SERVICE_UNAVAILABLE)
+            .then(|| retry_after(response.headers(), std::time::SystemTime::now()))
+            .flatten()
+        {
+            Err(SinkError::Throttled {
+                status: status.as_u16(),
+                retry_after,
+            })
         } else {
             Err(SinkError::Status {
                 status: status.as_u16(),
@@ -129,5 +139,9 @@ impl Sink for HttpSink {
             .buffered(self.concurrency)
             .collect()
             .await
+    }
+
+    fn row_wise(&self) -> bool {
+        true
     }
 }

@@ -45,6 +45,15 @@ pub enum SinkError {
     },
     #[error("receiver answered {status}")]
     Status { status: u16 },
+    /// A 429 or 503 with a `Retry-After` we could read: the receiver is alive and said when to
+    /// come back. The lane waits that long (bounded by `outbox.max_retry_after`) and the row
+    /// spends no attempt.
+    #[error("receiver answered {status} asking to retry after {}s", .retry_after.as_secs())]
+    Throttled { status: u16, retry_after: Duration },
+    /// Not sent: its lane stopped sending this batch (the receiver asked for time, or the
+    /// circuit opened) before its turn. It spends no attempt.
+    #[error("not sent: the lane stopped sending this batch")]
+    NotSent,
     /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
     /// and a 2xx to that GET would mark the row dispatched with the event lost.
     #[error("receiver answered {status} redirecting to {location:?}; redirects are not followed, point the sink at the final URL")]
@@ -144,6 +153,14 @@ fn record_batch(sink: &'static str, started: Instant, results: &[Result<(), Sink
 pub trait Sink: Send + Sync + 'static {
     /// Delivers every row; the result at index i is row i's.
     async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>>;
+
+    /// Whether each row is its own request (HTTP, SQS): the lane then hands rows over one at a
+    /// time, its own `concurrency` at once, each admitted by its rate and stopped when the
+    /// receiver asks for time or the circuit opens. Otherwise (log, file, AMQP) the batch goes
+    /// as one (one write and fsync, pipelined publishes), admitted once.
+    fn row_wise(&self) -> bool {
+        false
+    }
 }
 
 /// Builds the sink for a spec. `signing_secrets` sign every HTTP delivery (none: unsigned).

@@ -41,4 +41,8 @@ impl Sink for SqsSink {
             .collect()
             .await
     }
+
+    fn row_wise(&self) -> bool {
+        true
+    }
 }

@@ -1,0 +1,169 @@
+//! `[outbox]`: the relay's settings, its sinks (`[outbox.sinks.NAME]`, each delivered in a lane of
+//! its own), the circuit breaker's defaults (`[outbox.breaker]`) and the routes
+//! (`[[outbox.routes]]`) that send forwarded events to sinks by rule. Checked in
+//! `outbox_checks.rs`; the relay turns them into lanes (`outbox/relay/`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use super::durations;
+use super::secrets;
+use super::SinkSpec;
+use crate::signature::secrets::SigningSecret;
+
+/// The lane of `outbox.sink`: rows no handler or route sent elsewhere.
+pub const DEFAULT_LANE: &str = "default";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    /// `log`, `file:PATH`, an http(s) URL, `amqp://…?exchange=NAME` or an SQS queue URL; parsed
+    /// while loading. The `default` lane's sink.
+    pub sink: SinkSpec,
+    /// Standard Webhooks secrets, decoded while loading, each signing every HTTP sink delivery:
+    /// `whsec_` secrets with a `v1` item, `whsk_` ed25519 keys with a `v1a` item; empty:
+    /// deliveries are not signed. A named sink may have its own.
+    #[serde(deserialize_with = "secrets::comma_separated_signing")]
+    pub signing_secret: Vec<SigningSecret>,
+    pub batch_size: usize,
+    pub concurrency: usize,
+    #[serde(deserialize_with = "durations::read")]
+    pub poll_interval: Duration,
+    /// How long a claimed row stays leased; the relay extends it every third of it while it
+    /// delivers the row.
+    #[serde(deserialize_with = "durations::read")]
+    pub lease: Duration,
+    pub max_attempts: u32,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_base: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub retry_max: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub http_timeout: Duration,
+    pub retention_hours: u64,
+    /// The longest a receiver's `Retry-After` holds its lane; a longer one is cut to this (and
+    /// logged), so a receiver cannot stop its deliveries for days by asking.
+    #[serde(deserialize_with = "durations::read")]
+    pub max_retry_after: Duration,
+    /// When every lane's circuit opens, unless its sink says otherwise.
+    pub breaker: BreakerSettings,
+    /// Named sinks, each delivered in a lane of its own; a handler names one with
+    /// `OutboxMessage::to("NAME")`, a route with `sinks = ["NAME"]`.
+    #[serde(default)]
+    pub sinks: BTreeMap<String, SinkSettings>,
+    /// Where forwarded events go by rule; none: all to the `default` lane.
+    #[serde(default)]
+    pub routes: Vec<RouteSettings>,
+    /// What happens to a forwarded event no route matches (only when there are routes).
+    pub unrouted: Unrouted,
+}
+
+/// `[outbox.breaker]`: a lane's circuit opens after a run of `failures` consecutive failed
+/// deliveries, or when at least `min_requests` of its last `window` deliveries were seen and
+/// `failure_ratio` of them failed. While open nothing is sent and rows wait without spending
+/// attempts; a single probe goes after `probe_after`, then at doubling intervals up to
+/// `probe_max`; the first delivered probe closes it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSettings {
+    /// 0: this trigger is off.
+    pub failures: u32,
+    pub failure_ratio: f64,
+    /// 0: the ratio trigger is off.
+    pub window: u32,
+    pub min_requests: u32,
+    #[serde(deserialize_with = "durations::read")]
+    pub probe_after: Duration,
+    #[serde(deserialize_with = "durations::read")]
+    pub probe_max: Duration,
+}
+
+/// `[outbox.sinks.NAME.breaker]`: each key given replaces `[outbox.breaker]`'s.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverrides {
+    pub failures: Option<u32>,
+    pub failure_ratio: Option<f64>,
+    pub window: Option<u32>,
+    pub min_requests: Option<u32>,
+    #[serde(default, deserialize_with = "durations::read_optional")]
+    pub probe_after: Option<Duration>,
+    #[serde(default, deserialize_with = "durations::read_optional")]
+    pub probe_max: Option<Duration>,
+}
+
+impl BreakerSettings {
+    /// These settings with `overrides` applied.
+    pub fn with(&self, overrides: &BreakerOverrides) -> BreakerSettings {
+        BreakerSettings {
+            failures: overrides.failures.unwrap_or(self.failures),
+            failure_ratio: overrides.failure_ratio.unwrap_or(self.failure_ratio),
+            window: overrides.window.unwrap_or(self.window),
+            min_requests: overrides.min_requests.unwrap_or(self.min_requests),
+            probe_after: overrides.probe_after.unwrap_or(self.probe_after),
+            probe_max: overrides.probe_max.unwrap_or(self.probe_max),
+        }
+    }
+}
+
+/// `[outbox.sinks.NAME]`: one named sink. Absent keys take `[outbox]`'s value.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSettings {
+    /// Where it delivers, in `outbox.sink`'s syntax.
+    pub url: SinkSpec,
+    /// Deliveries in flight at once in this lane (HTTP, SQS).
+    pub concurrency: Option<usize>,
+    /// Rows claimed per batch in this lane.
+    pub batch_size: Option<usize>,
+    pub max_attempts: Option<u32>,
+    #[serde(default, deserialize_with = "durations::read_optional")]
+    pub http_timeout: Option<Duration>,
+    /// Deliveries a second this relay process sends to the sink at most (fractional allowed);
+    /// absent: as fast as `concurrency` allows.
+    pub rate_per_sec: Option<f64>,
+    /// Deliveries that may go at once after a quiet spell; default: the rate rounded up.
+    pub burst: Option<u32>,
+    /// This sink's own Standard Webhooks secrets (see `outbox.signing_secret`).
+    #[serde(default, deserialize_with = "optional_signing")]
+    pub signing_secret: Option<Vec<SigningSecret>>,
+    #[serde(default)]
+    pub breaker: BreakerOverrides,
+}
+
+/// `[[outbox.routes]]`: forwarded events matching every condition given go to `sinks`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSettings {
+    /// Shown in logs.
+    pub name: Option<String>,
+    /// The sources (`stripe`, `standard`, a `[sources.NAME]`) it applies to; empty: any.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Exact event types, or prefixes ending in `*` (`invoice.*`); empty: any.
+    #[serde(default)]
+    pub types: Vec<String>,
+    /// JSON pointer → the value the event's payload must hold there (JSON equality).
+    #[serde(default, rename = "where")]
+    pub matches: BTreeMap<String, serde_json::Value>,
+    /// The sink names it sends to: `default` or a `[outbox.sinks.NAME]`.
+    pub sinks: Vec<String>,
+}
+
+/// `outbox.unrouted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unrouted {
+    /// To the `default` lane, as with no routes.
+    Default,
+    /// Not delivered (counted in `dedup_outbox_unrouted_total`).
+    Drop,
+}
+
+fn optional_signing<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<SigningSecret>>, D::Error> {
+    secrets::comma_separated_signing(d).map(Some)
+}
