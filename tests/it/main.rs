@@ -138,6 +138,7 @@ mod fifo;
 mod handler_errors;
 mod hostile;
 mod invalid_index;
+mod lanes;
 mod layout_upgrade;
 mod lock_order;
 mod operations;

@@ -25,8 +25,9 @@ use metrics::Label;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::lane_label;
 use crate::queue::{Backlog, Transport};
-use crate::store::Store;
+use crate::store::{Circuit, SinkState, Store};
 
 /// How often the gauges are sampled while their sources answer: a few times per scrape at
 /// Prometheus's usual 15–30 s, one small statement and one broker call each time.
@@ -88,9 +89,10 @@ pub fn next_wait(failures: u32) -> Duration {
 
 /// One sample of both sources, at once; whether both answered.
 async fn sample(sources: &GaugeSources, queue: &[Label; 2]) -> bool {
-    let (backlog, counts) = tokio::join!(
+    let (backlog, counts, lanes) = tokio::join!(
         tokio::time::timeout(sources.timeout, sources.transport.backlog()),
         tokio::time::timeout(sources.timeout, sources.store.reads().alert_counts()),
+        tokio::time::timeout(sources.timeout, sources.store.sinks().list()),
     );
     let backlog_ok = match backlog {
         Ok(Ok(backlog)) => {
@@ -113,7 +115,32 @@ async fn sample(sources: &GaugeSources, queue: &[Label; 2]) -> bool {
         Ok(Err(error)) => failed("store", &error),
         Err(_) => failed("store", &format!("no answer within {:?}", sources.timeout)),
     };
-    backlog_ok && counts_ok
+    let lanes_ok = match lanes {
+        Ok(Ok(lanes)) => {
+            set_lanes(&lanes);
+            true
+        }
+        Ok(Err(error)) => failed("store", &error),
+        Err(_) => failed("store", &format!("no answer within {:?}", sources.timeout)),
+    };
+    backlog_ok && counts_ok && lanes_ok
+}
+
+/// Each lane's shared state (`outbox_sinks`), the same in every process: its circuit (1 on the
+/// current state), whether it is paused, and how long the receiver's hold still lasts. A lane
+/// never paused, held or opened has no row, and no gauges.
+fn set_lanes(lanes: &[SinkState]) {
+    for lane in lanes {
+        let label = lane_label(&lane.sink);
+        for circuit in [Circuit::Closed, Circuit::Open, Circuit::HalfOpen] {
+            let on = if lane.circuit == circuit { 1.0 } else { 0.0 };
+            metrics::gauge!("dedup_outbox_sink_circuit", "lane" => label.clone(), "state" => circuit.as_str()).set(on);
+        }
+        let paused = if lane.paused { 1.0 } else { 0.0 };
+        metrics::gauge!("dedup_outbox_sink_paused", "lane" => label.clone()).set(paused);
+        let held = lane.held_for().unwrap_or_default().as_secs_f64();
+        metrics::gauge!("dedup_outbox_sink_held_seconds", "lane" => label).set(held);
+    }
 }
 
 /// Sets what the transport could tell; a gauge it cannot tell is never registered (a gauge

@@ -1,5 +1,6 @@
 //! The commands that list and repair what the pipeline could not finish: `dlq list`,
-//! `dlq redrive`, `outbox failed`, `outbox retry`, `outbox resend`. The bulk actions run
+//! `dlq redrive`, `outbox failed`, `outbox retry`, `outbox resend`, and the lanes' `outbox
+//! sinks`, `outbox pause SINK`, `outbox resume SINK`. The bulk actions run
 //! [`crate::operator`]'s functions (as the console does), print a one-line JSON summary
 //! (`{"action":…,"dry_run":…,"count":…,"filter":{…}}`), and are recorded in `admin_actions`
 //! as `cli (…$USER)`. `--dry-run` counts what the action would take and changes nothing.
@@ -10,10 +11,10 @@ use std::sync::Arc;
 use clap::{ArgGroup, Args, Subcommand};
 
 use super::commands::{connect, parse_time, store_settings};
-use crate::config::shown_destination;
+use crate::config::{lane_label, shown_destination};
 use crate::operator::{self, Action, Actor, RowFilter};
 use crate::startup::build_transport;
-use crate::store::{Store, Wakeups};
+use crate::store::{Circuit, Store, Wakeups};
 
 /// Which rows by type and time (each command says which time). Unset: any.
 #[derive(Debug, Clone, Default, Args)]
@@ -114,6 +115,18 @@ pub(super) enum OutboxCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// List the lanes the store has state for (paused, circuit, the receiver's hold, last
+    /// error) as JSON lines.
+    Sinks,
+    /// Stop delivering to SINK from every relay (deliveries in flight finish); its rows wait
+    /// without spending attempts. Recorded as `sink_pause`.
+    Pause {
+        /// `default`, a `[outbox.sinks.NAME]`, or an ad-hoc lane as `outbox sinks` lists it.
+        sink: String,
+    },
+    /// Deliver to SINK again: not paused, its circuit closed, the receiver's hold lifted.
+    /// Recorded as `sink_resume`.
+    Resume { sink: String },
 }
 
 /// The one-line summary of a bulk action (or of its dry run), its fields in this order.
@@ -202,8 +215,36 @@ async fn redrive(
 
 /// `outbox failed`, `outbox retry` and `outbox resend`.
 pub(super) async fn outbox(config: Option<PathBuf>, command: OutboxCommand) -> anyhow::Result<()> {
+    let configured: Vec<String> = store_settings(config.clone())?
+        .outbox
+        .sinks
+        .into_keys()
+        .collect();
     let store = connect(config).await?;
     match command {
+        OutboxCommand::Sinks => {
+            for lane in operator::lane_states(&store).await? {
+                let line = serde_json::json!({
+                    "sink": lane_label(&lane.sink), "paused": lane.paused,
+                    "paused_by": lane.paused_by, "circuit": lane.circuit, "trips": lane.trips,
+                    "probe_in_ms": (lane.circuit != Circuit::Closed)
+                        .then(|| lane.probe_in().as_millis() as u64),
+                    "held_for_ms": lane.held_for().map(|d| d.as_millis() as u64),
+                    "last_error": lane.last_error,
+                });
+                println!("{line}");
+            }
+        }
+        OutboxCommand::Pause { sink } => {
+            let paused = operator::pause_sink(&store, &configured, &sink, &Actor::cli()).await?;
+            let line = serde_json::json!({"action": "sink_pause", "sink": lane_label(&sink), "changed": paused});
+            println!("{line}");
+        }
+        OutboxCommand::Resume { sink } => {
+            let resumed = operator::resume_sink(&store, &configured, &sink, &Actor::cli()).await?;
+            let line = serde_json::json!({"action": "sink_resume", "sink": lane_label(&sink), "changed": resumed});
+            println!("{line}");
+        }
         OutboxCommand::Failed { limit } => {
             for row in store.outbox().failed(limit).await? {
                 let line = serde_json::json!({

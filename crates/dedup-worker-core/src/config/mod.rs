@@ -44,8 +44,8 @@ pub use hmac::{
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
 pub use layers::defaults;
 pub use outbox::{
-    BreakerOverrides, BreakerSettings, OutboxSettings, RouteSettings, SinkSettings, Unrouted,
-    DEFAULT_LANE,
+    lane_label, BreakerOverrides, BreakerSettings, OutboxSettings, RouteSettings, SinkSettings,
+    Unrouted, DEFAULT_LANE,
 };
 pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{

@@ -16,6 +16,22 @@ use crate::signature::secrets::SigningSecret;
 /// The lane of `outbox.sink`: rows no handler or route sent elsewhere.
 pub const DEFAULT_LANE: &str = "default";
 
+/// A lane as logs, metrics and the console name it: its name when it is a sink's name
+/// (`default`, `[outbox.sinks.NAME]`: `a-z0-9_-`), else (an ad-hoc destination's spec, which may
+/// carry a token in its path or query) `~` and 8 hex digits of the spec's SHA-256.
+pub fn lane_label(lane: &str) -> String {
+    let is_name = (1..=64).contains(&lane.len())
+        && lane
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if is_name {
+        return lane.to_owned();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(lane.as_bytes());
+    format!("~{}", hex::encode(&digest[..4]))
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxSettings {

@@ -14,6 +14,7 @@
 
 mod dead_letters;
 mod deliveries;
+mod sinks;
 
 pub use crate::store::{AdminAction, DeadLetterListing, DeliveryListing, RowFilter};
 pub use dead_letters::{count_dead_letters, list_dead_letters, redrive_dead_letters};
@@ -21,6 +22,7 @@ pub use deliveries::{
     count_dispatched_deliveries, count_failed_deliveries, list_failed_deliveries,
     resend_dispatched_deliveries, retry_failed_deliveries,
 };
+pub use sinks::{known_lanes, lane_states, pause_sink, resume_sink, SinkActionError};
 
 use crate::store::{Store, StoreError};
 
@@ -53,6 +55,8 @@ pub enum Action {
     DlqRedrive,
     OutboxRetry,
     OutboxResend,
+    SinkPause,
+    SinkResume,
 }
 
 impl Action {
@@ -61,6 +65,8 @@ impl Action {
             Action::DlqRedrive => "dlq_redrive",
             Action::OutboxRetry => "outbox_retry",
             Action::OutboxResend => "outbox_resend",
+            Action::SinkPause => "sink_pause",
+            Action::SinkResume => "sink_resume",
         }
     }
 }

@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,7 +27,7 @@ use self::breaker::BreakerPolicy;
 use self::lane::{Lane, LaneOptions, Rest};
 use self::marks::OUTSIDE_CALL_TIMEOUT;
 use super::sink::{build_sink, Sink};
-use crate::config::{BreakerSettings, SinkSettings, SinkSpec, DEFAULT_LANE};
+use crate::config::{lane_label, BreakerSettings, SinkSettings, SinkSpec, DEFAULT_LANE};
 use crate::retry::backoff_delay;
 use crate::signature::secrets::SigningSecret;
 use crate::store::{OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
@@ -158,6 +157,7 @@ impl Relay {
                 }
                 let lane = relay.lane(&name).await;
                 tracing::debug!(lane = %lane.label, "lane started");
+                register_lane_metrics(&lane.label);
                 running.insert(name);
                 tracker.spawn(run_lane(
                     lane,
@@ -245,20 +245,26 @@ impl Relay {
                 Some((rate, s.burst.unwrap_or(rate.ceil().max(1.0) as u32)))
             }),
         };
-        let label = lane_label(name, configured.is_some());
+        let label = lane_label(name);
         Lane::new(name.to_owned(), label, self.store.clone(), sink, options)
     }
 }
 
-/// A lane as logs and metrics name it: `default` or the configured name; an ad-hoc
-/// destination (a spec, which may carry a token in its path) as `~` and 8 hex digits of its
-/// SHA-256.
-pub fn lane_label(name: &str, configured: bool) -> String {
-    if configured || name == DEFAULT_LANE {
-        return name.to_owned();
+/// A lane's metrics exist from its start, so dashboards and alert rules find them before
+/// anything happened: its circuit closed (until the gauges' sampling of `outbox_sinks` says
+/// otherwise) and its counters at 0.
+fn register_lane_metrics(label: &str) {
+    let lane = label.to_owned();
+    metrics::gauge!("dedup_outbox_sink_circuit", "lane" => lane.clone(), "state" => "closed")
+        .set(1.0);
+    metrics::gauge!("dedup_outbox_sink_paused", "lane" => lane.clone()).set(0.0);
+    metrics::gauge!("dedup_outbox_sink_held_seconds", "lane" => lane.clone()).set(0.0);
+    for reason in ["retry_after", "circuit", "not_sent"] {
+        metrics::counter!("dedup_outbox_deferred_total", "lane" => lane.clone(), "reason" => reason).increment(0);
     }
-    let digest = Sha256::digest(name.as_bytes());
-    format!("~{}", hex::encode(&digest[..4]))
+    for to in ["open", "closed"] {
+        metrics::counter!("dedup_outbox_circuit_transitions_total", "lane" => lane.clone(), "to" => to).increment(0);
+    }
 }
 
 fn breaker_policy(settings: &BreakerSettings) -> BreakerPolicy {
