@@ -58,6 +58,8 @@ fn binary(db: &TestDb, work: &tempfile::TempDir, env: &[(&str, String)]) -> Runn
         ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
         ("DEDUP_OUTBOX__POLL_INTERVAL", "50ms".to_owned()),
         ("DEDUP_CONSUMER__POLL_INTERVAL", "50ms".to_owned()),
+        ("DEDUP_ADMIN__LISTEN", "127.0.0.1:0".to_owned()),
+        ("DEDUP_ADMIN__TOKEN", crate::console::TOKEN.to_owned()),
     ];
     all.extend(env.iter().cloned());
     RunningBinary::start(&all, work.path())
@@ -226,6 +228,30 @@ async fn circuit_opens_and_closes(backend: Backend) {
             open.then_some(())
         }
     })
+    .await;
+    let admin = app.admin_addr.expect("the console's address");
+    wait_for(
+        "the console's overview to show it open",
+        Duration::from_secs(10),
+        || {
+            let client = &client;
+            async move {
+                let page = client
+                    .get(format!("http://{admin}/"))
+                    .bearer_auth(crate::console::TOKEN)
+                    .send()
+                    .await
+                    .ok()?;
+                let html = page.text().await.ok()?;
+                let row = html
+                    .split("<tr>")
+                    .find(|r| r.contains("<td>default</td>"))?;
+                (html.contains("id=\"sinks\"")
+                    && (row.contains(">open<") || row.contains(">half-open<")))
+                .then_some(())
+            }
+        },
+    )
     .await;
     // While open, probes come one at a time and give their attempt back: the rows keep the
     // three attempts that opened it, however many probes went.

@@ -8,7 +8,9 @@ use crate::event::Event;
 /// Something to deliver after commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxMessage {
-    /// A sink spec (`file:…`, `http://…`); `None` is the configured default sink.
+    /// A configured sink's name (`[outbox.sinks.NAME]`) or a sink spec (`file:…`,
+    /// `http://…`, an ad-hoc lane); `None`: where `[[outbox.routes]]` send it, else the default
+    /// sink.
     pub destination: Option<String>,
     /// Passed on as `Idempotency-Key`, so the receiver can deduplicate again.
     pub idempotency_key: String,
@@ -43,8 +45,10 @@ impl OutboxMessage {
         })
     }
 
-    /// The same message to `destination` (a sink spec: `file:…`, `http://…`, `amqp://…`,
-    /// `sqs:…`) instead of the default sink.
+    /// The same message to `destination` instead of where the routes (or the default sink)
+    /// would send it: a configured sink's name (`"billing"`, `[outbox.sinks.billing]`, its own
+    /// lane with its own rate and circuit breaker), or a sink spec (`file:…`, `http://…`,
+    /// `amqp://…`, `sqs:…`), delivered in an ad-hoc lane of its own.
     pub fn to(mut self, destination: impl Into<String>) -> Self {
         self.destination = Some(destination.into());
         self

@@ -1,5 +1,6 @@
 //! `/`: the last hour at a glance: per-minute counts as an inline SVG chart (drawn here, no
-//! script), the queue's depth and oldest message, outbox counts and recent failures.
+//! script), the queue's depth and oldest message, outbox counts, the sinks whose circuit is open,
+//! paused or held, and recent failures.
 
 use std::collections::BTreeMap;
 
@@ -58,6 +59,9 @@ pub async fn dashboard(
     )
     .await
     .map_err(unavailable)?;
+    let lanes = bounded(within, operator::lane_states(&state.store))
+        .await
+        .map_err(unavailable)?;
     let depth = backlog
         .as_ref()
         .and_then(|b| b.depth)
@@ -90,6 +94,25 @@ pub async fn dashboard(
                 @if i > 0 { " · " }
                 span style={ "color:" (colour) } { "■ " } (label) " " strong { (sum(series)) }
             }
+        }
+        h2 { "Sinks" }
+        @if lanes.is_empty() {
+            p.muted { "Every sink's circuit is closed; none is paused or held by its receiver." }
+        } @else {
+            table #sinks {
+                thead { tr { th { "Sink" } th { "Circuit" } th { "Paused" } th { "Held for" } th { "Trips" } th { "Last error" } } }
+                tbody {
+                    @for lane in &lanes { tr {
+                        td { (crate::config::lane_label(&lane.sink)) }
+                        td class=(lane.circuit.as_str()) { (lane.circuit.as_str().replace('_', "-")) }
+                        td { @if lane.paused { "paused by " (lane.paused_by.as_deref().unwrap_or("?")) } @else { "no" } }
+                        td { (lane.held_for().map(|d| format!("{} s", d.as_secs())).unwrap_or_else(|| "—".into())) }
+                        td { (lane.trips) }
+                        td { (lane.last_error.as_deref().unwrap_or("")) }
+                    } }
+                }
+            }
+            p.muted { "Other sinks are closed, running and not held. " code { "dedup-worker outbox resume SINK" } " closes a circuit and lifts a pause or a hold." }
         }
         h2 { "Recent failures" }
         table #recent-failures {

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Issue 39's isolation: does a dead sink slow a healthy one? Two named HTTP sinks, `a` and `b`,
+# one route sending every event to both (the `forward` handler writes each event as two outbox
+# rows, one in lane a, one in lane b). Once per backend: EVENTS unique signed events through an
+# ingress-only process (loadgen), then a consume-only process writes the 2 × EVENTS outbox rows;
+# that database is the backlog every round starts from (a PostgreSQL template / an SQLite copy).
+# Each round then starts a relay-only process on a fresh copy and measures lane a alone: its
+# rows/s (EVENTS over relay start → the last `dispatched_at` of lane a, once none is pending) and
+# the p50/p99/max of relay start → each row's arrival at receiver A (bench/lanes/receiver.py,
+# answering 200 at once, the same in every round). What receiver B is decides the round:
+#   H     B answers 200 at once (both healthy);
+#   X     B is a black hole: accepts, reads, never answers (each request waits out
+#         outbox.http_timeout, 10 s); the breaker at its defaults (production);
+#   X30   B answers 200 after 30 s (b's own http_timeout = "40s", so the answer arrives);
+#   XOFF  as X with b's breaker off (breaker = { failures = 0, window = 0 });
+#   P     b paused (`dedup-worker outbox pause b` before the relay starts): lane a alone.
+# For each variant V, ROUNDS pairs H V, H V, … (alternating); ratio V/H per pair. Also per round:
+# what lane b did by the time lane a finished (its rows by status with their attempts, the
+# relay's deferred count for b, `circuit opened` lines in the relay's log), the relay's CPU
+# seconds, and the load average.
+# Usage: bench/lanes.sh [rounds] [variants] [backends]
+#   defaults: 2 "X X30" postgres   (backends: "postgres", "sqlite" or "postgres sqlite")
+# Env: EVENTS (default 60000: about 10 s of lane a on this 2-core machine, so a dead b's first
+# timeouts, the circuit's opening and its first probe fall inside the measured window),
+# CONNECTIONS (the fill's, default 64). Prints the calibration line first and last.
+set -euo pipefail
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
+ROUNDS=${1:-2}
+VARIANTS=${2:-X X30}
+BACKENDS=${3:-postgres}
+EVENTS=${EVENTS:-60000}
+CONNECTIONS=${CONNECTIONS:-64}
+bench_library_schema
+bench_worker_env
+bench_build --bin dedup-worker --example loadgen
+OUT=$(bench_out_dir)
+BIN=$OUT/dedup-worker
+RECEIVER=bench/lanes/receiver.py
+
+# sinks_toml PORT_A PORT_B [LINES FOR b]: the two lanes and the route.
+sinks_toml() {
+  cat <<EOF
+[outbox.sinks.a]
+url = "http://127.0.0.1:$1/hook"
+[outbox.sinks.b]
+url = "http://127.0.0.1:$2/hook"
+${3:-}
+[[outbox.routes]]
+sinks = ["a", "b"]
+EOF
+}
+
+# use_db BACKEND NAME: DATABASE_URL and `q SQL` (one value) for database NAME of this run.
+use_db() {
+  if [ "$1" = postgres ]; then
+    export DATABASE_URL="$PG/$2"
+    q() { psql -X -tA -v ON_ERROR_STOP=1 "$DATABASE_URL" -c "$1"; }
+    EPOCH="extract(epoch FROM max(dispatched_at))"
+  else
+    export DATABASE_URL="sqlite://$WORK/$2.db"
+    q() { python3 - "${DATABASE_URL#sqlite://}" "$1" <<'PY'
+import sqlite3, sys
+for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
+    print("|".join("" if v is None else str(v) for v in row))
+PY
+    }
+    EPOCH="max(dispatched_at) / 1000.0"
+  fi
+}
+zero() { [ "$(q "$1")" = 0 ]; }
+equals() { [ "$(q "$1")" = "$2" ]; }
+
+# fill BACKEND: database ${TAG}_fill holding the backlog; N = lane a's rows (= lane b's).
+fill() {
+  local backend=$1
+  if [ "$backend" = postgres ]; then bench_createdb "${TAG}_fill"; fi
+  use_db "$backend" "${TAG}_fill"
+  sinks_toml 9 9 >"$WORK/fill.toml" # not delivered: no relay runs on the fill
+  DEDUP_ROLES__CONSUMER=false DEDUP_ROLES__RELAY=false \
+    bench_start_worker "$WORK/ingress.log" "$BIN" --config "$WORK/fill.toml" serve
+  "$OUT/examples/loadgen" --url "$URL/webhooks/stripe" --connections "$CONNECTIONS" \
+    --seconds 300 --requests "$EVENTS" >"$WORK/loadgen.log" 2>&1
+  bench_stop_last
+  echo "fill ($backend): $(grep -m1 'req/s' "$WORK/loadgen.log" || tail -1 "$WORK/loadgen.log")"
+  DEDUP_LISTEN=127.0.0.1:0 bench_spawn "$WORK/consume.log" "$BIN" --config "$WORK/fill.toml" consume
+  BENCH_POLL=0.5 bench_wait_until "consumer drain" 600 "$LAST" zero "SELECT count(*) FROM queue_messages"
+  bench_stop_last
+  N=$(q "SELECT count(*) FROM outbox WHERE sink = 'a'")
+  [ "$N" -gt 0 ] && equals "SELECT count(*) FROM outbox WHERE sink = 'b'" "$N" || {
+    echo "fill: outbox rows by lane: $(q "SELECT sink, count(*) FROM outbox GROUP BY 1")" >&2; return 1; }
+  echo "fill ($backend): $N events → $((2 * N)) outbox rows (lanes a and b), $(q "SELECT count(*) FROM outbox WHERE sink NOT IN ('a', 'b')") elsewhere"
+}
+
+# start_receiver MODE NAME: RECV_PID and RECV_PORT (its arrivals go to $WORK/NAME.json at stop).
+start_receiver() {
+  bench_spawn "$WORK/$2.log" python3 "$RECEIVER" "$1" "$WORK/$2.json"
+  RECV_PID=$LAST
+  bench_wait_until "receiver $2" 10 "$LAST" grep -q '^listening' "$WORK/$2.log"
+  RECV_PORT=$(awk '/^listening/ { print $2 }' "$WORK/$2.log")
+}
+
+# cpu_seconds PID: user + system CPU the process has used.
+cpu_seconds() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' "/proc/$1/stat"
+}
+
+# round BACKEND NUMBER KIND: one relay run on a fresh copy of the backlog; appends its line to
+# $WORK/rows (backend round kind rate p50 p99).
+round() {
+  local backend=$1 n=$2 kind=$3 db=${TAG}_r$2 mode_b extra="" a_pid b_pid relay start
+  case $kind in
+    H | P) mode_b=ok ;;
+    X) mode_b=hang ;;
+    XOFF) mode_b=hang; extra='breaker = { failures = 0, window = 0 }' ;;
+    X30) mode_b=delay:30; extra='http_timeout = "40s"' ;;
+    *) echo "unknown variant $kind (H, X, X30, XOFF, P)" >&2; return 2 ;;
+  esac
+  if [ "$backend" = postgres ]; then
+    bench_createdb "$db" "${TAG}_fill"
+  else
+    python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' \
+      "$WORK/${TAG}_fill.db" "$WORK/$db.db"
+  fi
+  use_db "$backend" "$db"
+  start_receiver ok "a$n"; a_pid=$RECV_PID; local port_a=$RECV_PORT
+  start_receiver "$mode_b" "b$n"; b_pid=$RECV_PID; local port_b=$RECV_PORT
+  sinks_toml "$port_a" "$port_b" "$extra" >"$WORK/r$n.toml"
+  if [ "$kind" = P ]; then "$BIN" --config "$WORK/r$n.toml" outbox pause b >/dev/null; fi
+  local load
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  start=$(date +%s.%N)
+  DEDUP_LISTEN=127.0.0.1:0 bench_spawn "$WORK/relay$n.log" "$BIN" --config "$WORK/r$n.toml" relay
+  relay=$LAST
+  BENCH_POLL=0.2 bench_wait_until "lane a drain (round $n, $kind)" 600 "$relay" \
+    zero "SELECT count(*) FROM outbox WHERE sink = 'a' AND status = 'pending'"
+  # What lane b did meanwhile, read while the relay still runs.
+  local end cpu b_rows opened url deferred failed
+  end=$(q "SELECT $EPOCH FROM outbox WHERE sink = 'a'")
+  cpu=$(cpu_seconds "$relay")
+  b_rows=$(q "SELECT status || ' ' || count(*) || ' (' || sum(attempts) || ' att.)' FROM outbox
+              WHERE sink = 'b' GROUP BY status ORDER BY status" | paste -sd, | sed 's/,/, /g')
+  opened=$(grep -c 'circuit opened' "$WORK/relay$n.log" || true)
+  url=$(sed -n 's/^dedup-worker listening on \(http:[^ ]*\).*/\1/p' "$WORK/relay$n.log" | head -1)
+  deferred=$({ curl -sf "$url/metrics" || true; } |
+    awk '/^dedup_outbox_deferred_total\{/ && /lane="b"/ { s += $2 } END { print s + 0 }')
+  failed=$(bench_metric "$url" dedup_outbox_delivery_failures_total)
+  bench_stop "$a_pid" "$b_pid" "$relay"
+  if [ "$backend" = postgres ]; then bench_dropdb "$db"; else rm -f "$WORK/$db.db"*; fi
+  python3 - "$WORK/a$n.json" "$start" "$end" "$N" "$backend" "$n" "$kind" "$load" "$cpu" \
+    "$b_rows" "$opened" "$deferred" "$failed" >>"$WORK/rows" <<'PY'
+import json, sys
+a, start, end, n = json.load(open(sys.argv[1])), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+backend, rnd, kind, load, cpu, b_rows, opened, deferred, failed = sys.argv[5:]
+if a["unique"] != n:
+    sys.exit(f"round {rnd}: receiver A saw {a['unique']} distinct keys, not {n}")
+d = sorted((t - start) * 1000 for t in a["times"])
+pct = lambda p: d[min(len(d) - 1, int(p * len(d)))]
+rate = n / (end - start)
+print(f"{backend}\t{rnd}\t{kind}\t{rate:.0f}\t{pct(.5):.0f}\t{pct(.99):.0f}\t{d[-1]:.0f}\t{a['requests'] - n}"
+      f"\t{load}\t{cpu}\t{opened}\t{deferred}\t{failed}\t{b_rows}")
+PY
+  tail -1 "$WORK/rows" | awk -F'\t' '{ printf "%-8s %-5s %-5s %7s %8s %8s %8s %4s %6s %5s %4s %7s %6s  %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14 }'
+}
+
+bench_calibrate
+echo "dedup-worker $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates src Cargo.toml Cargo.lock || echo ' (plus uncommitted changes)'), EVENTS=$EVENTS, rounds $ROUNDS per variant ($VARIANTS), $(date -u +%FT%TZ)"
+: >"$WORK/rows"
+for backend in $BACKENDS; do
+  fill "$backend"
+  printf '%-8s %-5s %-5s %7s %8s %8s %8s %4s %6s %5s %4s %7s %6s  %s\n' backend round kind \
+    'a rows/s' 'p50 ms' 'p99 ms' 'max ms' dup load 'cpu s' open deferred failed \
+    "lane b's rows when lane a finished"
+  n=0
+  for variant in $VARIANTS; do
+    for _ in $(seq "$ROUNDS"); do
+      n=$((n + 1)); round "$backend" "$n" H
+      n=$((n + 1)); round "$backend" "$n" "$variant"
+    done
+  done
+  if [ "$backend" = postgres ]; then bench_dropdb "${TAG}_fill"; fi
+done
+echo "per pair, variant / the H before it (lane a's rows/s, p50, p99):"
+python3 - "$WORK/rows" <<'PY'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+out = {}
+for h, v in zip(rows[0::2], rows[1::2]):
+    r = [float(v[i]) / float(h[i]) for i in (3, 4, 5)]
+    out.setdefault((v[0], v[2]), []).append(r)
+    print(f"  {v[0]} {v[2]} rounds {h[1]}/{v[1]}: rate {r[0]:.2f}, p50 {r[1]:.2f}, p99 {r[2]:.2f}")
+for (backend, kind), rs in out.items():
+    med = [statistics.median(x[i] for x in rs) for i in range(3)]
+    print(f"  {backend} {kind} median: rate {med[0]:.2f}, p50 {med[1]:.2f}, p99 {med[2]:.2f}")
+PY
+bench_calibrate
