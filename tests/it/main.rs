@@ -139,6 +139,7 @@ mod handler_errors;
 mod hostile;
 mod invalid_index;
 mod lanes;
+mod lanes_store;
 mod layout_upgrade;
 mod lock_order;
 mod operations;

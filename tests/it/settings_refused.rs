@@ -371,3 +371,81 @@ async fn a_duration_given_twice_or_unreadable_stops_the_start() {
         assert_names(&stderr, &needed);
     }
 }
+
+/// Issue 39: a sink's or a route's bad setting refuses the start naming its key, in the
+/// environment's form too: a rate of 0, a burst without a rate, a reserved or malformed sink
+/// name, a route naming no configured sink, a type pattern with a `*` inside, a `where` that is
+/// not a JSON pointer, a breaker ratio above 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_and_route_settings_name_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let billing = (
+        "DEDUP_OUTBOX__SINKS__BILLING__URL",
+        "http://127.0.0.1:9/hook".to_owned(),
+    );
+    let cases: Vec<(Vec<(&str, String)>, Vec<&str>)> = vec![
+        (
+            vec![
+                billing.clone(),
+                ("DEDUP_OUTBOX__SINKS__BILLING__RATE_PER_SEC", "0".into()),
+            ],
+            vec!["outbox.sinks.billing.rate_per_sec", "above 0"],
+        ),
+        (
+            vec![
+                billing.clone(),
+                ("DEDUP_OUTBOX__SINKS__BILLING__BURST", "5".into()),
+            ],
+            vec!["outbox.sinks.billing.burst", "without rate_per_sec"],
+        ),
+        (
+            vec![(
+                "DEDUP_OUTBOX__SINKS__DEFAULT__URL",
+                "http://127.0.0.1:9/hook".into(),
+            )],
+            vec!["outbox.sinks.default", "reserved"],
+        ),
+        (
+            vec![(
+                "DEDUP_OUTBOX__ROUTES",
+                r#"[{types=["invoice.*"], sinks=["biling"]}]"#.into(),
+            )],
+            vec!["outbox.routes[0].sinks", "no sink \"biling\"", "default"],
+        ),
+        (
+            vec![
+                billing.clone(),
+                (
+                    "DEDUP_OUTBOX__ROUTES",
+                    r#"[{types=["*.paid"], sinks=["billing"]}]"#.into(),
+                ),
+            ],
+            vec!["outbox.routes[0].types", "may only end"],
+        ),
+        (
+            vec![
+                billing.clone(),
+                (
+                    "DEDUP_OUTBOX__ROUTES",
+                    r#"[{where={"data/currency"="eur"}, sinks=["billing"]}]"#.into(),
+                ),
+            ],
+            vec!["outbox.routes[0].where", "must start with '/'"],
+        ),
+        (
+            vec![
+                billing,
+                (
+                    "DEDUP_OUTBOX__SINKS__BILLING__BREAKER__FAILURE_RATIO",
+                    "1.5".into(),
+                ),
+            ],
+            vec!["outbox.sinks.billing.breaker.failure_ratio", "at most 1"],
+        ),
+    ];
+    for (mut env, needed) in cases {
+        env.push(("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET.to_owned()));
+        let stderr = refusal(start(&env, dir.path()), |_| async { None }).await;
+        assert_names(&stderr, &needed);
+    }
+}

@@ -53,9 +53,13 @@ impl Gate {
 
     /// Takes one answer into account: a `Retry-After` stops the batch, a failure counts
     /// towards the breaker (and stops the batch if it trips), a delivery counts as a success.
+    /// An unusable destination counts as neither.
     pub fn settle(&self, result: &Result<(), SinkError>) {
         let stop = match result {
-            Err(SinkError::NotSent) => None,
+            // Not the receiver's doing: a row's destination that cannot be built says nothing
+            // of the sink's health (and an open circuit would keep such rows pending for ever
+            // instead of failing them after their attempts).
+            Err(SinkError::NotSent | SinkError::Destination(_)) => None,
             Err(SinkError::Throttled { retry_after, .. }) => Some(Stop::Throttled(*retry_after)),
             Err(error) => self.record(true).map(|reason| Stop::Tripped {
                 reason,

@@ -135,9 +135,6 @@ impl Relay {
         let discover_every = relay.options.poll_interval.max(Duration::from_secs(1));
         let mut refused_warned = false;
         while !shutdown.is_cancelled() {
-            let notified = relay.wakeups.outbox.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
             let mut names = configured.clone();
             match relay.store.outbox().pending_lanes().await {
                 Ok(pending) => names.extend(pending),
@@ -166,9 +163,10 @@ impl Relay {
                     abandon.clone(),
                 ));
             }
+            // Not on every wake-up (one a commit): an ad-hoc destination's first rows wait at
+            // most this long for their lane.
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = &mut notified => {}
                 _ = tokio::time::sleep(discover_every) => {}
             }
         }

@@ -1,0 +1,212 @@
+//! The lanes' store contract (issue 39), on PostgreSQL and SQLite: a lane claims only its own
+//! rows; the lanes with pending rows are found; a deferral gives the attempt back under the
+//! claim that took it only; a circuit opens once however many relays trip it, one relay takes
+//! each probe; the longer hold stands; pause and resume say whether they changed anything.
+
+use std::time::Duration;
+
+use crate::helpers::{Backend, TestDb};
+use dedup_worker_core::store::{Circuit, NewOutboxRow, Store};
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Backend::Postgres).await } )*
+        }
+        mod sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Backend::Sqlite).await } )*
+        }
+    };
+}
+
+contract!(
+    a_lane_claims_only_its_own_rows,
+    a_deferral_gives_the_attempt_back_under_its_claim_only,
+    a_circuit_opens_once_and_one_relay_takes_each_probe,
+    the_longer_hold_stands_and_pause_resume_say_what_changed,
+);
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn row(id: &str, destination: Option<&str>) -> NewOutboxRow {
+    NewOutboxRow {
+        source: "stripe".into(),
+        event_id: id.into(),
+        destination: destination.map(str::to_owned),
+        idempotency_key: id.into(),
+        event_type: "payout.paid".into(),
+        payload: format!(r#"{{"id":"{id}"}}"#).into_bytes(),
+        traceparent: None,
+    }
+}
+
+async fn write(store: &Store, rows: &[NewOutboxRow]) {
+    let mut tx = store.begin().await.unwrap();
+    tx.insert_outbox(rows).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+fn keys(rows: &[dedup_worker_core::store::OutboxRow]) -> Vec<String> {
+    let mut keys: Vec<String> = rows.iter().map(|r| r.idempotency_key.clone()).collect();
+    keys.sort();
+    keys
+}
+
+async fn a_lane_claims_only_its_own_rows(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let spec = "file:/tmp/adhoc.jsonl";
+    write(
+        &store,
+        &[
+            row("evt_d1", None),
+            row("evt_b1", Some("billing")),
+            row("evt_a1", Some(spec)),
+            row("evt_d2", None),
+        ],
+    )
+    .await;
+    let mut lanes = store.outbox().pending_lanes().await.unwrap();
+    lanes.sort();
+    assert_eq!(lanes, vec!["billing", "default", spec]);
+    let outbox = store.outbox();
+    let default = outbox.claim_lane("default", 10, LEASE).await.unwrap();
+    assert_eq!(keys(&default), vec!["evt_d1", "evt_d2"]);
+    let billing = outbox.claim_lane("billing", 10, LEASE).await.unwrap();
+    assert_eq!(keys(&billing), vec!["evt_b1"]);
+    let adhoc = outbox.claim_lane(spec, 10, LEASE).await.unwrap();
+    assert_eq!(keys(&adhoc), vec!["evt_a1"]);
+    assert!(outbox
+        .claim_lane("nosuch", 10, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    // Leased rows are still pending: their lanes are still found.
+    assert_eq!(store.outbox().pending_lanes().await.unwrap().len(), 3);
+    let claims: Vec<_> = default.iter().map(|r| r.claim()).collect();
+    outbox.mark_dispatched(&claims).await.unwrap();
+    let mut lanes = store.outbox().pending_lanes().await.unwrap();
+    lanes.sort();
+    assert_eq!(lanes, vec!["billing", spec]);
+}
+
+async fn a_deferral_gives_the_attempt_back_under_its_claim_only(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    write(&store, &[row("evt_1", None), row("evt_2", None)]).await;
+    let outbox = store.outbox();
+    let claimed = outbox.claim_lane("default", 10, LEASE).await.unwrap();
+    assert!(claimed.iter().all(|r| r.attempts == 1));
+    let token = claimed[0].claim_token;
+    let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+    // Another claim's token changes nothing.
+    assert_eq!(
+        outbox
+            .defer(token + 1, &ids, Duration::ZERO, "x")
+            .await
+            .unwrap(),
+        0
+    );
+    let deferred = outbox
+        .defer(
+            token,
+            &ids,
+            Duration::from_secs(3_600),
+            "held: the receiver asked",
+        )
+        .await
+        .unwrap();
+    assert_eq!(deferred, 2);
+    // Not due for an hour.
+    assert!(outbox
+        .claim_lane("default", 10, LEASE)
+        .await
+        .unwrap()
+        .is_empty());
+    outbox.release_leases(token, &ids).await.unwrap();
+    let again = outbox.claim_lane("default", 10, LEASE).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert!(
+        again.iter().all(|r| r.attempts == 1),
+        "the deferred claim's attempt was given back: {again:?}"
+    );
+}
+
+async fn a_circuit_opens_once_and_one_relay_takes_each_probe(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let sinks = store.sinks();
+    assert_eq!(
+        sinks.gate("billing").await.unwrap().circuit,
+        Circuit::Closed
+    );
+    let later = Duration::from_secs(3_600);
+    assert_eq!(sinks.trip("billing", later, "boom").await.unwrap(), Some(1));
+    assert_eq!(sinks.trip("billing", later, "again").await.unwrap(), None);
+    let state = sinks.gate("billing").await.unwrap();
+    assert_eq!(state.circuit, Circuit::Open);
+    assert_eq!(state.last_error.as_deref(), Some("boom"));
+    assert!(state.probe_in() > Duration::from_secs(3_500));
+    assert_eq!(
+        sinks.take_probe("billing", LEASE).await.unwrap(),
+        None,
+        "not due"
+    );
+    // Closed and opened again with the probe due at once.
+    assert!(sinks.close("billing").await.unwrap());
+    assert!(!sinks.close("billing").await.unwrap());
+    assert_eq!(
+        sinks.trip("billing", Duration::ZERO, "boom").await.unwrap(),
+        Some(2)
+    );
+    let (a, b) = tokio::join!(
+        sinks.take_probe("billing", LEASE),
+        sinks.take_probe("billing", LEASE)
+    );
+    let taken = [a.unwrap(), b.unwrap()];
+    assert_eq!(taken.iter().filter(|t| t.is_some()).count(), 1, "{taken:?}");
+    assert_eq!(
+        sinks.gate("billing").await.unwrap().circuit,
+        Circuit::HalfOpen
+    );
+    sinks
+        .probe_failed("billing", Duration::ZERO, "still down")
+        .await
+        .unwrap();
+    let state = sinks.gate("billing").await.unwrap();
+    assert_eq!(state.circuit, Circuit::Open);
+    assert_eq!(state.last_error.as_deref(), Some("still down"));
+    // A paused lane gives no probe.
+    sinks.pause("billing", "test").await.unwrap();
+    assert_eq!(sinks.take_probe("billing", LEASE).await.unwrap(), None);
+}
+
+async fn the_longer_hold_stands_and_pause_resume_say_what_changed(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let sinks = store.sinks();
+    sinks.hold("b", Duration::from_secs(3_600)).await.unwrap();
+    sinks.hold("b", Duration::from_secs(1)).await.unwrap();
+    let held = sinks.gate("b").await.unwrap().held_for().unwrap();
+    assert!(held > Duration::from_secs(3_500), "{held:?}");
+    assert!(sinks.pause("b", "cli (ops)").await.unwrap());
+    assert!(!sinks.pause("b", "cli (ops)").await.unwrap());
+    let state = sinks.gate("b").await.unwrap();
+    assert!(state.paused);
+    assert_eq!(state.paused_by.as_deref(), Some("cli (ops)"));
+    assert!(sinks.resume("b").await.unwrap());
+    assert!(!sinks.resume("b").await.unwrap());
+    let state = sinks.gate("b").await.unwrap();
+    assert!(!state.paused && state.held_for().is_none());
+    assert_eq!(state.circuit, Circuit::Closed);
+    let listed: Vec<String> = sinks
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.sink)
+        .collect();
+    assert_eq!(listed, vec!["b"]);
+}
