@@ -35,6 +35,10 @@ pub fn common_env(infra: &Infra, window_secs: u64) -> Vec<(String, String)> {
         ("DEDUP_OUTBOX__RETRY_BASE", "200ms".to_owned()),
         ("DEDUP_OUTBOX__RETRY_MAX", "5s".to_owned()),
         ("DEDUP_OUTBOX__HTTP_TIMEOUT", "5s".to_owned()),
+        // The sink's faults open its circuit (its rows then wait without spending attempts);
+        // probes at most 10 s apart keep the drain's stall detector (60 s) seeing progress
+        // once the sink is healed, where the default 5 min would outwait it.
+        ("DEDUP_OUTBOX__BREAKER__PROBE_MAX", "10s".to_owned()),
         ("DEDUP_TRANSPORT__SQS_WAIT_TIME", "5s".to_owned()),
         ("DEDUP_SHUTDOWN__GRACE", "10s".to_owned()),
         ("AWS_REGION", var("AWS_REGION", "us-east-1")),

@@ -7,7 +7,7 @@
 //! * held by the receiver's `Retry-After`: nothing is claimed until the hold ends;
 //! * circuit open: nothing is claimed; once the probe is due, one relay takes it and delivers
 //!   a single row: delivered closes the circuit, failed opens it again for a doubled interval;
-//! * closed: a batch is claimed and delivered through a [`Gate`].
+//! * closed: a batch is claimed and delivered through a gate (`gate.rs`).
 //!
 //! Attempts are counted when a row is claimed (a relay killed mid-delivery must count). A row
 //! not sent because the batch stopped, a row the receiver answered with `Retry-After`, and a
