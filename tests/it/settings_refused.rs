@@ -383,7 +383,9 @@ async fn sink_and_route_settings_name_their_key() {
         "DEDUP_OUTBOX__SINKS__BILLING__URL",
         "http://127.0.0.1:9/hook".to_owned(),
     );
-    let cases: Vec<(Vec<(&str, String)>, Vec<&str>)> = vec![
+    /// The environment added, and what the refusal must say.
+    type Case<'a> = (Vec<(&'a str, String)>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
         (
             vec![
                 billing.clone(),
