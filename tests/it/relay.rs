@@ -696,6 +696,10 @@ async fn cut_sink_connections_lose_no_event_and_a_redelivery_keeps_its_idempoten
                 ("outbox.retry_base", json!("50ms")),
                 ("outbox.retry_max", json!("200ms")),
                 ("outbox.max_attempts", json!(10_000)),
+                // The cuts, not the circuit breaker, are under test: open after 20 failures,
+                // it would send a probe at a time, 5 s and more apart.
+                ("outbox.breaker.failures", json!(0)),
+                ("outbox.breaker.window", json!(0)),
                 ("outbox.poll_interval", json!("20ms")),
                 ("consumer.poll_interval", json!("50ms")),
             ],

@@ -21,7 +21,7 @@ use futures::stream::{self, StreamExt};
 
 use super::breaker::{next_probe_interval, Breaker, BreakerPolicy};
 use super::gate::{Gate, Stop};
-use super::marks::{by_claim, extend_outbox_leases, lease_lost};
+use super::marks::{self, by_claim, extend_outbox_leases, lease_lost};
 use super::RelayOutcome;
 use crate::lease::heartbeat_period;
 use crate::lease::with_lease_heartbeat;
@@ -394,6 +394,17 @@ impl Lane {
         metrics::counter!("dedup_outbox_delivery_failures_total")
             .increment(outcome.failed_attempts as u64);
         Ok(())
+    }
+
+    /// Makes claimed rows due at once (a step abandoned at shutdown).
+    pub(super) async fn give_back(&self, claims: &[OutboxClaim]) {
+        marks::give_back(&self.store, &self.label, claims).await;
+    }
+
+    /// Marks what an outage left unmarked (see [`Lane::unmarked`]).
+    pub(super) async fn mark_unmarked(&self) -> Result<usize, StoreError> {
+        let limit = self.options.statement_timeout;
+        marks::mark_unmarked(&self.store, &self.label, &self.unmarked, limit).await
     }
 
     fn lock_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {

@@ -4,62 +4,70 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::lane::Lane;
+use std::sync::Mutex;
+
 use crate::lease::{report_failed, report_lost};
 use crate::store::{bounded, OutboxClaim, Store, StoreError};
 
 /// The longest a give-back or a last mark at shutdown may take.
 pub(super) const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Lane {
-    /// Makes claimed rows due at once (a step abandoned at shutdown). What cannot be given back
-    /// is delivered after its lease.
-    pub(super) async fn give_back(&self, claims: &[OutboxClaim]) {
-        let mut released = 0;
-        for (claim_token, ids) in by_claim(claims) {
-            match tokio::time::timeout(
-                OUTSIDE_CALL_TIMEOUT,
-                self.store.outbox().release_leases(claim_token, &ids),
-            )
-            .await
-            {
-                Ok(Ok(rows)) => released += rows,
-                Ok(Err(error)) => {
-                    tracing::warn!(lane = %self.label, %error, "could not give claimed rows back; they are delivered after their lease")
-                }
-                Err(_) => tracing::warn!(
-                    lane = %self.label,
-                    "giving claimed rows back timed out; they are delivered after their lease"
-                ),
+/// Makes claimed rows due at once (a step abandoned at shutdown). What cannot be given back is
+/// delivered after its lease.
+pub(super) async fn give_back(store: &Store, label: &str, claims: &[OutboxClaim]) {
+    let mut released = 0;
+    for (claim_token, ids) in by_claim(claims) {
+        match tokio::time::timeout(
+            OUTSIDE_CALL_TIMEOUT,
+            store.outbox().release_leases(claim_token, &ids),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => released += rows,
+            Ok(Err(error)) => {
+                tracing::warn!(lane = %label, %error, "could not give claimed rows back; they are delivered after their lease")
             }
+            Err(_) => tracing::warn!(
+                lane = %label,
+                "giving claimed rows back timed out; they are delivered after their lease"
+            ),
         }
-        tracing::warn!(
-            lane = %self.label,
-            released,
-            "shutdown grace period over mid-delivery; the rows not yet marked were given back"
-        );
     }
+    tracing::warn!(
+        lane = %label,
+        released,
+        "shutdown grace period over mid-delivery; the rows not yet marked were given back"
+    );
+}
 
-    /// Marks the rows a failed step delivered but could not mark; they stay remembered until
-    /// the store takes the mark. Returns how many had been claimed by another relay meanwhile
-    /// (the outage outlasted the lease): their marks change nothing, that relay decides them.
-    /// A mark that did commit although the step saw an error counts as marked again.
-    pub(super) async fn mark_unmarked(&self) -> Result<usize, StoreError> {
-        let claims = std::mem::take(&mut *self.lock_unmarked());
-        if claims.is_empty() {
-            return Ok(0);
+/// Marks the rows a failed step delivered but could not mark (`unmarked`); they stay remembered
+/// until the store takes the mark. Returns how many had been claimed by another relay meanwhile
+/// (the outage outlasted the lease): their marks change nothing, that relay decides them. A
+/// mark that did commit although the step saw an error counts as marked again.
+pub(super) async fn mark_unmarked(
+    store: &Store,
+    label: &str,
+    unmarked: &Mutex<Vec<OutboxClaim>>,
+    limit: Duration,
+) -> Result<usize, StoreError> {
+    let lock = || {
+        unmarked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let claims = std::mem::take(&mut *lock());
+    if claims.is_empty() {
+        return Ok(0);
+    }
+    match bounded(limit, store.outbox().mark_dispatched(&claims)).await {
+        Ok(marked) => {
+            metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
+            tracing::info!(lane = %label, rows = marked, "marked deliveries an outage left unmarked");
+            Ok(lease_lost(claims.len(), marked))
         }
-        let limit = self.options.statement_timeout;
-        match bounded(limit, self.store.outbox().mark_dispatched(&claims)).await {
-            Ok(marked) => {
-                metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
-                tracing::info!(lane = %self.label, rows = marked, "marked deliveries an outage left unmarked");
-                Ok(lease_lost(claims.len(), marked))
-            }
-            Err(error) => {
-                self.lock_unmarked().extend_from_slice(&claims);
-                Err(error)
-            }
+        Err(error) => {
+            lock().extend_from_slice(&claims);
+            Err(error)
         }
     }
 }
