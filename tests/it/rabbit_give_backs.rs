@@ -9,6 +9,11 @@
 //! run, while the store still answers pings, so the loop keeps receiving and giving back) until
 //! every event was received three times, then refused (the loop pauses, and gives back what the
 //! broker had pushed to it), then healthy. Every event is then handled once, none dead-lettered.
+//!
+//! A give-back that gets no answer (the broker seconds away, found by a fault soak) must not
+//! leave its deliveries with the consumer: on a live channel they have no lease, and would
+//! hold the prefetch window for good. With a window of one delivery, one such give-back was
+//! enough to stop the consumer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +45,33 @@ struct Counting {
     inner: RabbitMqQueue,
     received: Mutex<HashMap<String, u32>>,
     pauses: AtomicUsize,
+    /// Give-backs of unhandled deliveries dropped before they finished (the consumer's timeout).
+    abandoned: Arc<AtomicUsize>,
+    /// Run once, when a receive first returns deliveries (before the step runs).
+    on_first_batch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Counting {
+    fn new(inner: RabbitMqQueue) -> Self {
+        Counting {
+            inner,
+            received: Mutex::default(),
+            pauses: AtomicUsize::new(0),
+            abandoned: Arc::default(),
+            on_first_batch: Mutex::default(),
+        }
+    }
+}
+
+/// Counts a give-back as abandoned unless it finished.
+struct Unfinished(Option<Arc<AtomicUsize>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(abandoned) = self.0.take() {
+            abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 #[async_trait]
@@ -49,6 +81,11 @@ impl Transport for Counting {
     }
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, TransportError> {
         let deliveries = self.inner.receive(max, wait).await?;
+        if !deliveries.is_empty() {
+            if let Some(first) = self.on_first_batch.lock().unwrap().take() {
+                first();
+            }
+        }
         let mut received = self.received.lock().unwrap();
         for d in &deliveries {
             *received
@@ -64,7 +101,13 @@ impl Transport for Counting {
         self.inner.release(tags).await
     }
     async fn give_back_unhandled(&self, deliveries: &[&Delivery]) -> Result<(), TransportError> {
-        self.inner.give_back_unhandled(deliveries).await
+        let mut unfinished = Unfinished(Some(self.abandoned.clone()));
+        let given_back = self.inner.give_back_unhandled(deliveries).await;
+        unfinished.0 = None;
+        given_back
+    }
+    async fn give_back_failed(&self, tags: &[DeliveryTag]) {
+        self.inner.give_back_failed(tags).await
     }
     async fn extend_leases(
         &self,
@@ -108,10 +151,8 @@ impl Handler for Counted {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
-    let db = TestDb::new(Backend::Postgres).await;
-    let store = db.store().await;
+/// A store connected through a fault proxy in front of `db`'s server.
+async fn store_behind_a_proxy(db: &TestDb) -> (FaultProxy, Store) {
     let upstream = db
         .url
         .split_once('@')
@@ -126,25 +167,12 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
     )
     .await
     .expect("connect through the proxy");
-    let queue = TestQueue::new(crate::helpers::Transport::Rabbitmq)
-        .await
-        .with_delivery_limit(DELIVERY_LIMIT);
-    let transport = Arc::new(Counting {
-        inner: RabbitMqQueue::new(
-            amqp_url(),
-            queue.name.clone(),
-            RabbitOptions {
-                // Room for more than a batch: the pause has pushed deliveries to give back.
-                prefetch: 4,
-                delivery_limit: DELIVERY_LIMIT,
-                retry_max: Duration::from_secs(60),
-            },
-        ),
-        received: Mutex::default(),
-        pauses: AtomicUsize::new(0),
-    });
-    let ids: Vec<String> = (0..EVENTS).map(|i| format!("evt_give_back_{i}")).collect();
-    for id in &ids {
+    (proxy, proxied)
+}
+
+/// Publishes one `invoice.paid` event per id.
+async fn publish(transport: &RabbitMqQueue, ids: &[String]) {
+    for id in ids {
         let payload = serde_json::json!({"id": id, "type": "invoice.paid"}).to_string();
         transport
             .publish(OutgoingMessage {
@@ -159,15 +187,15 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
             .await
             .expect("publish");
     }
+}
 
-    // Slow: a round trip takes 300 ms, longer than a whole step may (250 ms), so every step
-    // times out before its BEGIN is answered, let alone its handler run; a ping still answers.
-    proxy.set_latency(Duration::from_millis(150));
-    let handler = Arc::new(Counted::default());
-    let options = ConsumerOptions {
+/// The consumer's options: a step may take 250 ms (a database 150 ms away times every step
+/// out before its BEGIN is answered, while a ping still answers).
+fn options(batch_size: usize) -> ConsumerOptions {
+    ConsumerOptions {
         source: "stripe".into(),
         dedup_key_pointer: "/id".into(),
-        batch_size: 2,
+        batch_size,
         poll_interval: Duration::from_millis(50),
         max_attempts: 5,
         retry_base: Duration::from_millis(10),
@@ -177,13 +205,40 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
         step_timeout: Duration::from_millis(250),
         envelope: EnvelopeKind::None,
         outbox_plan: Default::default(),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let (proxy, proxied) = store_behind_a_proxy(&db).await;
+    let queue = TestQueue::new(crate::helpers::Transport::Rabbitmq)
+        .await
+        .with_delivery_limit(DELIVERY_LIMIT);
+    let transport = Arc::new(Counting::new(RabbitMqQueue::new(
+        amqp_url(),
+        queue.name.clone(),
+        RabbitOptions {
+            // Room for more than a batch: the pause has pushed deliveries to give back.
+            prefetch: 4,
+            delivery_limit: DELIVERY_LIMIT,
+            retry_max: Duration::from_secs(60),
+        },
+    )));
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("evt_give_back_{i}")).collect();
+    publish(&transport.inner, &ids).await;
+
+    // Slow: a round trip takes 300 ms, longer than a whole step may (250 ms), so every step
+    // times out before its BEGIN is answered, let alone its handler run; a ping still answers.
+    proxy.set_latency(Duration::from_millis(150));
+    let handler = Arc::new(Counted::default());
     let consumer = Consumer::new(
         proxied.clone(),
         transport.clone(),
         handler.clone(),
         Arc::new(Wakeups::default()),
-        options,
+        options(2),
     );
     let (shutdown, abandon) = (CancellationToken::new(), CancellationToken::new());
     let running = tokio::spawn(consumer.run(shutdown.clone(), abandon.clone()));
@@ -241,4 +296,85 @@ async fn give_backs_of_events_no_handler_saw_never_dead_letter_them() {
     for id in &ids {
         assert_eq!(handled.get(id), Some(&1), "{id}: handled {handled:?}");
     }
+}
+
+/// The broker three seconds away when a failed step gives its delivery back: the copy's confirm
+/// cannot come within the consumer's five seconds, and the give-back is dropped with the
+/// delivery still unacked on a live channel. With a prefetch of one, nothing more could be
+/// received on that channel; the consumer must close it, so the delivery comes back and is
+/// handled once both dependencies are healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_without_an_answer_does_not_strand_its_deliveries() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let (db_proxy, proxied) = store_behind_a_proxy(&db).await;
+    let queue = TestQueue::new(crate::helpers::Transport::Rabbitmq)
+        .await
+        .with_delivery_limit(20);
+    let broker = amqp_url();
+    let upstream = broker
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(authority, _)| authority.to_owned())
+        .expect("an amqp:// URL with a host");
+    let broker_proxy = Arc::new(FaultProxy::start(&upstream).await);
+    let rabbit_options = RabbitOptions {
+        // One delivery in flight: one delivery stranded on the channel stops it.
+        prefetch: 1,
+        delivery_limit: 20,
+        retry_max: Duration::from_secs(60),
+    };
+    let direct = RabbitMqQueue::new(broker.clone(), queue.name.clone(), rabbit_options.clone());
+    let id = "evt_give_back_unanswered".to_owned();
+    publish(&direct, std::slice::from_ref(&id)).await;
+    direct.close().await;
+
+    let transport = Arc::new(Counting::new(RabbitMqQueue::new(
+        broker_proxy.rewrite(&broker, &upstream),
+        queue.name.clone(),
+        rabbit_options,
+    )));
+    let slowed = broker_proxy.clone();
+    *transport.on_first_batch.lock().unwrap() =
+        Some(Box::new(move || slowed.set_latency(Duration::from_secs(3))));
+    db_proxy.set_latency(Duration::from_millis(150));
+    let handler = Arc::new(Counted::default());
+    let consumer = Consumer::new(
+        proxied.clone(),
+        transport.clone(),
+        handler.clone(),
+        Arc::new(Wakeups::default()),
+        options(1),
+    );
+    let (shutdown, abandon) = (CancellationToken::new(), CancellationToken::new());
+    let running = tokio::spawn(consumer.run(shutdown.clone(), abandon.clone()));
+
+    wait_for(
+        "a give-back dropped unfinished",
+        Duration::from_secs(60),
+        || async { (transport.abandoned.load(Ordering::SeqCst) > 0).then_some(()) },
+    )
+    .await;
+    broker_proxy.set_latency(Duration::ZERO);
+    db_proxy.set_latency(Duration::ZERO);
+    let handled = poll_until(Duration::from_secs(60), || async {
+        let handled = handler.0.lock().unwrap().clone();
+        (!handled.is_empty()).then_some(handled)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("the consumer stopped");
+    transport.inner.close().await;
+    let received = transport.received.lock().unwrap().clone();
+    let dead = store.dead_letters().list(10).await.expect("dead letters");
+    queue.cleanup().await;
+    proxied.close().await;
+    store.close().await;
+    db.remove().await;
+
+    let handled = handled.unwrap_or_else(|| {
+        panic!("the event stayed with the consumer after a give-back got no answer (received {received:?})")
+    });
+    assert_eq!(handled.get(&id), Some(&1), "handled {handled:?}");
+    assert!(dead.is_empty(), "dead-lettered: {dead:?}");
 }

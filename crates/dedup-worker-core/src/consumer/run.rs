@@ -145,14 +145,22 @@ async fn give_back(transport: &dyn Transport, handed: &Handed, deliveries: &[Del
         };
         released.and(returned)
     };
-    match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, give_back).await {
-        Ok(Ok(())) => {}
+    let failed = match tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, give_back).await {
+        Ok(Ok(())) => false,
         Ok(Err(error)) => {
-            tracing::warn!(%error, "could not give deliveries back; they return after their lease")
+            tracing::warn!(%error, "could not give deliveries back; they return after their lease");
+            true
         }
         Err(_) => {
-            tracing::warn!("giving deliveries back timed out; they return after their lease")
+            tracing::warn!("giving deliveries back timed out; they return after their lease");
+            true
         }
+    };
+    if failed {
+        // A lease runs out by itself; a RabbitMQ delivery on a live channel has none, and
+        // would hold a place in the prefetch window for good (see `give_back_failed`).
+        let tags: Vec<DeliveryTag> = deliveries.iter().map(|d| d.tag.clone()).collect();
+        let _ = tokio::time::timeout(OUTSIDE_CALL_TIMEOUT, transport.give_back_failed(&tags)).await;
     }
     deliveries.len()
 }

@@ -219,6 +219,17 @@ pub trait Transport: Send + Sync + 'static {
         queue == self.queue_name()
     }
 
+    /// A give-back of these deliveries ([`Transport::release`],
+    /// [`Transport::give_back_unhandled`]) failed or ran out of time, so they may still be held
+    /// for this consumer. A delivery with a lease (the database queue, SQS) returns when its
+    /// lease runs out: nothing to do, the default. A RabbitMQ delivery has no lease while its
+    /// channel lives: left alone it would keep a place in the prefetch window for good, and
+    /// after a few such give-backs the consumer would receive nothing more (a soak with the
+    /// broker two seconds away and the database restarting found exactly that). RabbitMQ
+    /// closes the channel instead, which hands back everything it held. Must not wait on the
+    /// broker, which has just failed to answer.
+    async fn give_back_failed(&self, _tags: &[DeliveryTag]) {}
+
     /// The consumer cannot work for a while (its store does not answer): hand back what the
     /// transport took on its behalf that no receive has returned yet, so that other consumers
     /// take it rather than wait for this one. The next receive resumes. By default nothing: the

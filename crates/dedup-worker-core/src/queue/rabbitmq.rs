@@ -421,6 +421,10 @@ impl Transport for RabbitMqQueue {
         self.settle(tags, Settle::Requeue).await
     }
 
+    async fn give_back_failed(&self, tags: &[DeliveryTag]) {
+        self.close_side_holding(tags).await;
+    }
+
     /// Nothing to extend: an unacked delivery stays with its channel for as long as the channel
     /// lives, and comes back at once when it closes (the process died).
     async fn extend_leases(

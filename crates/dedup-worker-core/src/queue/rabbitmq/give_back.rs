@@ -73,6 +73,34 @@ impl RabbitMqQueue {
         acked.and(requeued)
     }
 
+    /// A give-back of `tags` did not go through: if any of them is still unsettled on the
+    /// current channel, that channel is taken out of use at once (the next receive opens
+    /// another) and closed in the background, where the broker hands back everything it held
+    /// (counted once in `x-delivery-count`). Not waited for: the broker has just failed to
+    /// answer. The close waits [`BROKER_ANSWER_TIMEOUT`] at most for each answer; unanswered,
+    /// the side is dropped, and lapin closes it (a broker that hears nothing of it at all drops
+    /// the connection when its heartbeats stop).
+    pub(super) async fn close_side_holding(&self, tags: &[DeliveryTag]) {
+        let side = {
+            let mut slot = self.consumer.lock().await;
+            let holds = slot.as_ref().is_some_and(|side| {
+                tags.iter()
+                    .any(|tag| unsettled_returned(side, tag).is_some())
+            });
+            if !holds {
+                return;
+            }
+            slot.take()
+        };
+        if let Some(side) = side {
+            tracing::warn!(
+                generation = side.generation,
+                "closing the consuming channel: deliveries it holds could not be given back"
+            );
+            tokio::spawn(async move { close_side(&side).await });
+        }
+    }
+
     /// Pauses receiving: cancels the consuming side's consumers and gives back what they had
     /// buffered, then closes that side (the next receive opens another). Closed is the side
     /// cancelled, even if another worker's receive dropped it from the slot meanwhile (its
