@@ -147,6 +147,27 @@ pub struct SinkSettings {
     pub signing_secret: Option<Vec<SigningSecret>>,
     #[serde(default)]
     pub breaker: BreakerOverrides,
+    /// Rows of one ordering key reach the sink in the order they were committed: a later row
+    /// waits while an earlier one is pending, retrying or failed and not skipped (see
+    /// docs/src/sinks/lanes.md, "Ordering by key").
+    #[serde(default)]
+    pub ordered: bool,
+    /// Where in a row's payload its ordering key is (a JSON pointer; a string or number there is
+    /// the key, anything else leaves the row unordered); only with `ordered`. Default
+    /// [`DEFAULT_ORDERING_KEY`], the object a Stripe event is about.
+    pub ordering_key: Option<String>,
+}
+
+/// The ordering key of an ordered sink that names none: the id of the object a Stripe-shaped
+/// event is about, so one customer's or invoice's events keep their order.
+pub const DEFAULT_ORDERING_KEY: &str = "/data/object/id";
+
+impl SinkSettings {
+    /// The JSON pointer to the ordering key, if this sink is ordered.
+    pub fn ordering_pointer(&self) -> Option<&str> {
+        self.ordered
+            .then(|| self.ordering_key.as_deref().unwrap_or(DEFAULT_ORDERING_KEY))
+    }
 }
 
 /// `[[outbox.routes]]`: forwarded events matching every condition given go to `sinks`.

@@ -85,6 +85,17 @@ impl Settings {
                 _ => {}
             }
             check_breaker(&key("breaker"), &outbox.breaker.with(&sink.breaker))?;
+            if let Some(pointer) = &sink.ordering_key {
+                if !sink.ordered {
+                    return Err(ConfigError::invalid_at(
+                        key("ordering_key"),
+                        "is set on a sink that is not ordered: set `ordered = true` too, or \
+                         leave the key out",
+                    ));
+                }
+                check_pointer(pointer)
+                    .map_err(|reason| ConfigError::invalid_at(key("ordering_key"), reason))?;
+            }
         }
         self.check_routes()
     }

@@ -52,6 +52,8 @@ pub struct LaneOptions {
     pub breaker: BreakerPolicy,
     /// Deliveries a second and burst; `None`: unpaced.
     pub rate: Option<(f64, u32)>,
+    /// Rows of one ordering key are claimed one at a time, in id order (`ordered = true`).
+    pub ordered: bool,
 }
 
 /// What a lane does after a step.

@@ -242,6 +242,7 @@ impl Relay {
                 let rate = s.rate_per_sec?;
                 Some((rate, s.burst.unwrap_or(rate.ceil().max(1.0) as u32)))
             }),
+            ordered: configured.is_some_and(|s| s.ordered),
         };
         let label = lane_label(name);
         Lane::new(name.to_owned(), label, self.store.clone(), sink, options)
