@@ -263,6 +263,7 @@ async fn lease_taken_over(backend: Backend) {
         event_type: "charge.succeeded".into(),
         payload: br#"{"id":"evt_slow"}"#.to_vec(),
         traceparent: None,
+        ordering_key: None,
     }])
     .await
     .unwrap();
@@ -397,6 +398,7 @@ async fn slow_delivery_keeps_its_lease(backend: Backend) {
         event_type: "charge.succeeded".into(),
         payload: br#"{"id":"evt_slow_sink"}"#.to_vec(),
         traceparent: None,
+        ordering_key: None,
     }])
     .await
     .unwrap();

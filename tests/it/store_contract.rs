@@ -50,6 +50,7 @@ fn outbox_row(id: &str) -> NewOutboxRow {
         event_type: "test.event".into(),
         payload: format!("{{\"id\":\"{id}\"}}").into_bytes(),
         traceparent: None,
+        ordering_key: None,
     }
 }
 
@@ -177,7 +178,7 @@ async fn outbox_write_claim_mark(backend: Backend) {
     tx.rollback().await.unwrap();
     assert!(store
         .outbox()
-        .claim_lane("default", 10, Duration::from_secs(30))
+        .claim_lane("default", 10, Duration::from_secs(30), false)
         .await
         .unwrap()
         .is_empty());
@@ -193,7 +194,7 @@ async fn outbox_write_claim_mark(backend: Backend) {
     tx.commit().await.unwrap();
     let first = store
         .outbox()
-        .claim_lane("default", 2, Duration::from_secs(30))
+        .claim_lane("default", 2, Duration::from_secs(30), false)
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
@@ -203,7 +204,7 @@ async fn outbox_write_claim_mark(backend: Backend) {
     // Leased rows are not handed out again.
     let second = store
         .outbox()
-        .claim_lane("default", 10, Duration::from_secs(30))
+        .claim_lane("default", 10, Duration::from_secs(30), false)
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
@@ -220,7 +221,7 @@ async fn outbox_write_claim_mark(backend: Backend) {
     );
     assert!(store
         .outbox()
-        .claim_lane("default", 10, Duration::from_secs(0))
+        .claim_lane("default", 10, Duration::from_secs(0), false)
         .await
         .unwrap()
         .is_empty());
@@ -234,13 +235,13 @@ async fn outbox_claim_comes_back_after_lease(backend: Backend) {
     tx.commit().await.unwrap();
     let claimed = store
         .outbox()
-        .claim_lane("default", 10, Duration::from_millis(300))
+        .claim_lane("default", 10, Duration::from_millis(300), false)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert!(store
         .outbox()
-        .claim_lane("default", 10, Duration::from_millis(300))
+        .claim_lane("default", 10, Duration::from_millis(300), false)
         .await
         .unwrap()
         .is_empty());
@@ -248,7 +249,7 @@ async fn outbox_claim_comes_back_after_lease(backend: Backend) {
     let again = wait_for("the lease to expire", Duration::from_secs(10), || async {
         let rows = store
             .outbox()
-            .claim_lane("default", 10, Duration::from_secs(30))
+            .claim_lane("default", 10, Duration::from_secs(30), false)
             .await
             .unwrap();
         (!rows.is_empty()).then_some(rows)
@@ -267,7 +268,7 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
     tx.commit().await.unwrap();
     let row = store
         .outbox()
-        .claim_lane("default", 1, Duration::from_secs(30))
+        .claim_lane("default", 1, Duration::from_secs(30), false)
         .await
         .unwrap()
         .remove(0);
@@ -282,7 +283,7 @@ async fn outbox_rows_fail_after_the_limit(backend: Backend) {
     assert_eq!(store.outbox().counts().await.unwrap().pending, 1);
     let row = store
         .outbox()
-        .claim_lane("default", 1, Duration::from_secs(30))
+        .claim_lane("default", 1, Duration::from_secs(30), false)
         .await
         .unwrap()
         .remove(0);
@@ -315,7 +316,7 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
     tx.commit().await.unwrap();
     let mut stale = store
         .outbox()
-        .claim_lane("default", 10, Duration::from_millis(300))
+        .claim_lane("default", 10, Duration::from_millis(300), false)
         .await
         .unwrap();
     assert_eq!(stale.len(), 2);
@@ -325,7 +326,7 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
         || async {
             let rows = store
                 .outbox()
-                .claim_lane("default", 10, Duration::from_secs(30))
+                .claim_lane("default", 10, Duration::from_secs(30), false)
                 .await
                 .unwrap();
             (!rows.is_empty()).then_some(rows)
@@ -369,7 +370,7 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
     // Not made due early either: the current relay still holds both leases.
     assert!(store
         .outbox()
-        .claim_lane("default", 10, Duration::from_secs(30))
+        .claim_lane("default", 10, Duration::from_secs(30), false)
         .await
         .unwrap()
         .is_empty());
@@ -412,7 +413,7 @@ async fn outbox_marks_apply_only_under_the_current_claim(backend: Backend) {
     );
     let again = store
         .outbox()
-        .claim_lane("default", 10, Duration::from_secs(30))
+        .claim_lane("default", 10, Duration::from_secs(30), false)
         .await
         .unwrap();
     assert_eq!(again.len(), 1);

@@ -81,6 +81,7 @@ async fn notify_wakes_consumer_and_relay_of_another_process() {
         event_type: "x.y".into(),
         payload: br#"{"id":"evt_notify_outbox"}"#.to_vec(),
         traceparent: None,
+        ordering_key: None,
     }])
     .await
     .unwrap();

@@ -209,6 +209,7 @@ async fn gauges_follow_the_database_queue_dead_letters_and_the_outbox_on_both_st
             event_type: "invoice.paid".into(),
             payload: b"{}".to_vec(),
             traceparent: None,
+            ordering_key: None,
         };
         tx.insert_outbox(&[row("evt_out_1"), row("evt_out_2")])
             .await
@@ -216,7 +217,7 @@ async fn gauges_follow_the_database_queue_dead_letters_and_the_outbox_on_both_st
         tx.commit().await.unwrap();
         let claimed = store
             .outbox()
-            .claim_lane("default", 1, Duration::from_secs(10))
+            .claim_lane("default", 1, Duration::from_secs(10), false)
             .await
             .unwrap();
         let failed = store

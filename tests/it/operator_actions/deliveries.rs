@@ -53,6 +53,7 @@ fn outbox_row(event_id: String, event_type: &str) -> NewOutboxRow {
         destination: None,
         event_type: event_type.into(),
         traceparent: None,
+        ordering_key: None,
     }
 }
 

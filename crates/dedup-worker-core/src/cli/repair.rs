@@ -127,6 +127,15 @@ pub(super) enum OutboxCommand {
     /// Deliver to SINK again: not paused, its circuit closed, the receiver's hold lifted.
     /// Recorded as `sink_resume`.
     Resume { sink: String },
+    /// List the keys of ordered sinks held by a row that failed for good (its id, lane, key,
+    /// error, and how many rows wait behind it) as JSON lines.
+    Held {
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Skip failed row ID: it stays failed, and the next row of its ordering key may go (the
+    /// key's order is broken on purpose). Recorded as `outbox_skip`.
+    Skip { id: i64 },
 }
 
 /// The one-line summary of a bulk action (or of its dry run), its fields in this order.
@@ -243,6 +252,23 @@ pub(super) async fn outbox(config: Option<PathBuf>, command: OutboxCommand) -> a
         OutboxCommand::Resume { sink } => {
             let resumed = operator::resume_sink(&store, &configured, &sink, &Actor::cli()).await?;
             let line = serde_json::json!({"action": "sink_resume", "sink": lane_label(&sink), "changed": resumed});
+            println!("{line}");
+        }
+        OutboxCommand::Held { limit } => {
+            for held in operator::held_keys(&store, limit).await? {
+                let line = serde_json::json!({
+                    "id": held.id, "sink": lane_label(&held.sink), "ordering_key": held.ordering_key,
+                    "event_id": held.event_id, "last_error": held.last_error, "waiting": held.waiting,
+                });
+                println!("{line}");
+            }
+        }
+        OutboxCommand::Skip { id } => {
+            let skipped = operator::skip_delivery(&store, id, &Actor::cli()).await?;
+            let Some((sink, key)) = skipped else {
+                anyhow::bail!("outbox row {id} is not a failed row (or was skipped already); `dedup-worker outbox held` lists the rows holding a key");
+            };
+            let line = serde_json::json!({"action": "outbox_skip", "id": id, "sink": lane_label(&sink), "ordering_key": key});
             println!("{line}");
         }
         OutboxCommand::Failed { limit } => {

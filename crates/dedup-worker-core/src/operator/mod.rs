@@ -22,7 +22,9 @@ pub use deliveries::{
     count_dispatched_deliveries, count_failed_deliveries, list_failed_deliveries,
     resend_dispatched_deliveries, retry_failed_deliveries,
 };
-pub use sinks::{known_lanes, lane_states, pause_sink, resume_sink, SinkActionError};
+pub use sinks::{
+    held_keys, known_lanes, lane_states, pause_sink, resume_sink, skip_delivery, SinkActionError,
+};
 
 use crate::store::{Store, StoreError};
 
@@ -57,6 +59,7 @@ pub enum Action {
     OutboxResend,
     SinkPause,
     SinkResume,
+    OutboxSkip,
 }
 
 impl Action {
@@ -67,6 +70,7 @@ impl Action {
             Action::OutboxResend => "outbox_resend",
             Action::SinkPause => "sink_pause",
             Action::SinkResume => "sink_resume",
+            Action::OutboxSkip => "outbox_skip",
         }
     }
 }

@@ -2,10 +2,14 @@
 //! what the circuit breaker does by itself, for an operator who knows a receiver is down (or
 //! fixed). Both are recorded in `admin_actions` (`sink_pause`, `sink_resume`) with the lane as
 //! the filter, and take effect for every relay process within about a second.
+//!
+//! On an ordered lane a row failed for good holds its key ([`held_keys`]); skipping it
+//! (`outbox skip ID`, recorded as `outbox_skip` with the row's id, lane and key) lets the key's
+//! next row go.
 
 use super::{Action, Actor};
 use crate::config::DEFAULT_LANE;
-use crate::store::{SinkState, Store, StoreError};
+use crate::store::{HeldKey, SinkState, Store, StoreError};
 
 /// Why a pause or a resume was refused.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +37,37 @@ pub async fn known_lanes(store: &Store, configured: &[String]) -> Result<Vec<Str
 /// Every lane the store has state for, by name.
 pub async fn lane_states(store: &Store) -> Result<Vec<SinkState>, StoreError> {
     store.sinks().list().await
+}
+
+/// Up to `limit` keys held by a row failed for good, oldest first.
+pub async fn held_keys(store: &Store, limit: i64) -> Result<Vec<HeldKey>, StoreError> {
+    store.outbox().held_keys(limit).await
+}
+
+/// Skips failed row `id` so the next row of its key may go (it stays failed); returns its lane
+/// and key, or `None` if `id` is no failed row (or was skipped already). Recorded either way.
+pub async fn skip_delivery(
+    store: &Store,
+    id: i64,
+    actor: &Actor,
+) -> Result<Option<(String, Option<String>)>, StoreError> {
+    let skipped = store.outbox().skip(id, &actor.0).await?;
+    let filter = serde_json::json!({
+        "id": id,
+        "sink": skipped.as_ref().map(|(sink, _)| crate::config::lane_label(sink)),
+        "ordering_key": skipped.as_ref().and_then(|(_, key)| key.clone()),
+    })
+    .to_string();
+    store
+        .admin_actions()
+        .record(
+            &actor.0,
+            Action::OutboxSkip.name(),
+            &filter,
+            i64::from(skipped.is_some()),
+        )
+        .await?;
+    Ok(skipped)
 }
 
 /// Pauses lane `sink` for every relay; returns whether it was running.

@@ -4,6 +4,14 @@
 //! route (the same idempotency key in each), and when no route matches, to the `default` lane,
 //! or nowhere with `outbox.unrouted = "drop"`. With no routes, all go to `default`, as before
 //! routes existed.
+//!
+//! A row for an ordered sink (`[outbox.sinks.NAME] ordered = true`) gets its ordering key here:
+//! the string or number at the sink's `ordering_key` pointer in the message's payload. A
+//! payload without one there is delivered unordered (counted in
+//! `dedup_outbox_unkeyed_rows_total{lane}`), rather than holding every such row behind one
+//! another.
+
+use std::collections::HashMap;
 
 use super::routes::{Route, Routes};
 use super::OutboxMessage;
@@ -17,6 +25,8 @@ pub struct OutboxPlan {
     routes: Routes,
     /// `outbox.unrouted = "drop"`: a message no route matches is not delivered.
     drop_unrouted: bool,
+    /// The ordered sinks, by name, and the JSON pointer to each one's ordering key.
+    ordered: HashMap<String, String>,
 }
 
 impl Default for OutboxPlan {
@@ -25,6 +35,7 @@ impl Default for OutboxPlan {
         OutboxPlan {
             routes: Routes::new(Vec::new()),
             drop_unrouted: false,
+            ordered: HashMap::new(),
         }
     }
 }
@@ -46,9 +57,15 @@ impl OutboxPlan {
                 sinks: route.sinks.clone(),
             })
             .collect();
+        let ordered = settings
+            .sinks
+            .iter()
+            .filter_map(|(name, sink)| Some((name.clone(), sink.ordering_pointer()?.to_owned())))
+            .collect();
         OutboxPlan {
             routes: Routes::new(routes),
             drop_unrouted: settings.unrouted == Unrouted::Drop,
+            ordered,
         }
     }
 
@@ -62,6 +79,9 @@ impl OutboxPlan {
     ) {
         for message in messages {
             let row = |destination: Option<String>, message: &OutboxMessage| NewOutboxRow {
+                ordering_key: destination
+                    .as_deref()
+                    .and_then(|sink| self.ordering_key(sink, message)),
                 source: event.source.clone(),
                 event_id: event.id.clone(),
                 destination,
@@ -96,5 +116,25 @@ impl OutboxPlan {
                 rows.push(row(destination, &message));
             }
         }
+    }
+}
+
+impl OutboxPlan {
+    /// The ordering key of `message`'s row in lane `sink`, if that sink is ordered and the
+    /// payload holds a string or a number at its pointer (see the module's doc).
+    fn ordering_key(&self, sink: &str, message: &OutboxMessage) -> Option<String> {
+        let pointer = self.ordered.get(sink)?;
+        let payload = serde_json::from_slice::<serde_json::Value>(&message.payload).ok();
+        let key = match payload.as_ref().and_then(|p| p.pointer(pointer)) {
+            Some(serde_json::Value::String(key)) if !key.is_empty() => Some(key.clone()),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        if key.is_none() {
+            metrics::counter!("dedup_outbox_unkeyed_rows_total", "lane" => sink.to_owned())
+                .increment(1);
+            tracing::debug!(sink, pointer = %pointer, event_type = %message.event_type, "no ordering key in the payload; delivered unordered");
+        }
+        key
     }
 }

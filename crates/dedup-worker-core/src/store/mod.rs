@@ -34,6 +34,7 @@ mod bulk;
 mod dead_letters;
 pub mod dedup;
 mod migrate;
+mod ordering;
 mod outbox;
 mod postgres;
 mod queue;
@@ -64,6 +65,7 @@ pub use bulk::{Bulk, BulkRows, DeadLetterListing, DeliveryListing, Requeued, Row
 pub use dead_letters::DeadLetters;
 pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
+pub use ordering::HeldKey;
 pub use outbox::Outbox;
 pub use queue::Queue;
 pub use reads::{

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::ordering::FIRST_IN_ITS_KEY;
 use super::postgres::secs;
 use super::sqlite::{begin_immediate, update_claimed, CHUNK};
 use super::{
@@ -40,12 +41,15 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             let payloads: Vec<&[u8]> = rows.iter().map(|r| r.payload.as_slice()).collect();
             let traces: Vec<Option<&str>> = rows.iter().map(|r| r.traceparent.as_deref()).collect();
             let sinks: Vec<&str> = rows.iter().map(NewOutboxRow::lane).collect();
+            let ordering: Vec<Option<&str>> =
+                rows.iter().map(|r| r.ordering_key.as_deref()).collect();
+            super::ordering::lock_ordering_keys(tx, rows).await?;
             sqlx::query(
                 "WITH inserted AS (
                  INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload,
-                                     traceparent, sink)
+                                     traceparent, sink, ordering_key)
                  SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],
-                                      $8::text[], $9::text[])
+                                      $8::text[], $9::text[], $10::text[])
                  RETURNING 1
              )
              SELECT pg_notify($7, ''), (SELECT count(*) FROM inserted)",
@@ -59,6 +63,7 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             .bind(OUTBOX_CHANNEL)
             .bind(&traces)
             .bind(&sinks)
+            .bind(&ordering)
             .execute(&mut **tx)
             .await?;
         }
@@ -67,7 +72,7 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
             for chunk in rows.chunks(CHUNK / 2) {
                 let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                     "INSERT INTO outbox (source, event_id, destination, idempotency_key, event_type, payload, \
-                 next_attempt_at, created_at, traceparent, sink) ",
+                 next_attempt_at, created_at, traceparent, sink, ordering_key) ",
                 );
                 qb.push_values(chunk, |mut b, r| {
                     b.push_bind(&r.source)
@@ -79,7 +84,8 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
                         .push_bind(now)
                         .push_bind(now)
                         .push_bind(r.traceparent.as_deref())
-                        .push_bind(r.lane());
+                        .push_bind(r.lane())
+                        .push_bind(r.ordering_key.as_deref());
                 });
                 qb.build().execute(&mut **tx).await?;
             }
@@ -90,53 +96,60 @@ pub(super) async fn insert(tx: &mut StoreTx, rows: &[NewOutboxRow]) -> Result<()
 
 impl Outbox<'_> {
     /// Leases up to `max` due pending rows of lane `sink` for `lease` (FOR UPDATE SKIP LOCKED on
-    /// PostgreSQL), under a fresh claim token, counting an attempt on each.
+    /// PostgreSQL), under a fresh claim token, counting an attempt on each. On an `ordered`
+    /// lane a row of a key is due only when no earlier row of its key is pending (leased,
+    /// backing off, deferred) or failed and not skipped: a batch holds at most one row of a key,
+    /// and no other relay claims the next one before this one is settled.
     pub async fn claim_lane(
         self,
         sink: &str,
         max: usize,
         lease: Duration,
+        ordered: bool,
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let claim_token = new_claim_token();
+        let first_in_its_key = if ordered { FIRST_IN_ITS_KEY } else { "" };
         Ok(match self.pool {
             Pool::Postgres(pool) => {
-                sqlx::query_as::<_, OutboxRow>(
+                let sql = format!(
                     "UPDATE outbox o
                 SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1,
                     claim_token = $3
-               FROM (SELECT id FROM outbox
-                      WHERE sink = $4 AND status = 'pending' AND next_attempt_at <= now()
-                      ORDER BY next_attempt_at
+               FROM (SELECT c.id FROM outbox c
+                      WHERE c.sink = $4 AND c.status = 'pending' AND c.next_attempt_at <= now() {first_in_its_key}
+                      ORDER BY c.next_attempt_at
                       LIMIT $1
-                      FOR UPDATE SKIP LOCKED) c
+                      FOR UPDATE OF c SKIP LOCKED) c
               WHERE o.id = c.id
           RETURNING o.id, o.source, o.event_id, o.destination, o.idempotency_key, o.event_type, o.payload,
-                    o.attempts, o.traceparent, o.claim_token",
-                )
-                .bind(max as i64)
-                .bind(secs(lease))
-                .bind(claim_token)
-                .bind(sink)
-                .fetch_all(pool)
-                .await?
+                    o.attempts, o.traceparent, o.claim_token"
+                );
+                sqlx::query_as::<_, OutboxRow>(&sql)
+                    .bind(max as i64)
+                    .bind(secs(lease))
+                    .bind(claim_token)
+                    .bind(sink)
+                    .fetch_all(pool)
+                    .await?
             }
             Pool::Sqlite(pool) => {
                 let now = now_ms();
-                sqlx::query_as::<_, OutboxRow>(
+                let sql = format!(
                     "UPDATE outbox SET next_attempt_at = $1, attempts = attempts + 1, claim_token = $4
-              WHERE id IN (SELECT id FROM outbox
-                            WHERE sink = $5 AND status = 'pending' AND next_attempt_at <= $2
-                            ORDER BY next_attempt_at LIMIT $3)
+              WHERE id IN (SELECT c.id FROM outbox c
+                            WHERE c.sink = $5 AND c.status = 'pending' AND c.next_attempt_at <= $2 {first_in_its_key}
+                            ORDER BY c.next_attempt_at LIMIT $3)
           RETURNING id, source, event_id, destination, idempotency_key, event_type, payload, attempts,
-                    traceparent, claim_token",
-                )
-                .bind(now + millis(lease))
-                .bind(now)
-                .bind(max as i64)
-                .bind(claim_token)
-                .bind(sink)
-                .fetch_all(pool)
-                .await?
+                    traceparent, claim_token"
+                );
+                sqlx::query_as::<_, OutboxRow>(&sql)
+                    .bind(now + millis(lease))
+                    .bind(now)
+                    .bind(max as i64)
+                    .bind(claim_token)
+                    .bind(sink)
+                    .fetch_all(pool)
+                    .await?
             }
         })
     }

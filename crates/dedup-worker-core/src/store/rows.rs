@@ -57,6 +57,9 @@ pub struct NewOutboxRow {
     pub payload: Vec<u8>,
     /// The `traceparent` of the handler's span, so the relay's delivery continues the trace.
     pub traceparent: Option<String>,
+    /// On an ordered sink's lane: the key whose rows are delivered one at a time in commit
+    /// order (see `outbox/plan.rs`); `None` holds nothing and waits for nothing.
+    pub ordering_key: Option<String>,
 }
 
 impl NewOutboxRow {

@@ -1,6 +1,6 @@
 //! `/`: the last hour at a glance: per-minute counts as an inline SVG chart (drawn here, no
 //! script), the queue's depth and oldest message, outbox counts, the sinks whose circuit is open,
-//! paused or held, and recent failures.
+//! paused or held, the keys of ordered sinks held by a failed row, and recent failures.
 
 use std::collections::BTreeMap;
 
@@ -62,6 +62,9 @@ pub async fn dashboard(
     let lanes = bounded(within, operator::lane_states(&state.store))
         .await
         .map_err(unavailable)?;
+    let held = bounded(within, operator::held_keys(&state.store, 20))
+        .await
+        .map_err(unavailable)?;
     let depth = backlog
         .as_ref()
         .and_then(|b| b.depth)
@@ -113,6 +116,23 @@ pub async fn dashboard(
                 }
             }
             p.muted { "Other sinks are closed, running and not held. " code { "dedup-worker outbox resume SINK" } " closes a circuit and lifts a pause or a hold." }
+        }
+        @if !held.is_empty() {
+            h2 { "Keys held by a failed delivery" }
+            table #held-keys {
+                thead { tr { th { "Sink" } th { "Key" } th { "Row" } th { "Event" } th { "Waiting behind it" } th { "Error" } } }
+                tbody {
+                    @for h in &held { tr {
+                        td { (crate::config::lane_label(&h.sink)) }
+                        td { (h.ordering_key) }
+                        td { (h.id) }
+                        td { a.event href=(event_path(&h.source, &h.event_id)) { (h.event_id) } }
+                        td { (h.waiting) }
+                        td { (h.last_error.as_deref().unwrap_or("")) }
+                    } }
+                }
+            }
+            p.muted { "An ordered sink delivers the rows of a key one after another, so these wait. " code { "dedup-worker outbox retry --failed" } " sends the failed rows again; " code { "dedup-worker outbox skip ROW" } " gives up on one and lets its key go on." }
         }
         h2 { "Recent failures" }
         table #recent-failures {

@@ -163,7 +163,9 @@ impl Lane {
         let lease = self.options.lease;
         let rows = bounded(
             limit,
-            self.store.outbox().claim_lane(&self.name, max, lease),
+            self.store
+                .outbox()
+                .claim_lane(&self.name, max, lease, self.options.ordered),
         )
         .await?;
         outcome.claimed = rows.len();

@@ -84,7 +84,10 @@ impl BulkRows {
     fn requeue_set(self) -> &'static str {
         match self {
             BulkRows::DeadLetters => unreachable!("dead letters are redriven, not requeued"),
-            BulkRows::FailedDeliveries => "status = 'pending', attempts = 0, claim_token = NULL",
+            // A retried row holds its key again (an ordered lane's successors wait for it).
+            BulkRows::FailedDeliveries => {
+                "status = 'pending', attempts = 0, claim_token = NULL, skipped_at = NULL, skipped_by = NULL"
+            }
             BulkRows::DispatchedDeliveries => {
                 "status = 'pending', attempts = 0, claim_token = NULL, dispatched_at = NULL"
             }
