@@ -399,3 +399,80 @@ async fn a_black_holed_sink_does_not_hold_back_another_and_pause_resume_hold_and
     let text = String::from_utf8_lossy(&refused.stderr);
     assert!(text.contains("no sink named \"nosuch\""), "{text}");
 }
+
+/// A receiver recording when each delivery arrived, answering 200.
+async fn timing_receiver() -> (String, Arrivals) {
+    let arrivals: Arrivals = Arc::default();
+    let router = Router::new()
+        .route(
+            "/hook",
+            post(
+                |State(arrivals): State<Arrivals>, headers: HeaderMap| async move {
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    arrivals.lock().unwrap().push((Instant::now(), key));
+                    StatusCode::OK
+                },
+            ),
+        )
+        .with_state(arrivals.clone());
+    let addr = serve(router).await;
+    (format!("http://{addr}/hook"), arrivals)
+}
+
+/// Two processes relay one sink of `rate_per_sec = 5`, `burst = 1`, both delivering (batches
+/// of two): the receiver sees 5 a second between them, not 5 each. Paced per process, a second
+/// would hold about 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sinks_rate_holds_for_two_relay_processes_together() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (work_a, work_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (url, arrivals) = timing_receiver().await;
+    let env = [
+        ("DEDUP_OUTBOX__SINKS__PACED__URL", url),
+        ("DEDUP_OUTBOX__SINKS__PACED__RATE_PER_SEC", "5".to_owned()),
+        ("DEDUP_OUTBOX__SINKS__PACED__BURST", "1".to_owned()),
+        ("DEDUP_OUTBOX__SINKS__PACED__BATCH_SIZE", "2".to_owned()),
+        ("DEDUP_OUTBOX__ROUTES", r#"[{sinks=["paced"]}]"#.to_owned()),
+    ];
+    let (a, b) = (binary(&db, &work_a, &env), binary(&db, &work_b, &env));
+    const EVENTS: usize = 30;
+    send(&a, &ids("evt_paced", EVENTS), "payout.paid").await;
+    wait_for("every event delivered", Duration::from_secs(60), || {
+        let arrivals = &arrivals;
+        async move { (arrivals.lock().unwrap().len() >= EVENTS).then_some(()) }
+    })
+    .await;
+    let client = reqwest::Client::new();
+    for (name, app) in [("a", &a), ("b", &b)] {
+        let text = client
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let dispatched = crate::helpers::counter_value(&text, "dedup_outbox_dispatched_total");
+        assert!(
+            dispatched > 0,
+            "process {name} delivered nothing: the test shows nothing"
+        );
+    }
+    let times: Vec<Instant> = arrivals.lock().unwrap().iter().map(|(t, _)| *t).collect();
+    let busiest = times
+        .iter()
+        .map(|start| {
+            times
+                .iter()
+                .filter(|t| **t >= *start && **t - *start < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    // 1 at once, then 5 a second: 6 in a second, one more for the network's jitter.
+    assert!(busiest <= 7, "{busiest} deliveries within one second");
+}

@@ -8,23 +8,10 @@
 
 use std::time::Duration;
 
-use crate::helpers::{Backend, TestDb};
+use crate::helpers::{store_contract, Backend, TestDb};
 use dedup_worker_core::store::{Circuit, NewOutboxRow, Store};
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::Postgres).await } )*
-        }
-        mod sqlite {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::Sqlite).await } )*
-        }
-    };
-}
-
-contract!(
+store_contract!(
     a_lane_claims_only_its_own_rows,
     a_deferral_gives_the_attempt_back_under_its_claim_only,
     a_circuit_opens_once_and_one_relay_takes_each_probe,

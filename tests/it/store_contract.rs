@@ -4,23 +4,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::helpers::{wait_for, Backend, TestDb};
+use crate::helpers::{store_contract, wait_for, Backend, TestDb};
 use dedup_worker_core::store::{NewDeadLetter, NewOutboxRow, NewQueueMessage, Store};
 
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::Postgres).await } )*
-        }
-        mod sqlite {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::Sqlite).await } )*
-        }
-    };
-}
-
-contract!(
+store_contract!(
     dedup_insert_returns_only_new_ids,
     dedup_row_rolls_back_with_its_transaction,
     a_transaction_that_read_first_writes_after_another_commit,

@@ -98,3 +98,20 @@ pub async fn serve(router: axum::Router) -> SocketAddr {
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
+
+/// `store_contract!(test_a, test_b)`: each `async fn test_a(backend: Backend)` of the calling
+/// module run as two tests, `postgres::test_a` and `sqlite::test_a` (the module must have
+/// `Backend` in scope).
+macro_rules! store_contract {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Backend::Postgres).await } )*
+        }
+        mod sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name(super::Backend::Sqlite).await } )*
+        }
+    };
+}
+pub(crate) use store_contract;

@@ -41,6 +41,7 @@ mod queue;
 mod reads;
 mod retention;
 mod rows;
+mod sink_rate;
 mod sinks;
 mod sqlite;
 mod stale;
@@ -72,6 +73,7 @@ pub use reads::{
     AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
 };
 pub use retention::Retention;
+pub use sink_rate::Tokens;
 pub use sinks::{Circuit, SinkState, Sinks};
 pub use stale::StaleEvents;
 pub use timeouts::{bounded, ServerTimeouts};

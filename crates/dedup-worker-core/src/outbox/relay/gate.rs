@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::breaker::{Breaker, TripReason};
-use crate::outbox::pace::Pacer;
+use super::rate::LaneRate;
 use crate::outbox::sink::SinkError;
 
 /// Why a lane stopped sending a batch.
@@ -22,8 +22,8 @@ pub enum Stop {
 
 /// One batch's admission (see the module's doc).
 pub struct Gate {
-    /// The lane's pacer (shared by its batches); `None`: no rate.
-    pacer: Option<Arc<Pacer>>,
+    /// The lane's rate (shared by its batches and every relay process); `None`: no rate.
+    rate: Option<Arc<LaneRate>>,
     /// The lane's breaker, fed every answer; `None` while probing (a probe's outcome opens or
     /// closes the circuit itself).
     breaker: Option<Arc<Mutex<Breaker>>>,
@@ -32,9 +32,9 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(pacer: Option<Arc<Pacer>>, breaker: Option<Arc<Mutex<Breaker>>>) -> Self {
+    pub fn new(rate: Option<Arc<LaneRate>>, breaker: Option<Arc<Mutex<Breaker>>>) -> Self {
         Gate {
-            pacer,
+            rate,
             breaker,
             stop: Mutex::new(None),
         }
@@ -45,8 +45,8 @@ impl Gate {
         if self.stopped().is_some() {
             return false;
         }
-        if let Some(pacer) = &self.pacer {
-            pacer.until_ready().await;
+        if let Some(rate) = &self.rate {
+            rate.until_ready().await;
         }
         self.stopped().is_none()
     }

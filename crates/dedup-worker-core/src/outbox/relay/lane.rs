@@ -22,10 +22,10 @@ use futures::stream::{self, StreamExt};
 use super::breaker::{next_probe_interval, Breaker, BreakerPolicy};
 use super::gate::{Gate, Stop};
 use super::marks::{self, by_claim, extend_outbox_leases, lease_lost};
+use super::rate::LaneRate;
 use super::RelayOutcome;
 use crate::lease::heartbeat_period;
 use crate::lease::with_lease_heartbeat;
-use crate::outbox::pace::Pacer;
 use crate::outbox::sink::{Sink, SinkError};
 use crate::retry::backoff_delay;
 use crate::store::{bounded, Circuit, OutboxClaim, OutboxRow, Store, StoreError};
@@ -82,8 +82,9 @@ pub struct Lane {
     pub(super) options: LaneOptions,
     /// This process's count of the lane's outcomes (the open state itself is shared).
     breaker: Arc<Mutex<Breaker>>,
-    /// Shared by the lane's batches so the rate holds across them.
-    pacer: Option<Arc<Pacer>>,
+    /// Shared by the lane's batches, and through the store by every relay process, so the
+    /// rate holds across them.
+    rate: Option<Arc<LaneRate>>,
     /// Rows the sink accepted whose `dispatched` mark did not reach the store (an outage
     /// between delivering and marking), marked before the next claim so a store blip does not
     /// turn into a second delivery when their lease runs out.
@@ -107,9 +108,15 @@ impl Lane {
     ) -> Self {
         Lane {
             breaker: Arc::new(Mutex::new(Breaker::new(options.breaker.clone()))),
-            pacer: options
-                .rate
-                .map(|(rate, burst)| Arc::new(Pacer::new(rate, burst))),
+            rate: options.rate.map(|(rate, burst)| {
+                Arc::new(LaneRate::new(
+                    store.clone(),
+                    name.clone(),
+                    rate,
+                    burst,
+                    options.statement_timeout,
+                ))
+            }),
             name,
             label,
             store,
@@ -199,7 +206,7 @@ impl Lane {
         ));
         let lease = self.options.lease;
         let gate = Gate::new(
-            self.pacer.clone(),
+            self.rate.clone(),
             probe.is_none().then(|| self.breaker.clone()),
         );
         let results = with_lease_heartbeat(
