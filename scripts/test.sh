@@ -8,8 +8,8 @@
 # one that keeps the installed `cryptography`) and the npm packages of GitHub's and Shopify's signers (under
 # target/sender-sdks) are installed, moto_server is started on a free port for the run and stopped after (through
 # scripts/moto_server.py, which closes a race of moto's that loses a sent message); Debian's
-# prometheus and docker-compose are installed when missing (tests/it/operations/), and chromium
-# with its chromedriver (tests/it/console/).
+# prometheus and docker-compose are installed when missing (tests/it/operations/), chromium
+# with its chromedriver (tests/it/console/), and openssl (tests/it/sink_auth/).
 # It begins with the gates and the fast lane, which need no service: `cargo fmt --check`, clippy
 # on every target with warnings denied, rustdoc with warnings denied, the book under docs/ built
 # (mdbook, installed if missing) and every relative link of it and of the top-level pages checked
@@ -144,6 +144,8 @@ missing=()
 { command -v promtool && command -v prometheus; } >/dev/null || missing+=(prometheus)
 { docker compose version || command -v docker-compose; } >/dev/null 2>&1 || missing+=(docker-compose)
 { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; } || missing+=(chromium chromium-driver)
+# tests/it/sink_auth/ makes its CA and certificates with the openssl command.
+command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt_install "${missing[@]}"

@@ -59,6 +59,9 @@
 //! * [`operator_actions`]: the CLI's bulk actions through the binary: `dlq redrive` and
 //!   `outbox retry --failed` by filter with `--dry-run`, `outbox resend` of a dispatched range
 //!   under the original keys, each recorded;
+//! * [`ordered`]: an ordered sink delivers each key's rows in commit order while other keys
+//!   flow (1,000 events, 50 keys, a failing receiver); a row failed for good holds its key,
+//!   shown by `outbox held` and the console, until `outbox skip`;
 //! * [`outage`]: a store that refuses or stops answering: 503 and `/readyz` 503, nothing
 //!   acknowledged lost, a mark lost to an outage written after it without a redelivery;
 //! * [`paid_invoices`]: the example service of one's own (`examples/paid_invoices`) as its own
@@ -77,6 +80,11 @@
 //!   that verify nothing (`whsec_`), numbers past their bound (a dedup window that would wrap),
 //!   and at the store, a two-day-old generation outliving the window such a number made; a
 //!   short Stripe secret starts with a warning;
+//! * [`sink_auth`]: receivers that ask for more than a shared secret: one requiring a client
+//!   certificate (mTLS) gets every delivery of the sink with one and refuses the sink without;
+//!   an OAuth 2.0 receiver revoking its token once gets every event, the token fetched twice
+//!   and no attempt spent; a wrong client secret fails the deliveries showing the OAuth error;
+//!   no secret or token in the logs; an unreadable certificate refuses the start naming its key;
 //! * [`sink_urls`]: a token in the HTTP sink's URL (path or query) reaches no log line,
 //!   `last_error`, `outbox failed` or `events show`, with the sink refusing or answering 500;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
@@ -144,6 +152,7 @@ mod layout_upgrade;
 mod lock_order;
 mod operations;
 mod operator_actions;
+mod ordered;
 mod outage;
 mod paid_invoices;
 mod pipeline;
@@ -151,6 +160,7 @@ mod rabbit_give_backs;
 mod redrive;
 mod relay;
 mod settings_refused;
+mod sink_auth;
 mod sink_urls;
 mod sinks;
 mod sources;

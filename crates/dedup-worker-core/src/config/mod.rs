@@ -31,6 +31,7 @@ mod outbox_checks;
 mod paypal;
 mod secrets;
 mod sink;
+mod sink_tls;
 mod source_checks;
 mod sources;
 mod validate;
@@ -44,8 +45,8 @@ pub use hmac::{
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
 pub use layers::defaults;
 pub use outbox::{
-    lane_label, BreakerOverrides, BreakerSettings, OutboxSettings, RouteSettings, SinkSettings,
-    Unrouted, DEFAULT_LANE,
+    lane_label, BreakerOverrides, BreakerSettings, OAuthAuthMethod, OutboxSettings, RouteSettings,
+    SinkOAuthSettings, SinkSettings, SinkTlsSettings, Unrouted, DEFAULT_LANE, DEFAULT_ORDERING_KEY,
 };
 pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{
@@ -55,6 +56,7 @@ pub use secrets::{
     redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };
 pub use sink::{shown_destination, shown_url, InvalidSinkSpec, SinkSpec};
+pub use sink_tls::{read_sink_tls, SinkTls};
 pub use sources::{
     SchemeKind, SourceSettings, Sources, DEFAULT_TOLERANCE_SECS, MAX_SOURCE_NAME_CHARS,
     RESERVED_SOURCE_NAMES,

@@ -4,12 +4,13 @@
 //! `outbox_checks.rs`; the relay turns them into lanes (`outbox/relay/`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
 use super::durations;
-use super::secrets;
+use super::secrets::{self, Secret};
 use super::SinkSpec;
 use crate::signature::secrets::SigningSecret;
 
@@ -137,7 +138,8 @@ pub struct SinkSettings {
     pub max_attempts: Option<u32>,
     #[serde(default, deserialize_with = "durations::read_optional")]
     pub http_timeout: Option<Duration>,
-    /// Deliveries a second this relay process sends to the sink at most (fractional allowed);
+    /// Deliveries a second every relay process together sends to the sink at most (fractional
+    /// allowed; the bucket is kept in the store, `relay/rate.rs`);
     /// absent: as fast as `concurrency` allows.
     pub rate_per_sec: Option<f64>,
     /// Deliveries that may go at once after a quiet spell; default: the rate rounded up.
@@ -156,6 +158,57 @@ pub struct SinkSettings {
     /// the key, anything else leaves the row unordered); only with `ordered`. Default
     /// [`DEFAULT_ORDERING_KEY`], the object a Stripe event is about.
     pub ordering_key: Option<String>,
+    /// Mutual TLS and the receiver's own CA (HTTP sinks only).
+    pub tls: Option<SinkTlsSettings>,
+    /// An OAuth 2.0 bearer token on every delivery (HTTP sinks only).
+    pub oauth: Option<SinkOAuthSettings>,
+}
+
+/// `[outbox.sinks.NAME.tls]`: PEM files, read and parsed at start-up (an unreadable or
+/// unparsable one refuses the start, naming its key).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkTlsSettings {
+    /// The certificate (chain, leaf first) this relay presents to the receiver.
+    pub client_cert: Option<PathBuf>,
+    /// The private key of `client_cert` (PKCS#8, PKCS#1 or SEC1).
+    pub client_key: Option<PathBuf>,
+    /// The CA certificates the receiver's certificate must chain to; they replace the built-in
+    /// roots for this sink alone (a private CA). Absent: the built-in roots.
+    pub ca: Option<PathBuf>,
+}
+
+/// `[outbox.sinks.NAME.oauth]`: the OAuth 2.0 client credentials grant (RFC 6749 §4.4). The
+/// token is fetched before the first delivery, kept until 80 % of its life, and fetched again
+/// when the receiver answers 401 to it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkOAuthSettings {
+    /// The authorization server's token endpoint (http or https). Optional only so that its
+    /// absence is refused naming the key (see `outbox_checks.rs`), like the two below.
+    pub token_url: Option<String>,
+    pub client_id: Option<String>,
+    /// Never logged; `Debug` shows `***`.
+    pub client_secret: Option<Secret>,
+    /// Sent as `scope` when given (space-separated scopes).
+    pub scope: Option<String>,
+    /// Sent as `audience` when given (Auth0's and others' extension naming the receiver's API).
+    pub audience: Option<String>,
+    /// How the client authenticates to the token endpoint.
+    #[serde(default)]
+    pub auth_method: OAuthAuthMethod,
+}
+
+/// `outbox.sinks.NAME.oauth.auth_method` (RFC 6749 §2.3.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OAuthAuthMethod {
+    /// `client_secret_basic`: HTTP Basic with the form-encoded id and secret (the default every
+    /// server must support).
+    #[default]
+    Basic,
+    /// `client_secret_post`: `client_id` and `client_secret` in the form body.
+    Post,
 }
 
 /// The ordering key of an ordered sink that names none: the id of the object a Stripe-shaped

@@ -1,11 +1,14 @@
 //! Checks of `[outbox.sinks.NAME]`, `[outbox.breaker]` and `[[outbox.routes]]`: each refusal
 //! names its key as written (`outbox.sinks.billing.rate_per_sec`, `outbox.routes[1].sinks`).
+//! A sink's `tls` files are read and parsed here (`sink_tls.rs`), so a missing or broken one
+//! stops the start instead of failing every delivery.
 
 use std::time::Duration;
 
 use super::durations::shown;
-use super::outbox::{BreakerSettings, DEFAULT_LANE};
-use super::{ConfigError, Settings};
+use super::outbox::{BreakerSettings, SinkOAuthSettings, SinkSettings, DEFAULT_LANE};
+use super::sink_tls::check_sink_tls;
+use super::{ConfigError, Settings, SinkSpec};
 
 /// The longest name of a sink (it is a metrics label and a URL path segment).
 pub const MAX_SINK_NAME_CHARS: usize = 64;
@@ -96,6 +99,7 @@ impl Settings {
                 check_pointer(pointer)
                     .map_err(|reason| ConfigError::invalid_at(key("ordering_key"), reason))?;
             }
+            check_sink_auth(name, sink)?;
         }
         self.check_routes()
     }
@@ -135,6 +139,78 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// `tls` and `oauth` of sink `name`: only on an HTTP sink, each file readable and parsable,
+/// the OAuth client complete.
+fn check_sink_auth(name: &str, sink: &SinkSettings) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("outbox.sinks.{name}.{field}");
+    for (field, set) in [("tls", sink.tls.is_some()), ("oauth", sink.oauth.is_some())] {
+        if set && !matches!(sink.url, SinkSpec::Http(_)) {
+            return Err(ConfigError::invalid_at(
+                key(field),
+                format!(
+                    "is set on a sink whose url ({}) is not an http(s) URL; only HTTP sinks \
+                     use it",
+                    sink.url
+                ),
+            ));
+        }
+    }
+    if let Some(tls) = &sink.tls {
+        check_sink_tls(tls).map_err(|(field, reason)| {
+            ConfigError::invalid_at(key(&format!("tls.{field}")), reason)
+        })?;
+    }
+    if let Some(oauth) = &sink.oauth {
+        check_oauth(oauth).map_err(|(field, reason)| {
+            ConfigError::invalid_at(key(&format!("oauth.{field}")), reason)
+        })?;
+    }
+    Ok(())
+}
+
+fn check_oauth(oauth: &SinkOAuthSettings) -> Result<(), (&'static str, String)> {
+    let Some(token_url) = &oauth.token_url else {
+        return Err((
+            "token_url",
+            "is not set: the authorization server's token endpoint (https://…/oauth/token)".into(),
+        ));
+    };
+    let parsed = url::Url::parse(token_url).map_err(|error| {
+        let shown = crate::config::shown_url(token_url);
+        ("token_url", format!("{shown:?} is not a URL: {error}"))
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err((
+            "token_url",
+            format!(
+                "{:?} is not an http(s) URL with a host",
+                crate::config::shown_url(token_url)
+            ),
+        ));
+    }
+    if oauth
+        .client_id
+        .as_deref()
+        .is_none_or(|id| id.trim().is_empty())
+    {
+        return Err((
+            "client_id",
+            "is not set: the client id the token endpoint knows this relay by".into(),
+        ));
+    }
+    if oauth
+        .client_secret
+        .as_ref()
+        .is_none_or(|secret| secret.expose().is_empty())
+    {
+        return Err((
+            "client_secret",
+            "is not set (or empty): the secret of client_id at the token endpoint".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A sink's name: `[a-z0-9_-]`, 1 to 64 characters (a metrics label, a console path and the

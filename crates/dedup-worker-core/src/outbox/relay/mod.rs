@@ -8,12 +8,14 @@
 //! * `lane.rs`: one lane's step and its shared state (paused, held, circuit);
 //! * `gate.rs`: a batch's pacing, breaker counting and stop;
 //! * `breaker.rs`: when the circuit opens, how probes are spaced (pure);
-//! * `marks.rs`: give-backs, marks an outage left, lease extensions.
+//! * `marks.rs`: give-backs, marks an outage left, lease extensions;
+//! * `rate.rs`: a sink's rate, shared with the other relay processes through the store.
 
 pub mod breaker;
 mod gate;
 pub mod lane;
 mod marks;
+mod rate;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use self::breaker::BreakerPolicy;
 use self::lane::{Lane, LaneOptions, Rest};
 use self::marks::OUTSIDE_CALL_TIMEOUT;
-use super::sink::{build_sink, Sink};
+use super::sink::{build_sink, HttpAuth, Sink};
 use crate::config::{lane_label, BreakerSettings, SinkSettings, SinkSpec, DEFAULT_LANE};
 use crate::retry::backoff_delay;
 use crate::signature::secrets::SigningSecret;
@@ -212,8 +214,12 @@ impl Relay {
             Some(own) => own.into(),
             None => o.signing_secrets.clone(),
         };
+        let auth = HttpAuth {
+            tls: configured.and_then(|s| s.tls.as_ref()),
+            oauth: configured.and_then(|s| s.oauth.as_ref()),
+        };
         let sink: Result<Arc<dyn Sink>, _> = match spec {
-            Ok(spec) => build_sink(&spec, http_timeout, concurrency, &secrets)
+            Ok(spec) => build_sink(&spec, http_timeout, concurrency, &secrets, auth)
                 .await
                 .map(Arc::from)
                 .map_err(|e| Arc::new(e) as Arc<_>),

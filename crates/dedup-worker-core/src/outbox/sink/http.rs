@@ -1,13 +1,15 @@
 //! The HTTP sink: a POST per event with `Idempotency-Key`, signed as Standard Webhooks when
-//! `outbox.signing_secret` is set.
+//! `outbox.signing_secret` is set; with a client certificate (`tls`) and a bearer token
+//! (`oauth`, `oauth.rs`) when the sink's receiver asks for them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::oauth::{Bearer, TokenSource};
 use super::{timed, Sink, SinkError};
-use crate::config::shown_url;
+use crate::config::{read_sink_tls, shown_url, SinkOAuthSettings, SinkTlsSettings};
 use crate::outbox::pace::retry_after;
 use crate::signature::secrets::{webhook_signature, SigningSecret};
 use crate::store::OutboxRow;
@@ -23,6 +25,25 @@ pub struct HttpSink {
     /// secret, `v1a,` for a `whsk_` ed25519 key), so the receiving app can check that a delivery
     /// came from this relay; empty: unsigned.
     signing_secrets: Arc<[SigningSecret]>,
+    /// A bearer token on every request, fetched through `client`.
+    oauth: Option<TokenSource>,
+}
+
+/// How a sink's receiver wants the relay to prove who it is, besides signatures
+/// (`[outbox.sinks.NAME.tls]`, `[outbox.sinks.NAME.oauth]`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HttpAuth<'a> {
+    pub tls: Option<&'a SinkTlsSettings>,
+    pub oauth: Option<&'a SinkOAuthSettings>,
+}
+
+/// A sink's `tls` files could not be used when its lane was built (they were at start-up:
+/// moved or changed since).
+#[derive(Debug, thiserror::Error)]
+#[error("tls.{field}: {reason}")]
+pub struct TlsFilesError {
+    field: &'static str,
+    reason: String,
 }
 
 /// The URL as [`shown_url`] shows it: a webhook URL's path or query may be its secret.
@@ -32,6 +53,7 @@ impl std::fmt::Debug for HttpSink {
             .field("url", &shown_url(&self.url))
             .field("concurrency", &self.concurrency)
             .field("signing_secrets", &self.signing_secrets)
+            .field("oauth", &self.oauth)
             .finish_non_exhaustive()
     }
 }
@@ -42,23 +64,62 @@ impl HttpSink {
         timeout: Duration,
         concurrency: usize,
         signing_secrets: Arc<[SigningSecret]>,
+        auth: HttpAuth<'_>,
     ) -> Result<Self, SinkError> {
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             // See `SinkError::Redirected`.
             .redirect(reqwest::redirect::Policy::none())
-            .pool_max_idle_per_host(concurrency)
+            .pool_max_idle_per_host(concurrency);
+        if let Some(tls) = auth.tls {
+            let tls = read_sink_tls(tls).map_err(|(field, reason)| {
+                SinkError::Destination(Arc::new(TlsFilesError { field, reason }))
+            })?;
+            builder = tls.apply_to(builder);
+        }
+        let client = builder
             .build()
             .map_err(|error| SinkError::http(&url, error))?;
+        let oauth = auth
+            .oauth
+            .map(|settings| TokenSource::new(client.clone(), settings));
         Ok(HttpSink {
             url,
             client,
             concurrency,
             signing_secrets,
+            oauth,
         })
     }
 
+    /// Sends `row`; with OAuth, once more with a fresh token if the receiver answers 401 to the
+    /// cached one (revoked or rotated before its time), within this one attempt.
     async fn deliver(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
+        let Some(oauth) = &self.oauth else {
+            let response = self.send(row, traceparent, None).await?;
+            return self.judge(response);
+        };
+        let token_error = |source| SinkError::Token {
+            url: oauth.shown_url(),
+            source,
+        };
+        let bearer = oauth.bearer().await.map_err(token_error)?;
+        let response = self.send(row, traceparent.clone(), Some(&bearer)).await?;
+        if response.status() != http::StatusCode::UNAUTHORIZED {
+            return self.judge(response);
+        }
+        oauth.rejected(&bearer).await;
+        let fresh = oauth.bearer().await.map_err(token_error)?;
+        let response = self.send(row, traceparent, Some(&fresh)).await?;
+        self.judge(response)
+    }
+
+    async fn send(
+        &self,
+        row: &OutboxRow,
+        traceparent: Option<String>,
+        bearer: Option<&Bearer>,
+    ) -> Result<reqwest::Response, SinkError> {
         let mut request = self
             .client
             .post(&self.url)
@@ -67,6 +128,9 @@ impl HttpSink {
             .header("Dedup-Event-Type", &row.event_type);
         if let Some(traceparent) = traceparent {
             request = request.header(traces::TRACEPARENT, traceparent);
+        }
+        if let Some(bearer) = bearer {
+            request = request.header(http::header::AUTHORIZATION, bearer.header.clone());
         }
         if !self.signing_secrets.is_empty() {
             // Standard Webhooks: `webhook-id` is the idempotency key, so every retry of a row
@@ -85,11 +149,15 @@ impl HttpSink {
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", signature);
         }
-        let response = request
+        request
             .body(row.payload.clone())
             .send()
             .await
-            .map_err(|error| SinkError::http(&self.url, error))?;
+            .map_err(|error| SinkError::http(&self.url, error))
+    }
+
+    /// A receiver's answer as the delivery's result.
+    fn judge(&self, response: reqwest::Response) -> Result<(), SinkError> {
         let status = response.status();
         if status.is_success() {
             Ok(())

@@ -9,12 +9,14 @@ mod amqp;
 mod file;
 mod http;
 mod log;
+mod oauth;
 mod sqs;
 
 pub use amqp::AmqpSink;
 pub use file::FileSink;
-pub use http::HttpSink;
+pub use http::{HttpAuth, HttpSink, TlsFilesError};
 pub use log::LogSink;
+pub use oauth::TokenError;
 pub use sqs::SqsSink;
 
 use std::future::Future;
@@ -45,6 +47,16 @@ pub enum SinkError {
     },
     #[error("receiver answered {status}")]
     Status { status: u16 },
+    /// No OAuth token for the delivery: the sink's token endpoint (shown as [`shown_url`]
+    /// shows URLs) failed or refused. A failed delivery like any other (the breaker counts
+    /// it): the receiver cannot be reached without one. Shared by the deliveries that waited on
+    /// the same fetch.
+    #[error("OAuth token endpoint {url}: {source}")]
+    Token {
+        url: String,
+        #[source]
+        source: Arc<TokenError>,
+    },
     /// A 429 or 503 with a `Retry-After` we could read: the receiver is alive and said when to
     /// come back. The lane waits that long (bounded by `outbox.max_retry_after`) and the row
     /// spends no attempt.
@@ -163,12 +175,14 @@ pub trait Sink: Send + Sync + 'static {
     }
 }
 
-/// Builds the sink for a spec. `signing_secrets` sign every HTTP delivery (none: unsigned).
+/// Builds the sink for a spec. `signing_secrets` sign every HTTP delivery (none: unsigned);
+/// `auth` is an HTTP sink's client certificate and OAuth client (others have none).
 pub async fn build_sink(
     spec: &SinkSpec,
     http_timeout: Duration,
     concurrency: usize,
     signing_secrets: &Arc<[SigningSecret]>,
+    auth: HttpAuth<'_>,
 ) -> Result<Box<dyn Sink>, SinkError> {
     Ok(match spec {
         SinkSpec::Log => Box::new(LogSink),
@@ -178,6 +192,7 @@ pub async fn build_sink(
             http_timeout,
             concurrency,
             signing_secrets.clone(),
+            auth,
         )?),
         SinkSpec::Amqp { url, exchange } => Box::new(AmqpSink::new(url.clone(), exchange.clone())),
         SinkSpec::Sqs(url) => Box::new(SqsSink {
