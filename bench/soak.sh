@@ -10,7 +10,10 @@
 # black-holing, refusing, cutting or slowing PostgreSQL, RabbitMQ, the emulator and the sink,
 # PostgreSQL itself SIGKILLed and restarted, SQS receives duplicated, seals and retention of a
 # 60-s dedup window, restarts with another configuration), then a drain and a checker: every
-# event answered 2xx at the sink at least once and in the effect table exactly once, and every
+# event answered 2xx at the sink at least once and in the effect table exactly once; every event
+# also at a second, ordered sink (a route sends each forwarded event to both; `ordered = true`
+# keyed by the event's customer, behind the same proxy, answering 500 to one delivery in ten),
+# each key's deliveries there in the outbox's commit order (order_violations); and every
 # keyed API operation's effect once, its replays byte-identical, no request seeing another's
 # session. What it does and how it judges
 # is written at the top of examples/soak/main.rs; RELIABILITY.md has the faults and results.
@@ -32,7 +35,8 @@
 #                               the newest /usr/lib/postgresql/*/bin); as root they run as postgres
 #   AMQP_URL                    RabbitMQ (default the local one, as the test suite)
 # The last line on stdout is one JSON object (seed, seconds, events_accepted, faults, workload,
-# lost, doubled, api, …, verdict, why). Exit status 0 if the promise held; 1 on a violation, on
+# lost, doubled, api, …, order_violations, ordered_missing, ordered_deliveries_checked,
+# ordered_keys_checked, …, verdict, why). Exit status 0 if the promise held; 1 on a violation, on
 # fewer than 90 % of the events sent accepted (or of the API calls answered), or on a drain that
 # did not finish (the seed, the schedule and the violating keys' history on stderr);
 # 2 if the soak itself could not run.

@@ -85,6 +85,9 @@ pub struct Findings {
     pub sink_redeliveries_same_key: usize,
     pub sink_redeliveries_other_key: usize,
     pub sink_wrong_key: usize,
+    /// The keys accepted (sorted), for the order check's `ordered_missing`.
+    #[serde(skip)]
+    pub accepted: Vec<String>,
 }
 
 impl Findings {
@@ -223,6 +226,7 @@ pub fn check(
                     .push(idempotency_key.as_deref());
             }
             Record::Publish { .. }
+            | Record::OrderedSink { .. }
             | Record::Fault { .. }
             | Record::Phase { .. }
             | Record::Api { .. } => {}
@@ -296,6 +300,8 @@ pub fn check(
     }
     found.events_attempted = attempted.len();
     found.events_accepted = accepted.len();
+    found.accepted = accepted.iter().map(|k| (*k).to_owned()).collect();
+    found.accepted.sort();
     found.rejected = rejected.into_iter().collect();
     for list in [
         &mut found.lost,

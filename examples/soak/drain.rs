@@ -1,9 +1,10 @@
 //! The drain and the final reading. After the run every fault is healed and every process is
 //! running again; the sender keeps retrying what is unanswered, and the drain polls until every
-//! accepted event is at the sink and nothing is left in any queue or in the outbox, or until
-//! nothing has moved for [`STALL`], or the deadline. Then the processes are stopped (SIGTERM)
-//! and the effect table, the dead letters and the outbox's failed rows are read and written
-//! into the run's directory.
+//! accepted event is at both sinks (the ordered one: answered 2xx) and nothing is left in any
+//! queue or in the outbox, or until nothing has moved for [`STALL`], or the deadline. Then the
+//! processes are stopped (SIGTERM) and the effect table, the dead letters, the outbox's failed
+//! rows and the ordered sink's lane (its commit order) are read and written into the run's
+//! directory.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -20,6 +21,8 @@ use tokio::time::Instant;
 use crate::api_check::ApiEffectRow;
 use crate::checker::{DeadLetterRow, EffectRow};
 use crate::infra::{Infra, CALL_TIMEOUT};
+use crate::order_check::LaneRow;
+use crate::settings::ORDERED_SINK;
 use crate::sink::SinkSeen;
 
 /// Nothing moved (no delivery at the sink, no effect row, no answer to the sender) this long:
@@ -37,7 +40,7 @@ pub struct Drained {
     /// Why not, if not.
     pub stopped_by: Option<String>,
     pub seconds: u64,
-    /// Accepted keys not at the sink when it ended.
+    /// Accepted keys not at both sinks when it ended.
     pub missing: usize,
 }
 
@@ -54,7 +57,7 @@ impl DrainWatch<'_> {
     pub async fn wait(&self) -> Drained {
         let started = Instant::now();
         let mut last_progress = Instant::now();
-        let mut progress = (u64::MAX, i64::MIN, 0usize);
+        let mut progress = (u64::MAX, u64::MAX, i64::MIN, 0usize);
         let mut quiet = 0;
         loop {
             let missing = self.missing();
@@ -62,6 +65,7 @@ impl DrainWatch<'_> {
             let accepted = self.accepted.lock().expect("accepted").len();
             let now = (
                 self.seen.deliveries.load(Ordering::SeqCst),
+                self.seen.ordered_deliveries.load(Ordering::SeqCst),
                 effects,
                 accepted,
             );
@@ -91,7 +95,11 @@ impl DrainWatch<'_> {
     fn missing(&self) -> usize {
         let accepted = self.accepted.lock().expect("accepted");
         let at_sink = self.seen.keys.lock().expect("sink");
-        accepted.iter().filter(|k| !at_sink.contains(*k)).count()
+        let at_ordered = self.seen.ordered_keys.lock().expect("sink");
+        accepted
+            .iter()
+            .filter(|k| !at_sink.contains(*k) || !at_ordered.contains(*k))
+            .count()
     }
 
     async fn queues_empty(&self) -> bool {
@@ -123,13 +131,14 @@ pub struct FinalState {
     pub dead_letters: Vec<DeadLetterRow>,
     pub outbox_failed: usize,
     pub outbox_pending: i64,
+    /// The ordered sink's rows in the outbox, in id order (`ordered_outbox.jsonl`).
+    pub ordered_lane: Vec<LaneRow>,
     /// Messages left in the database queue, RabbitMQ and SQS.
     pub left_in_queues: [i64; 3],
 }
 
 /// Reads the final state and writes it into `run_dir` (`effects.jsonl`, `api_effects.jsonl`,
-/// `dead_letters.txt`,
-/// `outbox_failed.txt`).
+/// `dead_letters.txt`, `outbox_failed.txt`, `ordered_outbox.jsonl`).
 pub async fn read_final(
     store: &Store,
     infra: &Infra,
@@ -205,6 +214,8 @@ pub async fn read_final(
         .collect();
     write_jsonl(&run_dir.join("dead_letters.jsonl"), &dead_letters)?;
     std::fs::write(run_dir.join("outbox_failed.txt"), format!("{failed:#?}\n"))?;
+    let ordered_lane = read_lane(store).await?;
+    write_jsonl(&run_dir.join("ordered_outbox.jsonl"), &ordered_lane)?;
     let pending = bounded("counting the outbox", store.outbox().counts())
         .await?
         .pending;
@@ -215,8 +226,34 @@ pub async fn read_final(
         dead_letters,
         outbox_failed: failed.len(),
         outbox_pending: pending,
+        ordered_lane,
         left_in_queues,
     })
+}
+
+/// The ordered sink's rows, in id order: its commit order per key. Dispatched rows stay for
+/// `outbox.retention_hours` (168 in the soak), far beyond any run.
+async fn read_lane(store: &Store) -> anyhow::Result<Vec<LaneRow>> {
+    let pool = store.postgres_pool().context("a PostgreSQL store")?;
+    let sql = format!(
+        "SELECT id, ordering_key, idempotency_key, status FROM {}.outbox \
+         WHERE sink = $1 ORDER BY id",
+        dedup_worker_core::store::SCHEMA
+    );
+    let rows: Vec<(i64, Option<String>, String, String)> = bounded(
+        "reading the ordered sink's lane",
+        sqlx::query_as(&sql).bind(ORDERED_SINK).fetch_all(pool),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, ordering_key, idempotency_key, status)| LaneRow {
+            id,
+            ordering_key,
+            idempotency_key,
+            status,
+        })
+        .collect())
 }
 
 /// One JSON object a line.

@@ -82,6 +82,17 @@ pub enum Record {
         idempotency_key: Option<String>,
         payload_id: String,
     },
+    /// A delivery at the ordered sink (`outbox.sinks.ordered`): the change read from its body
+    /// (as for [`Record::Sink`]), its `Idempotency-Key`, the ordering key in its body (none for
+    /// a thin event or a foreign message: delivered unordered), and the answer it got.
+    OrderedSink {
+        t: u64,
+        key: String,
+        idempotency_key: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        ordering_key: Option<String>,
+        status: u16,
+    },
     /// A fault's start or end, or something that happened to a process.
     Fault {
         t: u64,
@@ -126,6 +137,7 @@ impl Record {
             | Record::Complete { key, .. }
             | Record::Publish { key, .. }
             | Record::Sink { key, .. }
+            | Record::OrderedSink { key, .. }
             | Record::Api { key, .. } => Some(key),
             Record::Fault { .. } | Record::Phase { .. } => None,
         }

@@ -176,6 +176,16 @@ impl Infra {
         )
     }
 
+    /// The ordered sink's URL (`outbox.sinks.ordered`): the same receiver behind the same
+    /// proxy, so the sink's faults hit both lanes.
+    pub fn ordered_sink_url(&self) -> String {
+        format!(
+            "http://127.0.0.1:{}{}",
+            self.proxy(Dependency::Sink).port,
+            crate::sink::ORDERED_PATH
+        )
+    }
+
     pub fn duplicator(&self) -> &SqsDuplicator {
         self.sqs_duplicator.as_ref().expect("started in create")
     }

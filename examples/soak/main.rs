@@ -8,7 +8,12 @@
 //!
 //! The service under test is `examples/soak_service`: a service on the library whose handler
 //! inserts one row per call into `soak_effects`, a table with no unique key, and forwards the
-//! event to the sink, both in the consumer's batch transaction. Sixteen processes of it run on
+//! event, both in the consumer's batch transaction; a route (`outbox.routes`) sends every
+//! forwarded event to two sinks, each a lane of the relay's and a row of its own under the same
+//! `Idempotency-Key`: `default` and `ordered` (`ordered = true`, `ordering_key =
+//! "/data/object/customer"`: each webhook event's object names one of 32 customers, drawn from
+//! its id, so every key carries many events; a thin event or a foreign message has no key and
+//! goes unordered). Sixteen processes of it run on
 //! a PostgreSQL server of the run's own ([`postgres`]: `initdb` and `pg_ctl` in a temporary
 //! directory, on a free port, its `default_transaction_isolation` drawn per run, stopped and
 //! removed at the end) ([`cluster::LAYOUT`]): per transport (the database queue, RabbitMQ, SQS
@@ -19,7 +24,9 @@
 //! session's `app.tenant` (as row-level security is driven) and writes one row per execution
 //! into `soak_api_effects` (no unique key). Every process reaches PostgreSQL, RabbitMQ, the
 //! emulator and the sink through a fault proxy of the driver's
-//! ([`dedup_worker::testing::fault_proxy`]), one per dependency; the emulator also through a
+//! ([`dedup_worker::testing::fault_proxy`]), one per dependency (both sinks are paths of one
+//! receiver, [`sink`], behind one proxy: the sink's faults hit both lanes); the emulator also
+//! through a
 //! duplicating proxy ([`sqs_dup`]). The dedup window is short (`consumer.dedup_window`,
 //! 60 s by default, `SOAK_WINDOW_SECS`), and every consumer runs retention every 2 s, so
 //! generations are sealed and emptied many times in a run.
@@ -85,15 +92,19 @@
 //!
 //! After `SECONDS`, no new post starts. The drain ([`drain`]) heals every proxy, continues every
 //! paused process and starts every stopped one, lets the sender finish its retries, and polls
-//! until every accepted event is at the sink and the three queues and the outbox are empty
+//! until every accepted event is at both sinks (the ordered one: answered 2xx) and the three
+//! queues and the outbox are empty
 //! (three polls in a row), or nothing moved for 60 s, or its deadline (180 s, or half the run if
-//! longer). Then every process gets SIGTERM, and the effect table, the dead letters and the
-//! outbox's failed rows and `soak_api_effects` are read.
+//! longer). Then every process gets SIGTERM, and the effect table, the dead letters, the
+//! outbox's failed rows, the ordered sink's rows in the outbox (id order: its commit order per
+//! key) and `soak_api_effects` are read.
 //!
 //! # The checker
 //!
 //! The history (`history.jsonl`: every post's attempts and answers, every direct publish,
-//! every sink delivery with its `Idempotency-Key`, every fault's start and end), the effect
+//! every sink delivery with its `Idempotency-Key` (at the ordered sink also its ordering key
+//! and its answer: that sink answers 500 to about one delivery in ten, so heads are retried),
+//! every fault's start and end), the effect
 //! table and the dead letters are judged by [`checker`]: nothing accepted lost (at the sink at
 //! least once, with its effect row), nothing doubled (no two effect rows of one change less
 //! than the window apart, a thin event's own id counted as its change's; rows further apart
@@ -102,14 +113,20 @@
 //! `Idempotency-Key`, each foreign message with no id dead-lettered (at least once) and no
 //! other dead letter, no failed outbox row, no crash. The verdict also fails when fewer than
 //! 90 % of the events sent were accepted, or the drain did not finish: a run that says nothing
-//! about the pipeline does not pass. The API's attempts are judged by [`api_check`] against
+//! about the pipeline does not pass. The ordered sink is judged by [`order_check`] against the
+//! lane's commit order: no delivery of a key's row arriving (whatever its answer) before every
+//! earlier row of its key was answered 2xx, or after a later row of its key arrived
+//! (`order_violations`); every accepted event answered 2xx there too (`ordered_missing`);
+//! nothing there that is no row of its lane (`ordered_unexpected`); and a run that judged no key
+//! with two rows delivered fails (the summary counts `ordered_deliveries_checked` and
+//! `ordered_keys_checked`). The API's attempts are judged by [`api_check`] against
 //! `soak_api_effects`: per `(tenant, key)`, at most one effect row, exactly one with the
 //! answered charge for every operation answered 2xx, every 2xx byte-identical (each execution's
 //! answer carries a fresh nonce, so a second execution never looks like a replay), no execution
 //! that found another request's `app.tenant` in its session, no refusal of the valid request;
 //! and 90 % of the operations answered. The last line printed is one JSON object:
 //! `{"seed", "seconds", "events_accepted", "faults", "workload", "lost", "doubled", "api", …,
-//! "verdict", "why"}`. On a violation the driver prints the seed, the replay command, the
+//! "order_violations", "ordered_missing", …, "verdict", "why"}`. On a violation the driver prints the seed, the replay command, the
 //! schedule and the history of the violating keys, and exits 1; the run's directory keeps what
 //! a post-mortem reads (the server itself is removed).
 //!
@@ -119,7 +136,8 @@
 //! parameters and faults), `history.jsonl`, `effects.jsonl`, `api_effects.jsonl`,
 //! `dead_letters.txt` and
 //! `dead_letters.jsonl`,
-//! `outbox_failed.txt`, `summary.json`, and `logs/<process>.log` (each process's stderr,
+//! `outbox_failed.txt`, `ordered_outbox.jsonl` (the ordered sink's rows: id, ordering key,
+//! `Idempotency-Key`, status), `summary.json`, and `logs/<process>.log` (each process's stderr,
 //! across its restarts). `soak --check DIR` judges a kept run again.
 //!
 //! # Broken on purpose
@@ -136,6 +154,7 @@ mod faults;
 mod history;
 mod infra;
 mod nemesis;
+mod order_check;
 mod plan;
 mod postgres;
 mod producer;

@@ -14,6 +14,7 @@ use crate::api_check::{self, ApiEffectRow, ApiFindings};
 use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
 use crate::cluster::API_PROCESSES;
 use crate::history;
+use crate::order_check::{self, LaneRow, OrderFindings};
 use crate::plan::{FaultKind, Isolation, Plan};
 use crate::run::{Options, Ran};
 
@@ -45,6 +46,18 @@ struct Summary<'a> {
     sink_redeliveries_same_key: usize,
     sink_redeliveries_other_key: usize,
     sink_wrong_key: usize,
+    /// The ordered sink ([`crate::order_check`]): deliveries out of their key's commit order,
+    /// accepted events it never answered 2xx, deliveries of no row of its lane, and how much
+    /// was judged (deliveries of keyed rows, keys, keys with two rows or more arrived).
+    order_violations: usize,
+    ordered_missing: usize,
+    ordered_unexpected: usize,
+    ordered_deliveries: usize,
+    ordered_deliveries_checked: usize,
+    ordered_redeliveries: usize,
+    ordered_keys_checked: usize,
+    ordered_keys_with_several: usize,
+    ordered_rows: usize,
     reaccepted_after_window: usize,
     missing_effect: usize,
     unexpected: usize,
@@ -87,7 +100,8 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         plan.window_secs,
     );
     let api = api_check::check(&records, &ran.last.api_effects);
-    let why = checker::verdict(
+    let order = order_check::check(&records, &ran.last.ordered_lane, &found.accepted);
+    let mut why = checker::verdict(
         &found,
         &api,
         EndState {
@@ -96,6 +110,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
             crashes: ran.crashes.len(),
         },
     );
+    why.extend(order.reasons(found.events_accepted));
     let holds = why.is_empty();
     let summary = Summary {
         seed: o.seed,
@@ -114,6 +129,15 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         sink_redeliveries_same_key: found.sink_redeliveries_same_key,
         sink_redeliveries_other_key: found.sink_redeliveries_other_key,
         sink_wrong_key: found.sink_wrong_key,
+        order_violations: order.order_violations.len(),
+        ordered_missing: order.ordered_missing.len(),
+        ordered_unexpected: order.ordered_unexpected.len(),
+        ordered_deliveries: order.ordered_deliveries,
+        ordered_deliveries_checked: order.ordered_deliveries_checked,
+        ordered_redeliveries: order.ordered_redeliveries,
+        ordered_keys_checked: order.ordered_keys_checked,
+        ordered_keys_with_several: order.ordered_keys_with_several,
+        ordered_rows: order.ordered_rows,
         reaccepted_after_window: found.reaccepted_after_window.len(),
         missing_effect: found.missing_effect.len(),
         unexpected: found.unexpected.len(),
@@ -143,7 +167,8 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         run_dir: run_dir.display().to_string(),
     };
     let full = serde_json::json!({
-        "summary": &summary, "findings": &found, "api_findings": &api, "drain": &ran.drained, "crashes": &ran.crashes,
+        "summary": &summary, "findings": &found, "api_findings": &api,
+        "order_findings": &order, "drain": &ran.drained, "crashes": &ran.crashes,
         "faults_without_effect": &ran.faults_without_effect,
         "peak_memory_kb": &ran.peak_memory_kb,
     });
@@ -157,6 +182,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
     if !holds {
         explain_failure(o, plan, run_dir, &found, &ran, &records, &summary.why);
         explain_api_failure(&api, &records, &ran.last.api_effects);
+        explain_order_failure(&order, &records);
     }
     println!("{}", serde_json::to_string(&summary)?);
     Ok(holds)
@@ -228,6 +254,32 @@ fn explain_api_failure(api: &ApiFindings, records: &[history::Record], rows: &[A
             for line in api_check::scope_history(scope, records, rows) {
                 eprintln!("    {line}");
             }
+        }
+    }
+}
+
+/// The ordered sink's violations, each with its key's deliveries there.
+fn explain_order_failure(order: &OrderFindings, records: &[history::Record]) {
+    let mut shown = std::collections::BTreeSet::new();
+    for violation in order.order_violations.iter().take(KEYS_SHOWN) {
+        eprintln!(
+            "soak: order violation: {}",
+            serde_json::to_string(violation).unwrap_or_default()
+        );
+        if shown.insert(violation.ordering_key.as_str()) {
+            eprintln!("soak: ordered sink, key {}:", violation.ordering_key);
+            for line in order_check::key_history(&violation.ordering_key, records) {
+                eprintln!("    {line}");
+            }
+        }
+    }
+    for (what, keys) in [
+        ("ordered_missing", &order.ordered_missing),
+        ("ordered_unexpected", &order.ordered_unexpected),
+    ] {
+        if !keys.is_empty() {
+            let some: Vec<&str> = keys.iter().take(KEYS_SHOWN).map(String::as_str).collect();
+            eprintln!("soak: {what} ({}): {}", keys.len(), some.join(", "));
         }
     }
 }
@@ -346,9 +398,23 @@ pub fn check_again(dir: &Path) -> anyhow::Result<bool> {
         .collect::<Result<_, _>>()?;
     let api = api_check::check(&records, &api_effects);
     explain_api_failure(&api, &records, &api_effects);
+    // Runs before the ordered sink have no lane to judge.
+    let lane: Option<Vec<LaneRow>> = match std::fs::read_to_string(dir.join("ordered_outbox.jsonl"))
+    {
+        Ok(text) => Some(
+            text.lines()
+                .map(serde_json::from_str)
+                .collect::<Result<_, _>>()?,
+        ),
+        Err(_) => None,
+    };
+    let order = lane.map(|lane| order_check::check(&records, &lane, &found.accepted));
+    if let Some(order) = &order {
+        explain_order_failure(order, &records);
+    }
     println!(
         "{}",
-        serde_json::json!({"findings": &found, "api_findings": &api})
+        serde_json::json!({"findings": &found, "api_findings": &api, "order_findings": &order})
     );
-    Ok(found.holds() && api.holds())
+    Ok(found.holds() && api.holds() && order.is_none_or(|o| o.holds()))
 }

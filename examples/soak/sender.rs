@@ -221,7 +221,11 @@ pub fn event_body(plan: &Plan, run_start_unix: i64, post: &Post) -> Vec<u8> {
         "created": run_start_unix + event.created_offset_secs,
         "type": event.event_type,
         "livemode": false,
-        "data": {"object": {"id": format!("{object}_{}", post.event), "object": object}},
+        "data": {"object": {
+            "id": format!("{object}_{}", post.event),
+            "object": object,
+            "customer": crate::workload::customer(&event.key),
+        }},
     }))
     .expect("JSON serialises");
     match post.shape {

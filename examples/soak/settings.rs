@@ -8,6 +8,13 @@ use crate::infra::{Infra, DATABASE_QUEUE};
 /// The Stripe secret every ingress verifies with and the sender signs with.
 pub const SECRET: &str = "whsec_soak_0123456789abcdef0123456789abcdef";
 
+/// The ordered sink's name (`outbox.sinks.ordered`, the outbox's `sink` column).
+pub const ORDERED_SINK: &str = "ordered";
+/// Its ordering key: the webhook events' customer ([`crate::workload::customer`]), a pool small
+/// enough that every key carries many events. A thin event or a foreign message has none: its
+/// row is delivered unordered.
+pub const ORDERING_KEY: &str = "/data/object/customer";
+
 /// What every process is given (the lanes add their transport).
 pub fn common_env(infra: &Infra, window_secs: u64) -> Vec<(String, String)> {
     let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
@@ -39,6 +46,24 @@ pub fn common_env(infra: &Infra, window_secs: u64) -> Vec<(String, String)> {
         // probes at most 10 s apart keep the drain's stall detector (60 s) seeing progress
         // once the sink is healed, where the default 5 min would outwait it.
         ("DEDUP_OUTBOX__BREAKER__PROBE_MAX", "10s".to_owned()),
+        // A second sink, ordered by the event's customer, at the same receiver behind the same
+        // proxy; a route sends every forwarded event to both (issue 39). Its rows stay in the
+        // outbox after delivery (the default week of retention, written out here since the
+        // checker reads the lane's commit order from them at the end).
+        (
+            "DEDUP_OUTBOX__SINKS__ORDERED__URL",
+            infra.ordered_sink_url(),
+        ),
+        ("DEDUP_OUTBOX__SINKS__ORDERED__ORDERED", "true".to_owned()),
+        (
+            "DEDUP_OUTBOX__SINKS__ORDERED__ORDERING_KEY",
+            ORDERING_KEY.to_owned(),
+        ),
+        (
+            "DEDUP_OUTBOX__ROUTES",
+            format!(r#"[{{name="all", sinks=["default", "{ORDERED_SINK}"]}}]"#),
+        ),
+        ("DEDUP_OUTBOX__RETENTION_HOURS", "168".to_owned()),
         ("DEDUP_TRANSPORT__SQS_WAIT_TIME", "5s".to_owned()),
         ("DEDUP_SHUTDOWN__GRACE", "10s".to_owned()),
         ("AWS_REGION", var("AWS_REGION", "us-east-1")),

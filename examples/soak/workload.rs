@@ -84,6 +84,17 @@ const ALL_DIRECT: [DirectKind; 5] = [
     DirectKind::ForeignNoId,
 ];
 
+/// Customers the webhook events' objects belong to (`data.object.customer`): the ordered sink's
+/// ordering key, so each key carries many events and their order is exercised.
+pub const CUSTOMERS: u8 = 32;
+
+/// The customer of the change `key` (its snapshot event's id): derived from the id, so the plan's
+/// draws are untouched and every channel of the change names the same customer.
+pub fn customer(key: &str) -> String {
+    let hash = dedup_worker_core::store::dedup_key("soak-customer", key);
+    format!("cus_soak_{:02}", hash[0] % CUSTOMERS)
+}
+
 /// One message the driver puts on a queue itself.
 #[derive(Debug, Clone, Serialize)]
 pub struct Direct {

@@ -425,11 +425,9 @@ async fn timing_receiver() -> (String, Arrivals) {
 
 /// Two processes relay one sink of `rate_per_sec = 5`, `burst = 1`, both delivering (batches
 /// of two): the receiver sees 5 a second between them, not 5 each. Paced per process, a second
-/// would hold about 10.
+/// would hold about 10. A named sink's settings, and `[outbox]`'s for the default lane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sinks_rate_holds_for_two_relay_processes_together() {
-    let db = TestDb::new(Backend::Postgres).await;
-    let (work_a, work_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+async fn a_named_sinks_rate_holds_for_two_relay_processes_together() {
     let (url, arrivals) = timing_receiver().await;
     let env = [
         ("DEDUP_OUTBOX__SINKS__PACED__URL", url),
@@ -438,13 +436,32 @@ async fn a_sinks_rate_holds_for_two_relay_processes_together() {
         ("DEDUP_OUTBOX__SINKS__PACED__BATCH_SIZE", "2".to_owned()),
         ("DEDUP_OUTBOX__ROUTES", r#"[{sinks=["paced"]}]"#.to_owned()),
     ];
-    let (a, b) = (binary(&db, &work_a, &env), binary(&db, &work_b, &env));
+    rate_of_two_processes(&env, &arrivals).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_lanes_rate_holds_for_two_relay_processes_together() {
+    let (url, arrivals) = timing_receiver().await;
+    let env = [
+        ("DEDUP_SINK", url),
+        ("DEDUP_OUTBOX__RATE_PER_SEC", "5".to_owned()),
+        ("DEDUP_OUTBOX__BURST", "1".to_owned()),
+        ("DEDUP_OUTBOX__BATCH_SIZE", "2".to_owned()),
+    ];
+    rate_of_two_processes(&env, &arrivals).await;
+}
+
+async fn rate_of_two_processes(env: &[(&str, String)], arrivals: &Arrivals) {
+    let db = TestDb::new(Backend::Postgres).await;
+    let (work_a, work_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (binary(&db, &work_a, env), binary(&db, &work_b, env));
     const EVENTS: usize = 30;
     send(&a, &ids("evt_paced", EVENTS), "payout.paid").await;
-    wait_for("every event delivered", Duration::from_secs(60), || {
-        let arrivals = &arrivals;
-        async move { (arrivals.lock().unwrap().len() >= EVENTS).then_some(()) }
-    })
+    wait_for(
+        "every event delivered",
+        Duration::from_secs(60),
+        || async move { (arrivals.lock().unwrap().len() >= EVENTS).then_some(()) },
+    )
     .await;
     let client = reqwest::Client::new();
     for (name, app) in [("a", &a), ("b", &b)] {

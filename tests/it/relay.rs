@@ -757,6 +757,7 @@ fn test_relay_defaults() -> dedup_worker_core::outbox::relay::RelayOptions {
         signing_secrets: Arc::from([]),
         statement_timeout: Duration::from_secs(10),
         max_retry_after: Duration::from_secs(300),
+        default_rate: None,
         breaker: BreakerSettings {
             failures: 20,
             failure_ratio: 0.5,

@@ -388,6 +388,13 @@ async fn sink_and_route_settings_name_their_key() {
     let cases: Vec<Case> = vec![
         (
             vec![
+                ("DEDUP_OUTBOX__BURST", "0".into()),
+                ("DEDUP_OUTBOX__RATE_PER_SEC", "2".into()),
+            ],
+            vec!["outbox.burst", "at least 1"],
+        ),
+        (
+            vec![
                 billing.clone(),
                 ("DEDUP_OUTBOX__SINKS__BILLING__RATE_PER_SEC", "0".into()),
             ],

@@ -45,8 +45,9 @@ pub use hmac::{
 pub use hmac_presets::{presets as hmac_presets, Preset as HmacPreset};
 pub use layers::defaults;
 pub use outbox::{
-    lane_label, BreakerOverrides, BreakerSettings, OAuthAuthMethod, OutboxSettings, RouteSettings,
-    SinkOAuthSettings, SinkSettings, SinkTlsSettings, Unrouted, DEFAULT_LANE, DEFAULT_ORDERING_KEY,
+    lane_label, lane_rate, BreakerOverrides, BreakerSettings, OAuthAuthMethod, OutboxSettings,
+    RouteSettings, SinkOAuthSettings, SinkSettings, SinkTlsSettings, Unrouted, DEFAULT_LANE,
+    DEFAULT_ORDERING_KEY,
 };
 pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{

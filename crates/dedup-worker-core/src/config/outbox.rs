@@ -64,6 +64,13 @@ pub struct OutboxSettings {
     /// logged), so a receiver cannot stop its deliveries for days by asking.
     #[serde(deserialize_with = "durations::read")]
     pub max_retry_after: Duration,
+    /// Deliveries a second every relay process together sends in the `default` lane at most
+    /// (fractional allowed); absent: as fast as `concurrency` allows. A named sink has its own.
+    #[serde(default)]
+    pub rate_per_sec: Option<f64>,
+    /// Deliveries that may go at once after a quiet spell; default: the rate rounded up.
+    #[serde(default)]
+    pub burst: Option<u32>,
     /// When every lane's circuit opens, unless its sink says otherwise.
     pub breaker: BreakerSettings,
     /// Named sinks, each delivered in a lane of its own; a handler names one with
@@ -209,6 +216,13 @@ pub enum OAuthAuthMethod {
     Basic,
     /// `client_secret_post`: `client_id` and `client_secret` in the form body.
     Post,
+}
+
+/// A lane's pace from its `rate_per_sec` and `burst`: (deliveries a second, burst), the burst
+/// defaulting to the rate rounded up; `None` without a rate.
+pub fn lane_rate(rate_per_sec: Option<f64>, burst: Option<u32>) -> Option<(f64, u32)> {
+    let rate = rate_per_sec?;
+    Some((rate, burst.unwrap_or(rate.ceil().max(1.0) as u32)))
 }
 
 /// The ordering key of an ordered sink that names none: the id of the object a Stripe-shaped

@@ -28,6 +28,7 @@ impl Settings {
             ));
         }
         check_breaker("outbox.breaker", &outbox.breaker)?;
+        check_rate("outbox.", outbox.rate_per_sec, outbox.burst)?;
         for (name, sink) in &outbox.sinks {
             let key = |field: &str| format!("outbox.sinks.{name}.{field}");
             check_sink_name(name)?;
@@ -55,38 +56,7 @@ impl Settings {
                     ));
                 }
             }
-            if let Some(rate) = sink.rate_per_sec {
-                if !(rate > 0.0 && rate <= MAX_RATE_PER_SEC) {
-                    return Err(ConfigError::invalid_at(
-                        key("rate_per_sec"),
-                        format!(
-                            "is {rate}: it must be above 0 and at most {MAX_RATE_PER_SEC} \
-                             (deliveries a second; leave it out for no limit)"
-                        ),
-                    ));
-                }
-            }
-            match (sink.burst, sink.rate_per_sec) {
-                (Some(0), _) => {
-                    return Err(ConfigError::invalid_at(
-                        key("burst"),
-                        "must be at least 1 (the deliveries that may go at once)",
-                    ))
-                }
-                (Some(_), None) => {
-                    return Err(ConfigError::invalid_at(
-                        key("burst"),
-                        "is set without rate_per_sec: a burst bounds nothing without a rate",
-                    ))
-                }
-                (Some(burst), _) if burst > 1_000_000 => {
-                    return Err(ConfigError::invalid_at(
-                        key("burst"),
-                        format!("is {burst}, more than 1000000, the most it accepts"),
-                    ))
-                }
-                _ => {}
-            }
+            check_rate(&key(""), sink.rate_per_sec, sink.burst)?;
             check_breaker(&key("breaker"), &outbox.breaker.with(&sink.breaker))?;
             if let Some(pointer) = &sink.ordering_key {
                 if !sink.ordered {
@@ -317,6 +287,37 @@ pub fn check_pointer(pointer: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A lane's `rate_per_sec` and `burst`, under `prefix` (`outbox.` or `outbox.sinks.NAME.`).
+fn check_rate(prefix: &str, rate: Option<f64>, burst: Option<u32>) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("{prefix}{field}");
+    if let Some(rate) = rate {
+        if !(rate > 0.0 && rate <= MAX_RATE_PER_SEC) {
+            return Err(ConfigError::invalid_at(
+                key("rate_per_sec"),
+                format!(
+                    "is {rate}: it must be above 0 and at most {MAX_RATE_PER_SEC} \
+                     (deliveries a second; leave it out for no limit)"
+                ),
+            ));
+        }
+    }
+    match (burst, rate) {
+        (Some(0), _) => Err(ConfigError::invalid_at(
+            key("burst"),
+            "must be at least 1 (the deliveries that may go at once)",
+        )),
+        (Some(_), None) => Err(ConfigError::invalid_at(
+            key("burst"),
+            "is set without rate_per_sec: a burst bounds nothing without a rate",
+        )),
+        (Some(burst), _) if burst > 1_000_000 => Err(ConfigError::invalid_at(
+            key("burst"),
+            format!("is {burst}, more than 1000000, the most it accepts"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -221,6 +221,7 @@ fn relay_options(settings: &Settings) -> RelayOptions {
         signing_secrets: o.signing_secret.clone().into(),
         statement_timeout: settings.database.statement_timeout,
         max_retry_after: o.max_retry_after,
+        default_rate: crate::config::lane_rate(o.rate_per_sec, o.burst),
         breaker: o.breaker.clone(),
         sinks: o.sinks.clone(),
     }

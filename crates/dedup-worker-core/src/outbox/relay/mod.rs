@@ -29,7 +29,7 @@ use self::breaker::BreakerPolicy;
 use self::lane::{Lane, LaneOptions, Rest};
 use self::marks::OUTSIDE_CALL_TIMEOUT;
 use super::sink::{build_sink, HttpAuth, Sink};
-use crate::config::{lane_label, BreakerSettings, SinkSettings, SinkSpec, DEFAULT_LANE};
+use crate::config::{lane_label, lane_rate, BreakerSettings, SinkSettings, SinkSpec, DEFAULT_LANE};
 use crate::retry::backoff_delay;
 use crate::signature::secrets::SigningSecret;
 use crate::store::{OutboxClaim, OutboxRow, Store, StoreError, Wakeups};
@@ -61,6 +61,9 @@ pub struct RelayOptions {
     pub statement_timeout: Duration,
     /// The longest a receiver's `Retry-After` holds a lane.
     pub max_retry_after: Duration,
+    /// The `default` lane's rate and burst (`outbox.rate_per_sec`, `outbox.burst`); `None`:
+    /// unpaced.
+    pub default_rate: Option<(f64, u32)>,
     /// Every lane's circuit breaker, unless its sink overrides it.
     pub breaker: BreakerSettings,
     /// `[outbox.sinks.NAME]`: each a lane of its own.
@@ -244,10 +247,11 @@ impl Relay {
             statement_timeout: o.statement_timeout,
             max_retry_after: o.max_retry_after,
             breaker: breaker_policy(&breaker),
-            rate: configured.and_then(|s| {
-                let rate = s.rate_per_sec?;
-                Some((rate, s.burst.unwrap_or(rate.ceil().max(1.0) as u32)))
-            }),
+            rate: match configured {
+                Some(sink) => lane_rate(sink.rate_per_sec, sink.burst),
+                None if name == DEFAULT_LANE => o.default_rate,
+                None => None,
+            },
             ordered: configured.is_some_and(|s| s.ordered),
         };
         let label = lane_label(name);
