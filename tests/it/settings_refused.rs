@@ -408,6 +408,27 @@ async fn sink_and_route_settings_name_their_key() {
             vec!["outbox.sinks.billing.burst", "without rate_per_sec"],
         ),
         (
+            vec![
+                billing.clone(),
+                ("DEDUP_OUTBOX__SINKS__BILLING__ORDERED", "true".into()),
+                (
+                    "DEDUP_OUTBOX__SINKS__BILLING__ORDERING_KEY",
+                    "data/object/id".into(),
+                ),
+            ],
+            vec!["outbox.sinks.billing.ordering_key", "must start with '/'"],
+        ),
+        (
+            vec![
+                billing.clone(),
+                (
+                    "DEDUP_OUTBOX__SINKS__BILLING__ORDERING_KEY",
+                    "/data/object/id".into(),
+                ),
+            ],
+            vec!["outbox.sinks.billing.ordering_key", "not ordered"],
+        ),
+        (
             vec![(
                 "DEDUP_OUTBOX__SINKS__DEFAULT__URL",
                 "http://127.0.0.1:9/hook".into(),
