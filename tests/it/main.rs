@@ -85,6 +85,8 @@
 //!   an OAuth 2.0 receiver revoking its token once gets every event, the token fetched twice
 //!   and no attempt spent; a wrong client secret fails the deliveries showing the OAuth error;
 //!   no secret or token in the logs; an unreadable certificate refuses the start naming its key;
+//! * [`sink_connections`]: the HTTP sink reads a receiver's answer so its connection is
+//!   reused, not one connection per delivery;
 //! * [`sink_urls`]: a token in the HTTP sink's URL (path or query) reaches no log line,
 //!   `last_error`, `outbox failed` or `events show`, with the sink refusing or answering 500;
 //! * [`sinks`]: the RabbitMQ and SQS sinks forward each event once;
@@ -161,6 +163,7 @@ mod redrive;
 mod relay;
 mod settings_refused;
 mod sink_auth;
+mod sink_connections;
 mod sink_urls;
 mod sinks;
 mod sources;

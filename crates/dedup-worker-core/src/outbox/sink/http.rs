@@ -97,7 +97,7 @@ impl HttpSink {
     async fn deliver(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
         let Some(oauth) = &self.oauth else {
             let response = self.send(row, traceparent, None).await?;
-            return self.judge(response);
+            return self.judge(response).await;
         };
         let token_error = |source| SinkError::Token {
             url: oauth.shown_url(),
@@ -106,12 +106,12 @@ impl HttpSink {
         let bearer = oauth.bearer().await.map_err(token_error)?;
         let response = self.send(row, traceparent.clone(), Some(&bearer)).await?;
         if response.status() != http::StatusCode::UNAUTHORIZED {
-            return self.judge(response);
+            return self.judge(response).await;
         }
         oauth.rejected(&bearer).await;
         let fresh = oauth.bearer().await.map_err(token_error)?;
         let response = self.send(row, traceparent, Some(&fresh)).await?;
-        self.judge(response)
+        self.judge(response).await
     }
 
     async fn send(
@@ -157,7 +157,13 @@ impl HttpSink {
     }
 
     /// A receiver's answer as the delivery's result.
-    fn judge(&self, response: reqwest::Response) -> Result<(), SinkError> {
+    async fn judge(&self, response: reqwest::Response) -> Result<(), SinkError> {
+        let verdict = self.verdict(&response);
+        drain(response).await;
+        verdict
+    }
+
+    fn verdict(&self, response: &reqwest::Response) -> Result<(), SinkError> {
         let status = response.status();
         if status.is_success() {
             Ok(())
@@ -189,6 +195,24 @@ impl HttpSink {
             Err(SinkError::Status {
                 status: status.as_u16(),
             })
+        }
+    }
+}
+
+/// The most of a receiver's answer read to keep its connection: a body left unread makes the
+/// HTTP client close the connection rather than reuse it, so every delivery to a receiver that
+/// answers `{"ok":true}` would pay a new TCP (and TLS) handshake. A longer body is dropped
+/// unread past this, and its connection closed.
+const DRAINED_BODY_BYTES: usize = 64 * 1024;
+
+/// Reads the answer's body (up to [`DRAINED_BODY_BYTES`], within the request's timeout) and
+/// drops it; the verdict was taken from the status and headers.
+async fn drain(mut response: reqwest::Response) {
+    let mut read = 0;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        read += chunk.len();
+        if read > DRAINED_BODY_BYTES {
+            break;
         }
     }
 }
