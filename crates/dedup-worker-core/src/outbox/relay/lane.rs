@@ -15,7 +15,7 @@
 //! time, its rows keep their attempts. Ordinary failures spend theirs and back off per row.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 
@@ -96,6 +96,8 @@ pub(super) struct Batch {
     pub(super) rows: Vec<OutboxRow>,
     /// `Some(previous interval)`: a probe of an open circuit.
     probe: Option<Duration>,
+    /// When the claim was sent: its lease runs out `lease` after this at the latest.
+    claimed_at: Instant,
 }
 
 impl Lane {
@@ -168,6 +170,8 @@ impl Lane {
             }
         };
         let lease = self.options.lease;
+        // Before the claim is sent: the lease runs from no later than this.
+        let claimed_at = Instant::now();
         let rows = bounded(
             limit,
             self.store
@@ -189,7 +193,14 @@ impl Lane {
             }
             return Ok((outcome, Err(Rest::Idle)));
         }
-        Ok((outcome, Ok(Batch { rows, probe })))
+        Ok((
+            outcome,
+            Ok(Batch {
+                rows,
+                probe,
+                claimed_at,
+            }),
+        ))
     }
 
     /// Delivers a batch, extending its leases every third of a lease meanwhile, then marks it.
@@ -200,22 +211,32 @@ impl Lane {
         batch: Batch,
         mut outcome: RelayOutcome,
     ) -> Result<(RelayOutcome, Rest), StoreError> {
-        let Batch { rows, probe } = batch;
+        let Batch {
+            rows,
+            probe,
+            claimed_at,
+        } = batch;
         let held = Arc::new(Mutex::new(
             rows.iter().map(OutboxRow::claim).collect::<Vec<_>>(),
         ));
         let lease = self.options.lease;
-        let gate = Gate::new(
+        let gate = Arc::new(Gate::new(
             self.rate.clone(),
             probe.is_none().then(|| self.breaker.clone()),
-        );
+            claimed_at + lease,
+        ));
         let results = with_lease_heartbeat(
             "outbox",
             heartbeat_period(lease),
             self.deliver(&rows, &gate),
             || {
-                let (store, held) = (self.store.clone(), held.clone());
-                async move { extend_outbox_leases(&store, &held, lease).await }
+                let (store, held, gate) = (self.store.clone(), held.clone(), gate.clone());
+                async move {
+                    let asked = Instant::now();
+                    if extend_outbox_leases(&store, &held, lease).await {
+                        gate.lease_extended(asked + lease);
+                    }
+                }
             },
         )
         .await;

@@ -90,7 +90,7 @@ pub(super) async fn extend_outbox_leases(
     store: &Store,
     held: &std::sync::Mutex<Vec<OutboxClaim>>,
     lease: Duration,
-) {
+) -> bool {
     let claims = held
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -99,7 +99,10 @@ pub(super) async fn extend_outbox_leases(
     for (claim_token, ids) in by_claim(&claims) {
         match store.outbox().extend_leases(claim_token, &ids, lease).await {
             Ok(ids) => extended.extend(ids.into_iter().map(|id| (id, claim_token))),
-            Err(error) => return report_failed("outbox", &error),
+            Err(error) => {
+                report_failed("outbox", &error);
+                return false;
+            }
         }
     }
     let lost = claims.len() - extended.len();
@@ -109,6 +112,7 @@ pub(super) async fn extend_outbox_leases(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|c| extended.contains(&(c.id, c.claim_token)));
     }
+    true
 }
 
 /// Of `attempted` marks, those that changed nothing (`marked` counts the rest): logged and
