@@ -30,6 +30,7 @@ fuzz_target!(init: support::catch_stack_overflow(), |input: (Option<String>, Opt
         lease: Duration::from_secs(10),
         step_timeout: Duration::from_secs(30),
         envelope: if eventbridge { EnvelopeKind::Eventbridge } else { EnvelopeKind::None },
+        outbox_plan: Default::default(),
     };
     let delivery = Delivery {
         tag: DeliveryTag::Row {
