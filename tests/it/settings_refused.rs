@@ -23,7 +23,7 @@ const STRIPE_SECRET: &str = "whsec_5f1c0c4f2a9be7d1c3e8a6b4d2f0e9c7";
 const WRAPPING_DAYS: u64 = 213_503_982_334_602;
 
 /// How `serve` ended up: listening (it accepted the configuration), or exited first.
-enum Start {
+pub(crate) enum Start {
     Listening {
         child: Child,
         addr: String,
@@ -35,7 +35,7 @@ enum Start {
 }
 
 /// Starts `serve` with `env` on a fresh SQLite file and port 0.
-fn start(env: &[(&str, String)], dir: &std::path::Path) -> Start {
+pub(crate) fn start(env: &[(&str, String)], dir: &std::path::Path) -> Start {
     let stderr_path = dir.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
     let mut env = env.to_vec();
     env.extend([

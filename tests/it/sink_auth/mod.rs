@@ -16,13 +16,12 @@ mod mtls;
 mod oauth;
 
 use std::path::Path;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
 use self::mtls::Pki;
-use crate::helpers::{dedup_command, post_signed, stripe_event, RunningBinary, TestDb};
+use crate::helpers::{post_signed, stripe_event, RunningBinary, TestDb};
+use crate::settings_refused::{start, Start};
 
 const SECRET: &str = "whsec_test_secret";
 const CLIENT_ID: &str = "relay-one";
@@ -86,36 +85,18 @@ type Refused = (Vec<(&'static str, String)>, &'static str, &'static str);
 
 /// `serve` with `env` on a fresh SQLite file: the refusal's stderr, or a failure if it started.
 fn refusal(work: &Path, env: &[(&str, String)]) -> String {
-    let mut all = vec![
-        (
-            "DATABASE_URL",
-            format!("sqlite://{}/refused.db", work.display()),
-        ),
-        ("DEDUP_LISTEN", "127.0.0.1:0".to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("DEDUP_LOG__FORMAT", "text".to_owned()),
-    ];
+    let mut all = vec![("STRIPE_WEBHOOK_SECRET", SECRET.to_owned())];
     all.extend(env.iter().cloned());
-    let stderr_path = work.join(format!("stderr-{}.log", uuid::Uuid::new_v4().simple()));
-    let mut child = dedup_command(&all)
-        .arg("serve")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+    match start(&all, work) {
+        Start::Refused { stderr } => stderr,
+        Start::Listening {
+            mut child, addr, ..
+        } => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the binary started on {addr} with {env:?}")
         }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the binary started with {env:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!status.success());
-    std::fs::read_to_string(&stderr_path).unwrap()
+    }
 }
 
 #[tokio::test]
