@@ -25,12 +25,22 @@ type Arrivals = Arc<Mutex<Vec<(Instant, String)>>>;
 
 /// A receiver that answers each key's first delivery 429 with `Retry-After: 3`, then 200.
 async fn asking_for_three_seconds() -> (String, Arrivals) {
+    recording_receiver(|first| match first {
+        true => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "3")]).into_response(),
+        false => StatusCode::OK.into_response(),
+    })
+    .await
+}
+
+/// A receiver recording each delivery's arrival and key, answering as `answer` says for a
+/// key's first delivery (`true`) or a later one.
+async fn recording_receiver(answer: fn(bool) -> axum::response::Response) -> (String, Arrivals) {
     let arrivals: Arrivals = Arc::default();
     let router = Router::new()
         .route(
             "/hook",
             post(
-                |State(arrivals): State<Arrivals>, headers: HeaderMap| async move {
+                move |State(arrivals): State<Arrivals>, headers: HeaderMap| async move {
                     let key = headers
                         .get("idempotency-key")
                         .and_then(|v| v.to_str().ok())
@@ -39,11 +49,7 @@ async fn asking_for_three_seconds() -> (String, Arrivals) {
                     let mut seen = arrivals.lock().unwrap();
                     let first = !seen.iter().any(|(_, k)| *k == key);
                     seen.push((Instant::now(), key));
-                    if first {
-                        (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "3")]).into_response()
-                    } else {
-                        StatusCode::OK.into_response()
-                    }
+                    answer(first)
                 },
             ),
         )
@@ -402,25 +408,7 @@ async fn a_black_holed_sink_does_not_hold_back_another_and_pause_resume_hold_and
 
 /// A receiver recording when each delivery arrived, answering 200.
 async fn timing_receiver() -> (String, Arrivals) {
-    let arrivals: Arrivals = Arc::default();
-    let router = Router::new()
-        .route(
-            "/hook",
-            post(
-                |State(arrivals): State<Arrivals>, headers: HeaderMap| async move {
-                    let key = headers
-                        .get("idempotency-key")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
-                    arrivals.lock().unwrap().push((Instant::now(), key));
-                    StatusCode::OK
-                },
-            ),
-        )
-        .with_state(arrivals.clone());
-    let addr = serve(router).await;
-    (format!("http://{addr}/hook"), arrivals)
+    recording_receiver(|_| StatusCode::OK.into_response()).await
 }
 
 /// Two processes relay one sink of `rate_per_sec = 5`, `burst = 1`, both delivering (batches

@@ -10,6 +10,12 @@ use std::time::Duration;
 
 use super::{Pool, Sinks, StoreError};
 
+/// The lane's row, made if it is not there (a lane without one has a full bucket).
+const ENSURE_ROW: &str =
+    "INSERT INTO outbox_sinks (sink) VALUES ($1) ON CONFLICT (sink) DO NOTHING";
+/// The bucket's new arrival time, written under the row's lock.
+const STORE_TAT: &str = "UPDATE outbox_sinks SET rate_tat_us = $2 WHERE sink = $1";
+
 /// What [`Sinks::take_tokens`] granted.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tokens {
@@ -61,12 +67,7 @@ impl Sinks<'_> {
         let (granted, wait) = match self.pool {
             Pool::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                sqlx::query(
-                    "INSERT INTO outbox_sinks (sink) VALUES ($1) ON CONFLICT (sink) DO NOTHING",
-                )
-                .bind(sink)
-                .execute(&mut *tx)
-                .await?;
+                sqlx::query(ENSURE_ROW).bind(sink).execute(&mut *tx).await?;
                 let (tat, now): (Option<f64>, f64) = sqlx::query_as(
                     "SELECT rate_tat_us, extract(epoch FROM clock_timestamp())::float8 * 1e6
                        FROM outbox_sinks WHERE sink = $1 FOR UPDATE",
@@ -76,7 +77,7 @@ impl Sinks<'_> {
                 .await?;
                 let (granted, tat, wait) = decide(tat, now);
                 if granted > 0 {
-                    sqlx::query("UPDATE outbox_sinks SET rate_tat_us = $2 WHERE sink = $1")
+                    sqlx::query(STORE_TAT)
                         .bind(sink)
                         .bind(tat)
                         .execute(&mut *tx)
@@ -87,12 +88,7 @@ impl Sinks<'_> {
             }
             Pool::Sqlite(pool) => {
                 let mut tx = super::sqlite::begin_immediate(pool).await?;
-                sqlx::query(
-                    "INSERT INTO outbox_sinks (sink) VALUES ($1) ON CONFLICT (sink) DO NOTHING",
-                )
-                .bind(sink)
-                .execute(&mut *tx)
-                .await?;
+                sqlx::query(ENSURE_ROW).bind(sink).execute(&mut *tx).await?;
                 let tat: Option<f64> =
                     sqlx::query_scalar("SELECT rate_tat_us FROM outbox_sinks WHERE sink = $1")
                         .bind(sink)
@@ -101,7 +97,7 @@ impl Sinks<'_> {
                 let now = chrono::Utc::now().timestamp_micros() as f64;
                 let (granted, tat, wait) = decide(tat, now);
                 if granted > 0 {
-                    sqlx::query("UPDATE outbox_sinks SET rate_tat_us = $2 WHERE sink = $1")
+                    sqlx::query(STORE_TAT)
                         .bind(sink)
                         .bind(tat)
                         .execute(&mut *tx)
