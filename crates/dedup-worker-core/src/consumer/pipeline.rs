@@ -190,7 +190,7 @@ async fn transact<'d>(
     batch.undecodable(&undecodable, &dead_letters);
 
     // 6. Write the dead letters, the duplicates' record and the outbox rows.
-    batch.write(&mut tx).await?;
+    batch.write(&mut tx, consumer.shard).await?;
 
     // 7. Commit.
     tx.commit().await?;
