@@ -250,8 +250,8 @@ impl StoreTx {
     /// Kept here with the table's other writes rather than in `transaction.rs`.
     pub async fn add_counts(&mut self, counts: &Counts, shard: Shard) -> Result<(), StoreError> {
         match self {
-            StoreTx::Postgres(tx) => add_postgres(&mut **tx, counts, shard).await,
-            StoreTx::Sqlite(tx, began) => add_sqlite(&mut **tx, *began, counts, shard).await,
+            StoreTx::Postgres(tx) => add_postgres(tx, counts, shard).await,
+            StoreTx::Sqlite(tx, began) => add_sqlite(tx, *began, counts, shard).await,
         }
     }
 }

@@ -232,7 +232,7 @@ impl DeadLetters<'_> {
                     .await?
                     .rows_affected();
                 let counts = Counts::of(Series::Redriven, deleted as usize);
-                activity::add_sqlite(&mut *tx, began, &counts, shard).await?;
+                activity::add_sqlite(&mut tx, began, &counts, shard).await?;
                 tx.commit().await?;
                 deleted
             }
