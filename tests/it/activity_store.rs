@@ -1,4 +1,5 @@
-//! The per-minute counts (`activity_minutes`) at the store, on both stores: writers that share a
+//! The per-minute counts (`activity_minutes`) at the store, on both stores: counting began with
+//! the migration; writers that share a
 //! shard add up in one row (on PostgreSQL the second waits for the first's commit), a redrive
 //! counts in its own minute and leaves a past minute as it was, and retention deletes old
 //! minutes in bounded batches.
@@ -68,6 +69,14 @@ async fn age_an_hour(store: &Store) {
 async fn counts_add_up_per_minute_across_two_writers_on_one_shard(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
+    // A new database: counting began when its migrations ran, a moment ago.
+    let since = store.reads().counting_since().await.expect("read");
+    let since = since.expect("the migration's time, from the history");
+    let ago = chrono::Utc::now().timestamp_millis() - since;
+    assert!(
+        (-5_000..600_000).contains(&ago),
+        "counting since {ago} ms ago"
+    );
     let shared = Shard::of(7);
     let mut first = store.begin().await.expect("begin");
     let mut counts = Counts::default();
