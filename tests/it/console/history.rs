@@ -204,7 +204,6 @@ async fn a_past_minutes_counts_are_the_same_before_and_after_a_bulk_retry() {
         ]),
         "{before:?}"
     );
-    browser.screenshot("overview-minutes").await;
 
     // Fixed: the handler and the receiver. Redrive every dead letter, retry every failed
     // delivery, each from its page: dry run, then confirm.

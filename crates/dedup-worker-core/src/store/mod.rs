@@ -18,9 +18,9 @@
 //! | per-minute counts (`activity_minutes`), written with what they count | [`Store::activity`] | `activity.rs` |
 //!
 //! [`StoreTx`], the consumer's batch transaction, runs the families' writes that must commit
-//! with the batch (processed ids, outbox rows, dead letters, the stale guard's rows); their
-//! statements are the families' own. Both backends give the same guarantees, checked by one
-//! contract test suite (`tests/it/store_contract.rs`):
+//! with the batch (processed ids, outbox rows, dead letters, the stale guard's rows, the
+//! per-minute counts); their statements are the families' own. Both backends give the same
+//! guarantees, checked by one contract test suite (`tests/it/store_contract.rs`):
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
 //!   transaction, so "seen" and "handled" commit together, across the whole dedup window
 //!   whatever its size ([`dedup`]: a ring of generation tables);
