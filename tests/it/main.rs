@@ -4,6 +4,8 @@
 //! `bash scripts/test.sh`; one module with `cargo test --test it outage::`, one test with
 //! `cargo test --test it -- --exact outage::unreachable_brokers_answer_503`.
 //!
+//! * [`activity_store`]: the per-minute counts on both stores: writers sharing a shard add up,
+//!   a redrive counts in its minute and leaves a past one alone, old minutes purged in batches;
 //! * [`aliases`]: a message keyed differently by an earlier release (a thin event by its own
 //!   id) or another `consumer.envelope` is a duplicate under its new key, on both stores;
 //! * [`architecture`]: the import graph of `src/` goes down the floors of the book's "Layout"
@@ -132,6 +134,7 @@
 
 mod helpers;
 
+mod activity_store;
 mod aliases;
 mod architecture;
 mod backfill;

@@ -8,6 +8,9 @@
 //!   time) from `/outbox/failed` after the sink recovers: a dry run counts 20, the confirmation
 //!   retries them, all 20 end dispatched and the action is listed; failed rows of another type
 //!   stay failed;
+//! * [`history`]: a past minute's counts in the overview's `table#minutes` are the same after
+//!   the dead letters are redriven and the failed deliveries retried (on PostgreSQL); the
+//!   overview's self-refresh and its toggle;
 //! * [`refusals`]: without the token (none, a wrong one, a forged cookie) every page is 401 and
 //!   every action refused with nothing changed in the store; a cross-origin POST is refused
 //!   (with a valid session and CSRF token: a forged `Origin`, `Sec-Fetch-Site: cross-site`, and
@@ -19,6 +22,7 @@
 mod browser;
 mod bulk_retry;
 mod event_page;
+mod history;
 mod refusals;
 
 use std::net::SocketAddr;

@@ -22,7 +22,7 @@ use crate::event::Event;
 use crate::outbox::OutboxPlan;
 use crate::queue::{Delivery, DeliveryTag};
 use crate::retry::backoff_delay;
-use crate::store::{NewDeadLetter, NewOutboxRow, StoreError, StoreTx};
+use crate::store::{Counts, NewDeadLetter, NewOutboxRow, Series, Shard, StoreError, StoreTx};
 
 /// A new event that failed (its handler, or fetching its full event), with why.
 pub(super) type Failed<'e, 'd> = (&'e Event, &'d Delivery, HandlerError);
@@ -46,6 +46,8 @@ pub(super) struct Decisions<'d> {
     dead_letters: Vec<NewDeadLetter>,
     /// The messages that are not events, each listed as it came, written with the batch.
     undecodable: Vec<NewDeadLetter>,
+    /// How many of the handled events the stale-event guard held back (counted apart).
+    stale: usize,
 }
 
 impl<'d> Decisions<'d> {
@@ -61,6 +63,7 @@ impl<'d> Decisions<'d> {
             outbox_rows: Vec::new(),
             dead_letters: Vec::new(),
             undecodable: Vec::new(),
+            stale: 0,
         }
     }
 
@@ -102,7 +105,9 @@ impl<'d> Decisions<'d> {
             let Handled {
                 messages,
                 traceparent,
+                stale,
             } = handled;
+            self.stale += usize::from(stale);
             plan.rows(
                 event,
                 messages,
@@ -182,8 +187,8 @@ impl<'d> Decisions<'d> {
     }
 
     /// Stage 6: the batch's own rows, in the transaction: the dead letters, the record of its
-    /// duplicates, and the outbox rows.
-    pub(super) async fn write(&self, tx: &mut StoreTx) -> Result<(), StoreError> {
+    /// duplicates, the outbox rows, and last the minute's counts under the worker's `shard`.
+    pub(super) async fn write(&self, tx: &mut StoreTx, shard: Shard) -> Result<(), StoreError> {
         // Once per event: moving the same message again (a crash before its ack, SQS handing
         // it to two receivers) adds nothing to list or redrive.
         tx.insert_dead_letters_once(&self.dead_letters).await?;
@@ -197,7 +202,24 @@ impl<'d> Decisions<'d> {
             .map(|(source, id, event_type)| (source.as_str(), id.as_str(), event_type.as_str()))
             .collect();
         tx.record_duplicates(&duplicates).await?;
-        tx.insert_outbox(&self.outbox_rows).await
+        tx.insert_outbox(&self.outbox_rows).await?;
+        // Last: its counter rows stay locked for the commit only.
+        tx.add_counts(&self.counts(), shard).await
+    }
+
+    /// What the batch adds to its minute's counts (`activity_minutes`): committed with the
+    /// batch or not at all, so a redelivered batch counts once. Dead letters count as the
+    /// `dead_lettered` of the step's outcome does: each delivery moved.
+    fn counts(&self) -> Counts {
+        let outcome = &self.outcome;
+        let mut counts = Counts::default();
+        counts
+            .add(Series::Handled, outcome.handled.saturating_sub(self.stale))
+            .add(Series::Stale, self.stale)
+            .add(Series::Duplicates, outcome.duplicates)
+            .add(Series::DeadLettered, outcome.dead_lettered)
+            .add(Series::OutboxWritten, self.outbox_rows.len());
+        counts
     }
 
     /// Whether the batch wrote outbox rows (the relay is woken once it commits).

@@ -57,6 +57,8 @@ pub(super) enum Verdict {
 pub(super) struct Handled {
     pub(super) messages: Vec<OutboxMessage>,
     pub(super) traceparent: Option<String>,
+    /// Held back by the stale-event guard: recorded as processed, its handler not run.
+    pub(super) stale: bool,
 }
 
 /// What the handlers run with: the consumer's handler and stale-event guard, and where the
@@ -172,7 +174,7 @@ impl Handling<'_> {
         let handled = async {
             if let Some(guard) = self.stale_guard {
                 if guard.is_stale(event, tx).await? {
-                    return Ok(Vec::new()); // recorded as processed; nothing to forward
+                    return Ok(None); // recorded as processed; nothing to forward
                 }
             }
             let mut conn = tx.conn();
@@ -189,13 +191,15 @@ impl Handling<'_> {
                         format!("handler panicked: {reason}").into(),
                     ))
                 })
+                .map(Some)
         };
         let span = handle_span(event);
         traces::continue_trace(&span, delivery.traceparent.as_deref());
         let traceparent = traces::traceparent_of(&span);
-        let messages: Vec<OutboxMessage> = handled.instrument(span).await?;
+        let messages: Option<Vec<OutboxMessage>> = handled.instrument(span).await?;
         Ok(Handled {
-            messages,
+            stale: messages.is_none(),
+            messages: messages.unwrap_or_default(),
             traceparent,
         })
     }

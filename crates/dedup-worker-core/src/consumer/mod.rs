@@ -37,7 +37,7 @@ pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
 use crate::queue::{Transport, TransportError};
-use crate::store::{Store, StoreError, Wakeups};
+use crate::store::{Shard, Store, StoreError, Wakeups};
 use handling::Handed;
 
 /// Consumer options (see `[consumer]` in config/default.toml).
@@ -128,6 +128,9 @@ pub struct Consumer {
     /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
     /// fails, only these may count towards the transport's delivery limit (`run.rs`).
     handed: Handed,
+    /// Which counter rows of `activity_minutes` this worker's batches add to: taken at random
+    /// here, so workers rarely wait for each other's counts (`store/activity.rs`).
+    shard: Shard,
 }
 
 impl Consumer {
@@ -147,6 +150,7 @@ impl Consumer {
             stale_guard: None,
             full_events: None,
             handed: Handed::default(),
+            shard: Shard::random(),
         }
     }
 

@@ -15,8 +15,9 @@
 //!    the transaction;
 //! 5. **decide** (`decisions.rs`): each delivery a duplicate, handled, retried or dead-lettered
 //!    (the dead letter rows: `dead_letter.rs`);
-//! 6. **write** (`decisions.rs`): the dead letters, the record of the duplicates and the
-//!    handlers' outbox rows, in the transaction;
+//! 6. **write** (`decisions.rs`): the dead letters, the record of the duplicates, the
+//!    handlers' outbox rows and, last, the minute's counts (`activity_minutes`), in the
+//!    transaction;
 //! 7. **commit**;
 //! 8. **settle** (`settle.rs`): only after the commit, the acks and the delayed redeliveries.
 //!    From the first stage to the commit a heartbeat extends the deliveries' leases
@@ -189,8 +190,8 @@ async fn transact<'d>(
     batch.given_up(&given_up, &dead_letters);
     batch.undecodable(&undecodable, &dead_letters);
 
-    // 6. Write the dead letters, the duplicates' record and the outbox rows.
-    batch.write(&mut tx).await?;
+    // 6. Write the dead letters, the duplicates' record, the outbox rows and the counts.
+    batch.write(&mut tx, consumer.shard).await?;
 
     // 7. Commit.
     tx.commit().await?;

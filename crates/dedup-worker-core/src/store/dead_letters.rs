@@ -4,9 +4,10 @@
 //! PostgreSQL and its SQLite form side by side in one `match` where they differ. (The
 //! operator's bulk selections are in `bulk/`, `events show`'s reads in `reads/trail.rs`.)
 
+use super::activity::{self, count_cte_from};
 use super::postgres::DEAD_LETTER_LOCK_CLASS;
 use super::sqlite::begin_immediate;
-use super::{now_ms, DeadLetter, NewDeadLetter, Pool, StoreError, StoreTx};
+use super::{now_ms, Counts, DeadLetter, NewDeadLetter, Pool, Series, Shard, StoreError, StoreTx};
 
 /// The events not handled: dead letters written in the batch transaction, listed, selected for
 /// a redrive, deleted after it (`redrive` records where each went).
@@ -182,26 +183,38 @@ impl DeadLetters<'_> {
     }
 
     /// Deletes the dead letter `id` after its redrive was published to `to_queue`, recording in
-    /// the same transaction what it was and where it went (`events show` lists it). Returns
-    /// the rows deleted (0: it was gone already).
+    /// the same transaction what it was and where it went (`events show` lists it), and
+    /// counting it in the minute's `redriven` (`activity_minutes`). Returns the rows deleted
+    /// (0: it was gone already, and nothing is recorded or counted).
     pub async fn redrive(self, id: i64, to_queue: &str) -> Result<u64, StoreError> {
         const COLUMNS: &str = "dead_letter_id, source, event_id, event_type, queue, redriven_to,
                                error, attempts, dead_lettered_at, redriven_at";
+        // An operator's act, not a worker loop: a shard of its own each time.
+        let shard = Shard::random();
+        let redriven = Series::Redriven.name();
         Ok(match self.pool {
             Pool::Postgres(pool) => sqlx::query(&format!(
-                "WITH gone AS (DELETE FROM dead_letters WHERE id = $1 RETURNING *)
+                "WITH gone AS (DELETE FROM dead_letters WHERE id = $1 RETURNING *),
+                      {}
                  INSERT INTO dead_letter_redrives ({COLUMNS})
                  SELECT id, source, event_id, event_type, queue, $2, error, attempts,
                         created_at, now()
-                   FROM gone"
+                   FROM gone",
+                count_cte_from(
+                    "counted",
+                    &format!("SELECT '{redriven}', count(*) FROM gone"),
+                    3
+                )
             ))
             .bind(id)
             .bind(to_queue)
+            .bind(shard.number())
             .execute(pool)
             .await?
             .rows_affected(),
             Pool::Sqlite(pool) => {
                 let mut tx = begin_immediate(pool).await?;
+                let began = now_ms();
                 sqlx::query(&format!(
                     "INSERT INTO dead_letter_redrives ({COLUMNS})
                      SELECT id, source, event_id, event_type, queue, $2, error, attempts,
@@ -210,7 +223,7 @@ impl DeadLetters<'_> {
                 ))
                 .bind(id)
                 .bind(to_queue)
-                .bind(now_ms())
+                .bind(began)
                 .execute(&mut *tx)
                 .await?;
                 let deleted = sqlx::query("DELETE FROM dead_letters WHERE id = $1")
@@ -218,6 +231,8 @@ impl DeadLetters<'_> {
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
+                let counts = Counts::of(Series::Redriven, deleted as usize);
+                activity::add_sqlite(&mut tx, began, &counts, shard).await?;
                 tx.commit().await?;
                 deleted
             }

@@ -15,11 +15,12 @@
 //! | retention's purge | [`Store::retention`] | `retention.rs` |
 //! | the operator's bulk actions by filter | [`Store::bulk`] | `bulk/` |
 //! | the record of those actions (`admin_actions`) | [`Store::admin_actions`] | `admin_actions.rs` |
+//! | per-minute counts (`activity_minutes`), written with what they count | [`Store::activity`] | `activity.rs` |
 //!
 //! [`StoreTx`], the consumer's batch transaction, runs the families' writes that must commit
-//! with the batch (processed ids, outbox rows, dead letters, the stale guard's rows); their
-//! statements are the families' own. Both backends give the same guarantees, checked by one
-//! contract test suite (`tests/it/store_contract.rs`):
+//! with the batch (processed ids, outbox rows, dead letters, the stale guard's rows, the
+//! per-minute counts); their statements are the families' own. Both backends give the same
+//! guarantees, checked by one contract test suite (`tests/it/store_contract.rs`):
 //! * `insert_processed` returns only the ids that were not there before, inside the caller's
 //!   transaction, so "seen" and "handled" commit together, across the whole dedup window
 //!   whatever its size ([`dedup`]: a ring of generation tables);
@@ -29,6 +30,7 @@
 //!   and was taken over changes nothing, and is told so (0 rows);
 //! * writers that take a transaction never commit it themselves.
 
+mod activity;
 mod admin_actions;
 mod bulk;
 mod dead_letters;
@@ -61,6 +63,7 @@ use tokio::sync::Notify;
 
 use crate::config::Settings;
 
+pub use activity::{Activity, Counts, Series, Shard, SHARDS};
 pub use admin_actions::{AdminAction, AdminActions};
 pub use bulk::{Bulk, BulkRows, DeadLetterListing, DeliveryListing, Requeued, RowFilter};
 pub use dead_letters::DeadLetters;
@@ -363,6 +366,11 @@ impl Store {
     /// The record of the operator's bulk actions (`admin_actions.rs`).
     pub fn admin_actions(&self) -> AdminActions<'_> {
         AdminActions { pool: &self.0 }
+    }
+
+    /// The per-minute counts' upkeep (`activity.rs`; the writes go with what they count).
+    pub fn activity(&self) -> Activity<'_> {
+        Activity { pool: &self.0 }
     }
 
     pub fn backend(&self) -> Backend {

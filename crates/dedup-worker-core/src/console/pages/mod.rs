@@ -23,12 +23,18 @@ pub use failures::{confirmation, dead_letters, failed_deliveries};
 /// A whole page: header with the navigation, then `body`. `csrf` is the session's form token
 /// (empty for a Bearer caller, who needs none).
 pub fn layout(title: &str, csrf: &str, body: Markup) -> Markup {
+    layout_with_head(title, csrf, html! {}, body)
+}
+
+/// [`layout`], with `head` added to the page's `<head>` (the overview's refresh).
+pub fn layout_with_head(title: &str, csrf: &str, head: Markup, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
+                (head)
                 title { (title) " · dedup-worker" }
                 style { (maud::PreEscaped(STYLE)) }
             }
