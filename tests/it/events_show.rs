@@ -440,7 +440,9 @@ async fn stale(backend: Backend) {
     assert_eq!(r["outbox"], json!([]), "not forwarded");
     let t = text(&db, "evt_show_0905");
     assert!(
-        t.starts_with("stripe evt_show_0905: held back as stale (recorded by the stale-event guard"),
+        t.starts_with(
+            "stripe evt_show_0905: held back as stale (recorded by the stale-event guard"
+        ),
         "{t}"
     );
     let line = format!(
@@ -533,7 +535,7 @@ async fn queued(backend: Backend) {
     assert!(enqueued <= Utc::now());
     let t = text(&db, "evt_show_waiting");
     assert!(
-        t.starts_with("stripe evt_show_waiting: waiting in the database queue"),
+        t.starts_with("stripe evt_show_waiting: waiting in the queue (the database queue)"),
         "{t}"
     );
     let line = format!(
