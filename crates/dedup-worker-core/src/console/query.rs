@@ -230,10 +230,13 @@ mod tests {
         assert!(parse_time_ms("since", "-1").is_err());
     }
 
+    /// One field of a form, to be set.
+    type FieldOf = fn(&mut FilterForm) -> &mut String;
+
     #[test]
     fn a_control_character_or_an_over_long_value_in_any_field_is_refused_by_name() {
         let long = "a".repeat(MAX_EVENT_FIELD_BYTES + 1);
-        let fields: [(&str, fn(&mut FilterForm) -> &mut String); 10] = [
+        let fields: [(&str, FieldOf); 10] = [
             ("id", |f| &mut f.id),
             ("type", |f| &mut f.type_prefix),
             ("source", |f| &mut f.source),
