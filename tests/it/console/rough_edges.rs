@@ -2,7 +2,8 @@
 //! control character in any filter field of any page is a 400 naming the field, never a 503;
 //! a bad filter's page keeps the form as typed and the session's form token; an unknown event is
 //! a 404 and an impossible id a 400; a failed read shows a reference, not the error; the list and
-//! the page tell the same story; a dead letter of an event handled since offers no redrive.
+//! the page tell the same story; a dead letter of an event handled since offers no redrive; a
+//! dead letter without an event id has a page of its own with its payload.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use dedup_worker::testing::TestApp;
 use dedup_worker::Service;
 use dedup_worker_core::consumer::{Handler, HandlerError, OutboxMessage};
 use dedup_worker_core::event::Event;
-use dedup_worker_core::store::DbTx;
+use dedup_worker_core::store::{DbTx, NewDeadLetter};
 use reqwest::header::{AUTHORIZATION, COOKIE, LOCATION, SET_COOKIE};
 use reqwest::StatusCode;
 
@@ -380,6 +381,68 @@ async fn a_nul_typed_into_the_search_is_a_400_page_in_the_browser() {
         .await;
     assert_eq!(browser.path().await, "/login", "{}", browser.text().await);
     browser.close().await;
+    app.stop().await;
+    db.remove().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_without_an_id_has_a_page_with_its_payload() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let app = console_app(&db, &[], Service::new()).await;
+    // What a foreign producer left on the queue: no id, not JSON.
+    let mut tx = app.store.begin().await.expect("begin");
+    let junk = NewDeadLetter {
+        source: "stripe".into(),
+        event_id: String::new(),
+        event_type: String::new(),
+        queue: "dedup.events".into(),
+        payload: b"<b>not an event</b>".to_vec(),
+        error: "the payload is not JSON".into(),
+        attempts: 1,
+    };
+    tx.insert_dead_letter(&junk).await.expect("a dead letter");
+    tx.commit().await.expect("commit");
+    let id = app
+        .store
+        .dead_letters()
+        .list(10)
+        .await
+        .expect("dead letters")[0]
+        .id;
+
+    let (_, list) = get(&app, "/dead-letters").await;
+    let page = format!("/dead-letters/{id}");
+    assert!(
+        list.contains(&format!("href=\"{page}\"")),
+        "the list links it: {list}"
+    );
+    let (status, html) = get(&app, &page).await;
+    assert_eq!(status, StatusCode::OK, "{html}");
+    let payload = element_text(&html, "pre", "payload").expect("pre#payload");
+    assert_eq!(payload, "&lt;b&gt;not an event&lt;/b&gt;", "escaped, whole");
+    assert!(html.contains("the payload is not JSON"), "{html}");
+    assert!(
+        html.contains("class=\"redrive\""),
+        "Redrive offered: {html}"
+    );
+    let (status, _) = get(&app, "/dead-letters/999999").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let response = no_redirects()
+        .post(app.admin_url(&format!("{page}/redrive")))
+        .header(AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .expect("redrive");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let location = response.headers()[LOCATION].to_str().expect("a location");
+    assert!(location.starts_with("/dead-letters?done="), "{location}");
+    let (_, after) = get(&app, location).await;
+    let done = element_text(&after, "p", "done").expect("p#done");
+    assert!(
+        done.starts_with(&format!("Redrove 1 dead letter (row {id}) — console")),
+        "{done}"
+    );
     app.stop().await;
     db.remove().await;
 }

@@ -361,3 +361,48 @@ pub async fn resend_one(
         Err(e) => e.into_response(),
     }
 }
+
+/// `POST /dead-letters/{id}/redrive`: one dead letter from its own page (a message without an
+/// event id has no event page), unless its event was handled since.
+pub async fn redrive_dead_letter(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+) -> Response {
+    let dead = match state.store.dead_letters().selected(&[id], 0, 1).await {
+        Ok(mut rows) => rows.pop(),
+        Err(e) => return unavailable(e),
+    };
+    let Some(dead) = dead else {
+        return bad_row();
+    };
+    if !dead.event_id.is_empty() {
+        match state
+            .store
+            .dedup()
+            .processed_record(&dead.source, &dead.event_id)
+            .await
+        {
+            Ok(None) => {}
+            Ok(Some(_)) => return superseded(&dead.source, &dead.event_id),
+            Err(e) => return unavailable(e),
+        }
+    }
+    let filter = RowFilter {
+        ids: vec![id],
+        ..RowFilter::default()
+    };
+    let who = actor(&caller);
+    let (store, transport) = (state.store.clone(), state.transport.clone());
+    let redrive = detached(async move {
+        operator::redrive_dead_letters_recorded(&store, transport.as_ref(), &filter, None, &who)
+            .await
+    });
+    match redrive
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
+    {
+        Ok(done) => done_at("/dead-letters", Some(done)),
+        Err(e) => e.into_response(),
+    }
+}

@@ -8,6 +8,8 @@
 //! * `/events/{source}/{id}`: the story `events show` prints, the payload where the store keeps
 //!   one (a dead letter's), and the actions that apply (redrive a dead letter, re-send a
 //!   delivery);
+//! * `/dead-letters/{id}`: one dead letter (error, queue, attempts, payload), also one without
+//!   an event id, with its Redrive;
 //! * `/dead-letters`, `/outbox/failed`: filterable lists with a bulk action by filter, which
 //!   first shows how many rows it would touch (the dry run) and asks for confirmation; every
 //!   action is recorded ([`crate::operator`], what the CLI's `dlq redrive`, `outbox retry` and
@@ -78,6 +80,11 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/events/{source}/{id}/resend", post(actions::resend_one))
         .route("/dead-letters", get(pages::dead_letters))
         .route("/dead-letters/redrive", post(actions::redrive_by_filter))
+        .route("/dead-letters/{id}", get(pages::dead_letter))
+        .route(
+            "/dead-letters/{id}/redrive",
+            post(actions::redrive_dead_letter),
+        )
         .route("/outbox/failed", get(pages::failed_deliveries))
         .route("/outbox/failed/retry", post(actions::retry_by_filter))
         .route("/logout", post(actions::logout))

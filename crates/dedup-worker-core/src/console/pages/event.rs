@@ -221,7 +221,7 @@ fn timeline(
 }
 
 /// A payload as indented JSON (as it is when it is not JSON), cut at [`PAYLOAD_CAP`].
-fn pretty(payload: &[u8]) -> String {
+pub(super) fn pretty(payload: &[u8]) -> String {
     let text = serde_json::from_slice::<serde_json::Value>(payload)
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok())

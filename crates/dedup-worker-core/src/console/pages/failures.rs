@@ -103,8 +103,9 @@ pub async fn dead_letters(
         @if rows.is_empty() { p.muted { "No dead letter matches." } } @else {
             (bulk_form("/dead-letters/redrive", "Redrive", &form, &csrf))
             div.scroll { table #dead-letters {
-                thead { tr { th { "When" } th { "Event" } th { "Type" } th { "Queue" } th { "Attempts" } th { "Error" } } }
+                thead { tr { th { "Dead letter" } th { "When" } th { "Event" } th { "Type" } th { "Queue" } th { "Attempts" } th { "Error" } } }
                 tbody { @for d in &rows { tr {
+                    td { a.dead-letter href={ "/dead-letters/" (d.id) } { (d.id) } }
                     td { (when(d.created_at_ms)) }
                     td { @if d.event_id.is_empty() { span.muted { "(no id)" } } @else { a.event href=(event_path(&d.source, &d.event_id)) { (d.event_id) } } }
                     td { (d.event_type) } td { code { (d.queue) } } td { (d.attempts) } td { (d.error) }

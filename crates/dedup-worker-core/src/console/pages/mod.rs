@@ -3,6 +3,7 @@
 //! layout, the login page, and how a failed read or a bad filter is shown.
 
 mod dashboard;
+mod dead_letter;
 mod done;
 mod event;
 mod events;
@@ -19,6 +20,7 @@ use super::query::BadFilter;
 use super::style::STYLE;
 use super::ConsoleState;
 pub use dashboard::dashboard;
+pub use dead_letter::dead_letter;
 pub use done::done_banner;
 pub use event::event;
 pub use events::events;
