@@ -336,7 +336,7 @@ async fn dead_lettered(backend: Backend) {
     let dead_id = dead[0]["id"].as_i64().unwrap();
     let t = text(&db, "evt_show_poison");
     assert!(
-        t.starts_with("stripe evt_show_poison: dead-lettered, not processed\n"),
+        t.starts_with("stripe evt_show_poison: dead letter, not processed\n"),
         "{t}"
     );
     let line = format!(
@@ -440,7 +440,9 @@ async fn stale(backend: Backend) {
     assert_eq!(r["outbox"], json!([]), "not forwarded");
     let t = text(&db, "evt_show_0905");
     assert!(
-        t.starts_with("stripe evt_show_0905: stale (recorded, held back"),
+        t.starts_with(
+            "stripe evt_show_0905: held back as stale (recorded by the stale-event guard"
+        ),
         "{t}"
     );
     let line = format!(
@@ -533,7 +535,7 @@ async fn queued(backend: Backend) {
     assert!(enqueued <= Utc::now());
     let t = text(&db, "evt_show_waiting");
     assert!(
-        t.starts_with("stripe evt_show_waiting: waiting in the database queue"),
+        t.starts_with("stripe evt_show_waiting: waiting in the queue (the database queue)"),
         "{t}"
     );
     let line = format!(

@@ -3,7 +3,8 @@
 //! parse are dead-lettered after one attempt; what may pass (a row not there yet, a statement
 //! timeout on PostgreSQL, an error the handler marks `.retryable()`) is retried until
 //! `consumer.max_attempts`; one marked `.retry_after(d)` is redelivered no sooner than `d`
-//! later. Every dead letter says what happened underneath.
+//! later. Every dead letter says what happened underneath. An event whose data the database
+//! refuses, delivered twice, is one dead letter.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use dedup_worker_core::event::Event;
 use dedup_worker_core::store::DbTx;
 use serde_json::json;
 
+use crate::helpers::db::pipeline_drained;
 use crate::helpers::{
     file_sink_ids, post_signed, stripe_event, test_settings, wait_for, Backend, TestApp, TestDb,
 };
@@ -218,4 +220,81 @@ async fn handler_errors_are_classified_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_errors_are_classified_on_sqlite() {
     classified(Backend::Sqlite).await;
+}
+
+/// Forwards every event, but gives `evt_refused` an outbox row PostgreSQL cannot hold (a NUL in
+/// its type): the database refuses that event's transaction for its data, every time.
+struct RefusedData;
+
+#[async_trait]
+impl Handler for RefusedData {
+    async fn handle(
+        &self,
+        event: &Event,
+        _tx: &mut DbTx<'_>,
+    ) -> Result<Vec<OutboxMessage>, HandlerError> {
+        let mut message = OutboxMessage::forward(event);
+        if event.id == "evt_refused" {
+            message.event_type = "bad\u{0}type".into();
+        }
+        Ok(vec![message])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_refused_for_its_data_twice_is_one_dead_letter() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let work = tempfile::tempdir().unwrap();
+    let sink = work.path().join("out.jsonl");
+    // Queued first, consumed after: the two deliveries of `evt_refused` are in the queue
+    // together, and neither can be recognised as the other's duplicate (it never commits).
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("roles.consumer", json!(false)),
+            ("roles.relay", json!(false)),
+        ],
+    );
+    let ingress = TestApp::spawn(settings, Service::new()).await;
+    let client = reqwest::Client::new();
+    for id in ["evt_refused", "evt_fine", "evt_refused"] {
+        let body = stripe_event(id, "invoice.paid");
+        let url = ingress.url("/webhooks/stripe");
+        let response = post_signed(&client, &url, SECRET, body).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    ingress.stop().await;
+    let settings = test_settings(
+        &db.url,
+        &[
+            ("roles.ingress", json!(false)),
+            ("outbox.sink", json!(format!("file:{}", sink.display()))),
+            // One delivery per batch: each of the two is refused in a transaction of its own
+            // (a batch holding both might settle the second as the first's duplicate).
+            ("consumer.batch_size", json!(1)),
+            ("consumer.poll_interval", json!("50ms")),
+            ("outbox.poll_interval", json!("50ms")),
+        ],
+    );
+    let worker = TestApp::spawn(settings, Service::new().handler(RefusedData)).await;
+    let store = worker.store.clone();
+    wait_for(
+        "both deliveries settled and the fine event delivered",
+        Duration::from_secs(30),
+        || async {
+            let drained = pipeline_drained(&store, "dedup.events").await;
+            let delivered = file_sink_ids(&sink).len() == 1;
+            (drained && delivered).then_some(())
+        },
+    )
+    .await;
+    let dead = store.dead_letters().list(10).await.unwrap();
+    let ids: Vec<&str> = dead.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt_refused"], "one dead letter for both deliveries");
+    assert!(
+        dead[0].error.contains("refused this event's data"),
+        "{}",
+        dead[0].error
+    );
+    worker.stop().await;
 }

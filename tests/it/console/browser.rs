@@ -32,7 +32,9 @@ struct Driver {
 }
 
 impl Driver {
-    fn start() -> Self {
+    /// `zone`: the `TZ` chromedriver (and the chromium it starts) runs in; `None`: this
+    /// process's.
+    fn start(zone: Option<&str>) -> Self {
         for program in [CHROMIUM, CHROMEDRIVER] {
             assert!(
                 Path::new(program).exists(),
@@ -44,7 +46,11 @@ impl Driver {
             .prefix("dedup-console-browser-")
             .tempdir()
             .expect("the browser's directory");
-        let mut child = Command::new(CHROMEDRIVER)
+        let mut command = Command::new(CHROMEDRIVER);
+        if let Some(zone) = zone {
+            command.env("TZ", zone);
+        }
+        let mut child = command
             .arg("--port=0")
             .env("TMPDIR", dir.path())
             .stdin(Stdio::null())
@@ -116,7 +122,16 @@ pub struct Browser {
 impl Browser {
     /// A headless chromium, 1280×900, its own profile.
     pub async fn start() -> Self {
-        let driver = Driver::start();
+        Self::started(None).await
+    }
+
+    /// [`Browser::start`] with the browser's clock in time zone `zone` (`Asia/Tokyo`).
+    pub async fn start_in_zone(zone: &str) -> Self {
+        Self::started(Some(zone)).await
+    }
+
+    async fn started(zone: Option<&str>) -> Self {
+        let driver = Driver::start(zone);
         let profile = driver.dir.path().join("profile");
         let mut caps = serde_json::Map::new();
         caps.insert(

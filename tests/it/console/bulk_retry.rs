@@ -1,5 +1,5 @@
 //! Failed deliveries retried by filter from `/outbox/failed`: a dry run, a confirmation, the
-//! recorded action.
+//! recorded action and the banner that says it.
 
 use chrono::{DateTime, Timelike, Utc};
 use dedup_worker::Service;
@@ -109,6 +109,15 @@ async fn twenty_failed_deliveries_retried_by_filter_end_dispatched_after_a_dry_r
     browser.screenshot("outbox-failed-dry-run").await;
     browser.click_and_wait("form#confirm button#confirm").await;
     assert_eq!(browser.path().await, "/outbox/failed", "back on the list");
+    // Which says what was done, by whom, when.
+    let done = browser.text_of("#done").await;
+    for part in [
+        "Retried 20 deliveries (type invoice.paid, since ",
+        ") — console, ",
+        " UTC",
+    ] {
+        assert!(done.contains(part), "{part:?} in the banner: {done}");
+    }
 
     wait_for("the 20 retried deliveries dispatched", WAIT, || async {
         let statuses = outbox_statuses(&app.store, "invoice.paid").await;

@@ -65,7 +65,7 @@ async fn a_duplicate_events_page_shows_handled_and_its_duplicate_delivery() {
     }
     assert_eq!(
         outcomes,
-        ["duplicate", "handled"],
+        ["duplicate delivery", "handled"],
         "{}",
         browser.text().await
     );
@@ -169,7 +169,7 @@ async fn a_dead_letter_redriven_from_its_page_ends_handled_on_postgres() {
     browser
         .goto(&app.admin_url(&format!("/events/stripe/{id}")))
         .await;
-    assert_eq!(browser.text_of("#outcome").await, "dead_lettered");
+    assert_eq!(browser.text_of("#outcome").await, "dead letter");
     browser
         .click_and_wait("ol#timeline > li.dead_letter form.redrive button[type=submit]")
         .await;

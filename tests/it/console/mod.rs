@@ -14,7 +14,14 @@
 //! * [`refusals`]: without the token (none, a wrong one, a forged cookie) every page is 401 and
 //!   every action refused with nothing changed in the store; a cross-origin POST is refused
 //!   (with a valid session and CSRF token: a forged `Origin`, `Sec-Fetch-Site: cross-site`, and
-//!   a real page of another origin auto-submitting the confirmation form in the same browser).
+//!   a real page of another origin auto-submitting the confirmation form in the same browser);
+//! * [`rough_edges`]: a control character in any filter is a 400 naming the field (both stores),
+//!   error pages keep their form and the session's token, an unknown event is a 404, a failed
+//!   read shows a reference only, one vocabulary on the list and the page, no Redrive for a
+//!   dead letter handled since;
+//! * [`layout`]: a 255-byte id and long errors fit the window at 1280 and 800 px; times in UTC
+//!   with the browser's own zone after them;
+//! * [`resend`]: a re-send asks first, then says what it did.
 //!
 //! With `SCREENSHOTS=1` the tests write the book's screenshots of each page to
 //! `docs/src/console/*.png`.
@@ -23,7 +30,10 @@ mod browser;
 mod bulk_retry;
 mod event_page;
 mod history;
+mod layout;
 mod refusals;
+mod resend;
+mod rough_edges;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

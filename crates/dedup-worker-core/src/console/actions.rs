@@ -91,7 +91,10 @@ pub async fn redrive_by_filter(
 ) -> Response {
     let filter = match form.rows() {
         Ok(filter) => filter,
-        Err(e) => return PageError::from(e).into_response(),
+        Err(e) => {
+            let list = pages::filter_form("/dead-letters", &form);
+            return PageError::bad_filter(e, list).into_response();
+        }
     };
     let csrf = pages::csrf(&state, &caller);
     if form.confirm != "yes" {
@@ -111,15 +114,18 @@ pub async fn redrive_by_filter(
     let who = actor(&caller);
     let (store, transport) = (state.store.clone(), state.transport.clone());
     let redrive = detached(async move {
-        operator::redrive_dead_letters(&store, transport.as_ref(), &filter, None, &who).await
+        operator::redrive_dead_letters_recorded(&store, transport.as_ref(), &filter, None, &who)
+            .await
     });
     match redrive
         .await
         .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
     {
-        Ok(_) => {
-            Redirect::to(&format!("/dead-letters?{}", form.query_string(None))).into_response()
-        }
+        Ok(done) => Redirect::to(&format!(
+            "/dead-letters?{}",
+            form.query_string(None, Some(done.action_id))
+        ))
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -132,7 +138,10 @@ pub async fn retry_by_filter(
 ) -> Response {
     let filter = match form.rows() {
         Ok(filter) => filter,
-        Err(e) => return PageError::from(e).into_response(),
+        Err(e) => {
+            let list = pages::filter_form("/outbox/failed", &form);
+            return PageError::bad_filter(e, list).into_response();
+        }
     };
     let csrf = pages::csrf(&state, &caller);
     if form.confirm != "yes" {
@@ -151,15 +160,19 @@ pub async fn retry_by_filter(
     }
     let (store, who) = (state.store.clone(), actor(&caller));
     let retried =
-        detached(async move { operator::retry_failed_deliveries(&store, &filter, &who).await });
+        detached(
+            async move { operator::retry_failed_deliveries_recorded(&store, &filter, &who).await },
+        );
     let retried = retried
         .await
         .and_then(|done| done.map_err(|e| PageError::unavailable(&e)));
     state.wakeups.outbox.notify_waiters();
     match retried {
-        Ok(_) => {
-            Redirect::to(&format!("/outbox/failed?{}", form.query_string(None))).into_response()
-        }
+        Ok(done) => Redirect::to(&format!(
+            "/outbox/failed?{}",
+            form.query_string(None, Some(done.action_id))
+        ))
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }
@@ -219,6 +232,35 @@ async fn belongs(
     Ok(row.ids.iter().all(|id| ids.contains(id)))
 }
 
+/// An action's path under its page's.
+fn action_path(page: &str, what: &str) -> String {
+    format!("{page}/{what}")
+}
+
+/// The redirect (303) to `page` saying what was done, when something was.
+fn done_at(page: &str, done: Option<operator::Recorded>) -> Response {
+    match done {
+        Some(done) => Redirect::to(&format!("{page}?done={}", done.action_id)).into_response(),
+        None => Redirect::to(page).into_response(),
+    }
+}
+
+/// A dead letter of an event handled since: a redrive would only be a duplicate (409).
+fn superseded(source: &str, event_id: &str) -> Response {
+    let page = event_path(source, event_id);
+    let body = maud::html! {
+        p.error #problem { "This event was handled after it was dead-lettered: redriving the dead \
+            letter would only deliver a duplicate, so nothing was done." }
+        p { a href=(page) { "Back to the event" } }
+    };
+    PageError::Page {
+        status: StatusCode::CONFLICT,
+        title: "Handled since".into(),
+        body,
+    }
+    .into_response()
+}
+
 /// `POST /events/{source}/{id}/redrive`: one dead letter of the event, back to its queue.
 pub async fn redrive_one(
     State(state): State<ConsoleState>,
@@ -234,16 +276,27 @@ pub async fn redrive_one(
         Ok(false) => return bad_row(),
         Err(response) => return response,
     }
+    match state
+        .store
+        .dedup()
+        .processed_record(&source, &event_id)
+        .await
+    {
+        Ok(None) => {}
+        Ok(Some(_)) => return superseded(&source, &event_id),
+        Err(e) => return unavailable(e),
+    }
     let who = actor(&caller);
     let (store, transport) = (state.store.clone(), state.transport.clone());
     let redrive = detached(async move {
-        operator::redrive_dead_letters(&store, transport.as_ref(), &filter, None, &who).await
+        operator::redrive_dead_letters_recorded(&store, transport.as_ref(), &filter, None, &who)
+            .await
     });
     match redrive
         .await
         .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
     {
-        Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
+        Ok(done) => done_at(&event_path(&source, &event_id), Some(done)),
         Err(e) => e.into_response(),
     }
 }
@@ -259,10 +312,30 @@ pub async fn resend_one(
     let Some(filter) = one_row(&form) else {
         return bad_row();
     };
-    match belongs(&state, (&source, &event_id), &filter, false).await {
-        Ok(true) => {}
-        Ok(false) => return bad_row(),
-        Err(response) => return response,
+    let delivery = match state
+        .store
+        .reads()
+        .outbox_of(&source, &event_id, 1000)
+        .await
+    {
+        Ok(rows) => rows.into_iter().find(|o| filter.ids == [o.id]),
+        Err(e) => return unavailable(e),
+    };
+    let Some(delivery) = delivery else {
+        return bad_row();
+    };
+    // A delivered row is delivered again only once asked twice: a receiver that does not
+    // deduplicate on the Idempotency-Key acts on it again. A failed row's retry delivered
+    // nothing before, and stays one click.
+    if delivery.status == "dispatched" && form.confirm != "yes" {
+        let csrf = pages::csrf(&state, &caller);
+        let back = event_path(&source, &event_id);
+        return pages::resend_confirmation(
+            &delivery,
+            (&action_path(&back, "resend"), &back),
+            &csrf,
+        )
+        .into_response();
     }
     let who = actor(&caller);
     let store = state.store.clone();
@@ -270,19 +343,66 @@ pub async fn resend_one(
     // (nothing done, nothing recorded).
     let done = detached(async move {
         if operator::count_failed_deliveries(&store, &filter).await? == 1 {
-            return operator::retry_failed_deliveries(&store, &filter, &who).await;
+            let done = operator::retry_failed_deliveries_recorded(&store, &filter, &who).await?;
+            return Ok(Some(done));
         }
         if operator::count_dispatched_deliveries(&store, &filter).await? == 1 {
-            return operator::resend_dispatched_deliveries(&store, &filter, &who).await;
+            let done = operator::resend_dispatched_deliveries_recorded(&store, &filter, &who);
+            return Ok(Some(done.await?));
         }
-        Ok(0)
+        Ok::<_, crate::store::StoreError>(None)
     });
     let done = done
         .await
         .and_then(|done| done.map_err(|e| PageError::unavailable(&e)));
     state.wakeups.outbox.notify_waiters();
     match done {
-        Ok(_) => Redirect::to(&event_path(&source, &event_id)).into_response(),
+        Ok(done) => done_at(&event_path(&source, &event_id), done),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /dead-letters/{id}/redrive`: one dead letter from its own page (a message without an
+/// event id has no event page), unless its event was handled since.
+pub async fn redrive_dead_letter(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<i64>,
+) -> Response {
+    let dead = match state.store.dead_letters().selected(&[id], 0, 1).await {
+        Ok(mut rows) => rows.pop(),
+        Err(e) => return unavailable(e),
+    };
+    let Some(dead) = dead else {
+        return bad_row();
+    };
+    if !dead.event_id.is_empty() {
+        match state
+            .store
+            .dedup()
+            .processed_record(&dead.source, &dead.event_id)
+            .await
+        {
+            Ok(None) => {}
+            Ok(Some(_)) => return superseded(&dead.source, &dead.event_id),
+            Err(e) => return unavailable(e),
+        }
+    }
+    let filter = RowFilter {
+        ids: vec![id],
+        ..RowFilter::default()
+    };
+    let who = actor(&caller);
+    let (store, transport) = (state.store.clone(), state.transport.clone());
+    let redrive = detached(async move {
+        operator::redrive_dead_letters_recorded(&store, transport.as_ref(), &filter, None, &who)
+            .await
+    });
+    match redrive
+        .await
+        .and_then(|done| done.map_err(|e| PageError::unavailable(&e)))
+    {
+        Ok(done) => done_at("/dead-letters", Some(done)),
         Err(e) => e.into_response(),
     }
 }

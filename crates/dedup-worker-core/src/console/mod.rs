@@ -8,16 +8,19 @@
 //! * `/events/{source}/{id}`: the story `events show` prints, the payload where the store keeps
 //!   one (a dead letter's), and the actions that apply (redrive a dead letter, re-send a
 //!   delivery);
+//! * `/dead-letters/{id}`: one dead letter (error, queue, attempts, payload), also one without
+//!   an event id, with its Redrive;
 //! * `/dead-letters`, `/outbox/failed`: filterable lists with a bulk action by filter, which
 //!   first shows how many rows it would touch (the dry run) and asks for confirmation; every
 //!   action is recorded ([`crate::operator`], what the CLI's `dlq redrive`, `outbox retry` and
 //!   `outbox resend` run) and listed.
 //!
-//! Pages are HTML from templates compiled into the binary (maud), readable without JavaScript
-//! and with none. `auth.rs` says who may see them and which POSTs are let through;
+//! Pages are HTML from templates compiled into the binary (maud), readable without JavaScript;
+//! one small script of its own (`assets.rs`) adds the browser's local time after each UTC time. `auth.rs` says who may see them and which POSTs are let through;
 //! `pages/` renders; `actions.rs` takes the POSTs.
 
 mod actions;
+mod assets;
 pub mod auth;
 mod login;
 mod pages;
@@ -77,27 +80,35 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/events/{source}/{id}/resend", post(actions::resend_one))
         .route("/dead-letters", get(pages::dead_letters))
         .route("/dead-letters/redrive", post(actions::redrive_by_filter))
+        .route("/dead-letters/{id}", get(pages::dead_letter))
+        .route(
+            "/dead-letters/{id}/redrive",
+            post(actions::redrive_dead_letter),
+        )
         .route("/outbox/failed", get(pages::failed_deliveries))
         .route("/outbox/failed/retry", post(actions::retry_by_filter))
         .route("/logout", post(actions::logout))
+        .route_layer(from_fn_with_state(state.clone(), pages::with_caller_token))
         .route_layer(from_fn_with_state(state.clone(), auth::require_caller));
     Router::new()
         .route("/login", get(login::login).post(actions::login))
+        .route("/assets/console.js", get(assets::console_js))
         .merge(guarded)
         .layer(map_response(protect))
         .with_state(state)
 }
 
 /// Headers on every answer: no other site may frame a page (clickjacking a bulk action's
-/// button), nothing is loaded from elsewhere, no script runs, and pages (which can hold
-/// personal data) are not cached or sent on as a referrer.
+/// button), nothing is loaded from elsewhere, no script runs but this console's own file
+/// (`/assets/console.js`; nothing inline), and pages (which can hold personal data) are not
+/// cached or sent on as a referrer.
 async fn protect(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
         (
             header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; \
-             form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+             img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::event::{check_event_field, EventField, InvalidEventField, MAX_EVENT_FIELD_BYTES};
 use crate::inspect::{EventQuery, OutcomeFilter};
 use crate::operator::RowFilter;
 
@@ -34,6 +35,9 @@ pub struct FilterForm {
     /// One row's id (an event page's action).
     #[serde(default)]
     pub row: String,
+    /// The recorded action a page reports done (`admin_actions.id`), after an action's redirect.
+    #[serde(default)]
+    pub done: String,
 }
 
 /// A filter field a person got wrong, with what was typed.
@@ -45,6 +49,29 @@ pub struct BadFilter {
 }
 
 impl FilterForm {
+    /// Every text field by the ingress's rule for ids, types and sources
+    /// ([`check_event_field`]): at most [`MAX_EVENT_FIELD_BYTES`] bytes, no control character.
+    /// Nothing longer can be stored, and a NUL cannot even be sent to PostgreSQL (it answers
+    /// "invalid byte sequence", which would be a 503 for a typing mistake).
+    pub fn check(&self) -> Result<(), BadFilter> {
+        let fields = [
+            ("id", &self.id),
+            ("type", &self.type_prefix),
+            ("source", &self.source),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("outcome", &self.outcome),
+            ("after", &self.after),
+            ("confirm", &self.confirm),
+            ("row", &self.row),
+            ("done", &self.done),
+        ];
+        for (field, value) in fields {
+            check_text(field, value)?;
+        }
+        Ok(())
+    }
+
     pub fn since_ms(&self) -> Result<Option<i64>, BadFilter> {
         parse_time_ms("since", &self.since)
     }
@@ -60,6 +87,7 @@ impl FilterForm {
 
     /// The filter of a bulk action or a list.
     pub fn rows(&self) -> Result<RowFilter, BadFilter> {
+        self.check()?;
         Ok(RowFilter {
             type_prefix: self.type_prefix(),
             since_ms: self.since_ms()?,
@@ -70,6 +98,7 @@ impl FilterForm {
 
     /// An `/events` search.
     pub fn events(&self) -> Result<EventQuery, BadFilter> {
+        self.check()?;
         let outcome = OutcomeFilter::parse(self.outcome.trim()).ok_or_else(|| BadFilter {
             field: "outcome",
             reason: format!(
@@ -110,7 +139,8 @@ impl FilterForm {
         .collect()
     }
 
-    pub fn query_string(&self, after: Option<&str>) -> String {
+    /// The query string of this filter, then the page (`after`) and the action to report done.
+    pub fn query_string(&self, after: Option<&str>, done: Option<i64>) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         for (k, v) in self.pairs() {
             query.append_pair(k, v);
@@ -118,8 +148,28 @@ impl FilterForm {
         if let Some(after) = after {
             query.append_pair("after", after);
         }
+        if let Some(done) = done {
+            query.append_pair("done", &done.to_string());
+        }
         query.finish()
     }
+}
+
+/// One field of a form by [`check_event_field`]'s rule (an empty field is "any"), its refusal
+/// naming the form's field rather than an event's.
+pub fn check_text(field: &'static str, value: &str) -> Result<(), BadFilter> {
+    let reason = match check_event_field(EventField::Type, value) {
+        Ok(()) => return Ok(()),
+        Err(InvalidEventField::TooLong { len, .. }) => {
+            format!("{len} bytes long; at most {MAX_EVENT_FIELD_BYTES} bytes are accepted")
+        }
+        Err(InvalidEventField::ControlCharacter { code, at, .. }) => {
+            format!("contains the control character U+{code:04X} at byte {at}; type printable text")
+        }
+        // The type's rule takes an empty value.
+        Err(InvalidEventField::Empty { .. }) => return Ok(()),
+    };
+    Err(BadFilter { field, reason })
 }
 
 /// 9999-12-31T23:59:59Z.
@@ -178,5 +228,36 @@ mod tests {
         assert!(parse_time_ms("since", "yesterday").is_err());
         assert!(parse_time_ms("since", "99999999999999").is_err());
         assert!(parse_time_ms("since", "-1").is_err());
+    }
+
+    /// One field of a form, to be set.
+    type FieldOf = fn(&mut FilterForm) -> &mut String;
+
+    #[test]
+    fn a_control_character_or_an_over_long_value_in_any_field_is_refused_by_name() {
+        let long = "a".repeat(MAX_EVENT_FIELD_BYTES + 1);
+        let fields: [(&str, FieldOf); 10] = [
+            ("id", |f| &mut f.id),
+            ("type", |f| &mut f.type_prefix),
+            ("source", |f| &mut f.source),
+            ("since", |f| &mut f.since),
+            ("until", |f| &mut f.until),
+            ("outcome", |f| &mut f.outcome),
+            ("after", |f| &mut f.after),
+            ("confirm", |f| &mut f.confirm),
+            ("row", |f| &mut f.row),
+            ("done", |f| &mut f.done),
+        ];
+        for (name, field) in fields {
+            for bad in ["a\0b", "\u{1b}[31m", long.as_str()] {
+                let mut form = FilterForm::default();
+                *field(&mut form) = bad.to_owned();
+                let refused = form.check().expect_err(name);
+                assert_eq!(refused.field, name);
+            }
+            let mut form = FilterForm::default();
+            *field(&mut form) = "a".repeat(MAX_EVENT_FIELD_BYTES);
+            assert!(form.check().is_ok(), "{name} at the limit");
+        }
     }
 }

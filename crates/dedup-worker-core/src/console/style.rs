@@ -1,4 +1,6 @@
-//! The pages' one stylesheet, inline in each page.
+//! The pages' one stylesheet, inline in each page. Nothing may make a page wider than the
+//! window: ids (up to 255 bytes), destinations and errors break anywhere, and a table too wide
+//! still scrolls inside its own `div.scroll`.
 
 /// Small and inline: the pages need nothing fetched after them.
 pub const STYLE: &str = "
@@ -16,10 +18,16 @@ label{margin-right:1em}input,select{font:inherit;padding:.15em .3em}
 button{font:inherit;padding:.2em .8em;cursor:pointer}
 .handled,.dispatched{color:#1a7f37}.dead_letter,.dead_lettered,.failed{color:#cf222e}
 .duplicate,.stale,.pending,.queued,.redriven{color:#9a6700}
-.error{color:#cf222e;font-weight:600}.muted{color:#6e7781}
+.s-handled{color:#1a7f37}.s-dead_letter{color:#cf222e}.s-not_seen{color:#6e7781}
+.s-stale,.s-queued,.s-redriven,.s-duplicate,.s-duplicate_only{color:#9a6700}
+.error{color:#cf222e;font-weight:600}.banner{background:#dafbe1;border:1px solid #aceebb;padding:.5em .8em}
+span.local{color:#6e7781}.muted{color:#6e7781}
 ol#timeline{background:#fff;padding:.8em 2.4em;border:1px solid #e3e6ea}
 ol#timeline li{margin:.3em 0}
-pre{background:#fff;border:1px solid #e3e6ea;padding:.8em;overflow:auto;max-height:30em}
+pre{background:#fff;border:1px solid #e3e6ea;padding:.8em;overflow:auto;max-height:30em;white-space:pre-wrap}
+h1,td,code,pre,li,p{overflow-wrap:anywhere}
+div.scroll{overflow-x:auto;max-width:100%}td.destination{max-width:18em}
+header{flex-wrap:wrap}
 .cards{display:flex;gap:1em;flex-wrap:wrap}.card{background:#fff;border:1px solid #e3e6ea;padding:.6em 1em;min-width:10em}
 .card b{display:block;font-size:1.5em}
 ";

@@ -80,14 +80,22 @@ impl<'c> DeadLetters<'c> {
         error: &StoreError,
     ) -> Result<Settlement<'d>, ConsumerError> {
         let reason = format!("the database refused this event's data: {error}");
-        let mut tx = store.begin().await?;
+        // A decoded event's dead letter is written once per event and queue, as the batch's
+        // are: the same refused event delivered again (a redelivery, a duplicate the ring could
+        // not catch since it never committed) would otherwise be listed, and redriven, twice.
+        // A message that is not an event has no id to tell its copies apart.
+        let (mut events, mut others) = (Vec::new(), Vec::new());
         for delivery in deliveries {
             tracing::warn!(%reason, "dead-lettering a delivery the database refused");
-            let row = match decode_delivery(delivery, self.options) {
-                Ok(event) => self.of_event(&event, delivery, &reason),
-                Err(_) => self.of_undecodable(delivery, &reason),
-            };
-            tx.insert_dead_letter(&row).await?;
+            match decode_delivery(delivery, self.options) {
+                Ok(event) => events.push(self.of_event(&event, delivery, &reason)),
+                Err(_) => others.push(self.of_undecodable(delivery, &reason)),
+            }
+        }
+        let mut tx = store.begin().await?;
+        tx.insert_dead_letters_once(&events).await?;
+        for row in &others {
+            tx.insert_dead_letter(row).await?;
         }
         tx.commit().await?;
         Ok(Settlement {

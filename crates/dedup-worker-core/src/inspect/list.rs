@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::time;
+use super::{time, Story};
 use crate::config::{Settings, TransportKind};
 use crate::store::{
     bounded, dedup_key, ListFilter, ListPosition, ListedKind, ListedRow, Store, StoreError, Tie,
@@ -136,7 +136,10 @@ pub struct ListedEvent {
     /// When it reached this outcome (processed, seen again, dead-lettered, held back,
     /// enqueued), Unix milliseconds.
     pub at_ms: i64,
+    /// The kind's name, as `--outcome` takes it and `--json` prints it (scripts read it).
     pub outcome: &'static str,
+    /// What the row shows people.
+    pub story: Story,
 }
 
 impl ListedEvent {
@@ -248,6 +251,7 @@ pub async fn list_events(
                 event_type: row.event_type,
                 at_ms: row.position.at_us.div_euclid(1000),
                 outcome: kind_name(row.kind),
+                story: Story::of_listed(row.kind),
             })
             .collect(),
         next,

@@ -10,6 +10,7 @@
 //! gone. Each read is bounded in rows and by the statement timeout.
 
 mod list;
+mod story;
 mod text;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ pub use list::{
     kind_name, list_events, EventPage, EventQuery, ListError, ListOptions, ListedEvent,
     OutcomeFilter, MAX_PAGE,
 };
+pub use story::Story;
 
 use crate::config::shown_destination;
 use crate::store::{
@@ -178,6 +180,11 @@ impl EventReport {
             None if !self.stale.is_empty() => Outcome::Stale,
             None => Outcome::NotSeen,
         }
+    }
+
+    /// The story the console and `events show` tell of it.
+    pub fn story(&self) -> Story {
+        Story::of_outcome(self.outcome())
     }
 
     /// Whether anything of the event is recorded.

@@ -14,15 +14,17 @@ const MAX_ERROR_CHARS: usize = 300;
 pub(super) fn render(report: &EventReport) -> String {
     let mut out = String::new();
     let outcome = report.outcome();
-    let headline = match outcome {
-        Outcome::Handled => "handled",
-        Outcome::Stale => "stale (recorded, held back by the stale-event guard, not handled)",
-        Outcome::Queued => "waiting in the database queue, not processed yet",
-        Outcome::DeadLettered => "dead-lettered, not processed",
-        Outcome::Redriven => "redriven, not processed yet",
-        Outcome::DuplicatesOnly => "duplicate deliveries recorded, its own record is gone",
-        Outcome::NotSeen => "not seen",
+    // The story's label (the console's), then what it means here.
+    let detail = match outcome {
+        Outcome::Handled => "",
+        Outcome::Stale => " (recorded by the stale-event guard, not handled)",
+        Outcome::Queued => " (the database queue), not processed yet",
+        Outcome::DeadLettered => ", not processed",
+        Outcome::Redriven => ", not processed yet",
+        Outcome::DuplicatesOnly => " (duplicate deliveries recorded, its own record is gone)",
+        Outcome::NotSeen => "",
     };
+    let headline = format!("{}{detail}", report.story().label());
     line(
         &mut out,
         format!("{} {}: {headline}", report.source, report.event_id),

@@ -1,7 +1,7 @@
 //! Dead letters by filter: counted, listed, and redriven through [`crate::dlq`]'s
 //! publish-then-delete.
 
-use super::{record, Action, Actor, DeadLetterListing, RowFilter};
+use super::{record, Action, Actor, DeadLetterListing, Recorded, RowFilter};
 use crate::dlq::{self, RedriveError};
 use crate::queue::Transport;
 use crate::store::{BulkRows, Store, StoreError};
@@ -24,6 +24,18 @@ pub async fn redrive_dead_letters(
     to_queue: Option<&str>,
     actor: &Actor,
 ) -> Result<u64, RedriveError> {
+    let done = redrive_dead_letters_recorded(store, transport, filter, to_queue, actor).await?;
+    Ok(done.count)
+}
+
+/// [`redrive_dead_letters`], with the id the action is recorded under.
+pub async fn redrive_dead_letters_recorded(
+    store: &Store,
+    transport: &dyn Transport,
+    filter: &RowFilter,
+    to_queue: Option<&str>,
+    actor: &Actor,
+) -> Result<Recorded, RedriveError> {
     let result = dlq::redrive_where(store, transport, filter, to_queue).await;
     let redriven = match &result {
         Ok(n) => *n,
@@ -31,14 +43,14 @@ pub async fn redrive_dead_letters(
     };
     let recorded = record(store, actor, Action::DlqRedrive, filter, redriven).await;
     match (result, recorded) {
-        (Ok(n), Ok(())) => Ok(n),
+        (Ok(count), Ok(action_id)) => Ok(Recorded { count, action_id }),
         (Ok(_), Err(source)) => Err(RedriveError::Record { redriven, source }),
         // The redrive's own failure is the one to report; the record's is only logged.
         (Err(error), Err(record_error)) => {
             tracing::warn!(error = %record_error, redriven, "recording a failed redrive failed");
             Err(error)
         }
-        (Err(error), Ok(())) => Err(error),
+        (Err(error), Ok(_)) => Err(error),
     }
 }
 

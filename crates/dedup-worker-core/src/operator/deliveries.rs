@@ -2,7 +2,7 @@
 //! counted and re-sent. Both put rows back to `pending` for the relay, which delivers them
 //! under their original `idempotency_key`.
 
-use super::{record, Action, Actor, DeliveryListing, RowFilter};
+use super::{record, Action, Actor, DeliveryListing, Recorded, RowFilter};
 use crate::store::{BulkRows, Store, StoreError};
 
 /// How many failed deliveries (status `failed`, time `created_at`) `filter` selects.
@@ -20,6 +20,16 @@ pub async fn retry_failed_deliveries(
     filter: &RowFilter,
     actor: &Actor,
 ) -> Result<u64, StoreError> {
+    let done = retry_failed_deliveries_recorded(store, filter, actor).await?;
+    Ok(done.count)
+}
+
+/// [`retry_failed_deliveries`], with the id the action is recorded under.
+pub async fn retry_failed_deliveries_recorded(
+    store: &Store,
+    filter: &RowFilter,
+    actor: &Actor,
+) -> Result<Recorded, StoreError> {
     requeue(
         store,
         BulkRows::FailedDeliveries,
@@ -48,6 +58,16 @@ pub async fn resend_dispatched_deliveries(
     filter: &RowFilter,
     actor: &Actor,
 ) -> Result<u64, StoreError> {
+    let done = resend_dispatched_deliveries_recorded(store, filter, actor).await?;
+    Ok(done.count)
+}
+
+/// [`resend_dispatched_deliveries`], with the id the action is recorded under.
+pub async fn resend_dispatched_deliveries_recorded(
+    store: &Store,
+    filter: &RowFilter,
+    actor: &Actor,
+) -> Result<Recorded, StoreError> {
     requeue(
         store,
         BulkRows::DispatchedDeliveries,
@@ -80,7 +100,7 @@ async fn requeue(
     action: Action,
     filter: &RowFilter,
     actor: &Actor,
-) -> Result<u64, StoreError> {
+) -> Result<Recorded, StoreError> {
     let through = store.bulk().newest_id(rows).await?;
     let mut moved = 0;
     let mut after = 0;
@@ -102,7 +122,7 @@ async fn requeue(
     };
     let recorded = record(store, actor, action, filter, moved).await;
     match result {
-        Ok(moved) => recorded.map(|()| moved),
+        Ok(count) => recorded.map(|action_id| Recorded { count, action_id }),
         Err(error) => {
             tracing::warn!(action = action.name(), moved, %error, "bulk action stopped part-way");
             if let Err(record_error) = recorded {

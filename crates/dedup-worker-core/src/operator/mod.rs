@@ -17,10 +17,13 @@ mod deliveries;
 mod sinks;
 
 pub use crate::store::{AdminAction, DeadLetterListing, DeliveryListing, RowFilter};
-pub use dead_letters::{count_dead_letters, list_dead_letters, redrive_dead_letters};
+pub use dead_letters::{
+    count_dead_letters, list_dead_letters, redrive_dead_letters, redrive_dead_letters_recorded,
+};
 pub use deliveries::{
     count_dispatched_deliveries, count_failed_deliveries, list_failed_deliveries,
-    resend_dispatched_deliveries, retry_failed_deliveries,
+    resend_dispatched_deliveries, resend_dispatched_deliveries_recorded, retry_failed_deliveries,
+    retry_failed_deliveries_recorded,
 };
 pub use sinks::{
     held_keys, known_lanes, lane_states, pause_sink, resume_sink, skip_delivery, SinkActionError,
@@ -75,19 +78,35 @@ impl Action {
     }
 }
 
+/// The action recorded as `id`.
+pub async fn recorded_action(store: &Store, id: i64) -> Result<Option<AdminAction>, StoreError> {
+    store.admin_actions().get(id).await
+}
+
 /// The newest `limit` recorded actions, newest first.
 pub async fn recent_actions(store: &Store, limit: i64) -> Result<Vec<AdminAction>, StoreError> {
     store.admin_actions().newest(limit).await
 }
 
-/// Records that `actor` took `action` on `count` rows selected by `filter`.
+/// What an action did: how many rows, and the id it is recorded under (the console's "done"
+/// banner reads it back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// Rows acted on.
+    pub count: u64,
+    /// Its `admin_actions` id.
+    pub action_id: i64,
+}
+
+/// Records that `actor` took `action` on `count` rows selected by `filter`; returns the
+/// record's id.
 async fn record(
     store: &Store,
     actor: &Actor,
     action: Action,
     filter: &RowFilter,
     count: u64,
-) -> Result<(), StoreError> {
+) -> Result<i64, StoreError> {
     // A filter is plain data: serializing it cannot fail.
     let filter = serde_json::to_string(filter).unwrap_or_else(|_| "{}".into());
     let count = i64::try_from(count).unwrap_or(i64::MAX);
@@ -95,7 +114,6 @@ async fn record(
         .admin_actions()
         .record(&actor.0, action.name(), &filter, count)
         .await
-        .map(drop)
 }
 
 #[cfg(test)]

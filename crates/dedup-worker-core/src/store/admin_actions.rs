@@ -88,4 +88,29 @@ impl AdminActions<'_> {
             }
         })
     }
+
+    /// The action recorded as `id`, if it is there (a banner's "what was done").
+    pub async fn get(self, id: i64) -> Result<Option<AdminAction>, StoreError> {
+        Ok(match self.pool {
+            Pool::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT id, floor(extract(epoch FROM at) * 1000)::int8 AS at_ms, actor, action,
+                    filter, count
+               FROM admin_actions WHERE id = $1",
+                )
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+            Pool::Sqlite(pool) => {
+                sqlx::query_as(
+                    "SELECT id, at AS at_ms, actor, action, filter, count
+               FROM admin_actions WHERE id = $1",
+                )
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+        })
+    }
 }

@@ -5,14 +5,18 @@
 //! purpose); a dead letter keeps its payload, which is shown, capped, unless
 //! `admin.show_payloads` hides payloads.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::Extension;
 use maud::{html, Markup};
 
-use super::{csrf, event_path, layout, when, PageError};
+use super::events::search_form;
+use super::{csrf, done_banner, event_path, layout, when, PageError};
 use crate::config::shown_destination;
 use crate::console::auth::Caller;
+use crate::console::query::FilterForm;
 use crate::console::ConsoleState;
+use crate::event::{check_event_field, EventField};
 use crate::inspect::{event_report, EventReport, ShowOptions};
 use crate::store::bounded;
 
@@ -27,7 +31,9 @@ pub async fn event(
     State(state): State<ConsoleState>,
     Extension(caller): Extension<Caller>,
     Path((source, event_id)): Path<(String, String)>,
+    Query(form): Query<FilterForm>,
 ) -> Result<Markup, PageError> {
+    check_path(&state, &source, &event_id)?;
     let options = ShowOptions {
         statement_timeout: state.options.statement_timeout,
         database_queue: state.options.database_queue,
@@ -37,6 +43,9 @@ pub async fn event(
     let report = event_report(&state.store, &source, &event_id, &options)
         .await
         .map_err(|e| PageError::unavailable(&e))?;
+    if !report.found() {
+        return Err(not_found(&state, &source, &event_id));
+    }
     let payload = match report.dead_letters.first() {
         Some(dead) if state.options.show_payloads => {
             let ids = [dead.id];
@@ -50,20 +59,19 @@ pub async fn event(
         }
         _ => None,
     };
+    let done = done_banner(&state, &form.done).await;
     let csrf = csrf(&state, &caller);
     let action = |what: &str| format!("{}/{what}", event_path(&source, &event_id));
-    let outcome = report.outcome().as_str();
+    let story = report.story();
     let body = html! {
+        (done)
         p {
-            "Outcome: " strong #outcome .(outcome) { (outcome) }
+            "Outcome: " strong #outcome .(story.class()) { (story.label()) }
             " · type " strong { (report.event_type().unwrap_or("unknown")) }
             " · source " code { (source) }
         }
         ol #timeline {
             @for (_, entry) in timeline(&report, &csrf, &action) { (entry) }
-        }
-        @if !report.found() {
-            p.muted { "Nothing of this event is recorded: not received, or past the dedup window." }
         }
         h2 { "Payload" }
         @match (&payload, state.options.show_payloads) {
@@ -73,6 +81,44 @@ pub async fn event(
         }
     };
     Ok(layout(&format!("Event {event_id}"), &csrf, body))
+}
+
+/// A path no event can have (an id or a source over 255 bytes or with a control character,
+/// which the ingress refuses) is a 400, with the search form to try again.
+fn check_path(state: &ConsoleState, source: &str, event_id: &str) -> Result<(), PageError> {
+    for (field, value) in [(EventField::Source, source), (EventField::Id, event_id)] {
+        if let Err(error) = check_event_field(field, value) {
+            let body = html! {
+                p.error #problem { "No event can have this path: " (error) "." }
+                (search_form(state, &FilterForm::default()))
+            };
+            return Err(PageError::Page {
+                status: StatusCode::BAD_REQUEST,
+                title: "Not an event's page".into(),
+                body,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// An event nothing is recorded of: 404, with the search form filled with its id.
+fn not_found(state: &ConsoleState, source: &str, event_id: &str) -> PageError {
+    let form = FilterForm {
+        id: event_id.to_owned(),
+        source: source.to_owned(),
+        ..FilterForm::default()
+    };
+    let body = html! {
+        p #not-found { "Nothing recorded of " code { (event_id) } " from " code { (source) }
+            ": not received, or past the dedup window." }
+        (search_form(state, &form))
+    };
+    PageError::Page {
+        status: StatusCode::NOT_FOUND,
+        title: format!("Event {event_id}"),
+        body,
+    }
 }
 
 /// The report's entries, oldest first.
@@ -120,14 +166,20 @@ fn timeline(
                 " is older than " code { (s.newer_event_id) } " (version " (s.newer_version) ")" }
         }));
     }
+    // Superseded: the event was processed (since), so a redrive would only be a duplicate.
+    let superseded = report.processed.is_some();
     for dead in &report.dead_letters {
         entries.push((dead.created_at, html! {
             li.dead_letter {
                 (when(dead.created_at)) " " strong { "dead-lettered" } " after " (dead.attempts) " attempt(s) on " code { (dead.queue) } ": " (dead.error)
-                form.redrive.inline method="post" action=(action("redrive")) {
-                    input type="hidden" name="csrf" value=(csrf);
-                    input type="hidden" name="row" value=(dead.id);
-                    " " button type="submit" { "Redrive" }
+                @if superseded {
+                    " " span.superseded.muted { "(handled since: nothing to redrive)" }
+                } @else {
+                    form.redrive.inline method="post" action=(action("redrive")) {
+                        input type="hidden" name="csrf" value=(csrf);
+                        input type="hidden" name="row" value=(dead.id);
+                        " " button type="submit" { "Redrive" }
+                    }
                 }
             }
         }));
@@ -169,7 +221,7 @@ fn timeline(
 }
 
 /// A payload as indented JSON (as it is when it is not JSON), cut at [`PAYLOAD_CAP`].
-fn pretty(payload: &[u8]) -> String {
+pub(super) fn pretty(payload: &[u8]) -> String {
     let text = serde_json::from_slice::<serde_json::Value>(payload)
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok())

@@ -20,18 +20,13 @@ pub fn list_options(state: &ConsoleState) -> ListOptions {
     }
 }
 
-/// `GET /events`.
-pub async fn events(
-    State(state): State<ConsoleState>,
-    Extension(caller): Extension<Caller>,
-    Query(form): Query<FilterForm>,
-) -> Result<Markup, PageError> {
-    let query = form.events()?;
-    let page = list_events(&state.store, &query, &list_options(&state))
-        .await
-        .map_err(|e| PageError::unavailable(&e))?;
-    let outcome = query.outcome.name();
-    let body = html! {
+/// The search form, filled with `form` as it was typed (also on an error page and on an
+/// unknown event's page).
+pub fn search_form(state: &ConsoleState, form: &FilterForm) -> Markup {
+    let sources = &state.options.sources;
+    let outcome =
+        OutcomeFilter::parse(form.outcome.trim()).map_or(form.outcome.as_str(), |o| o.name());
+    html! {
         form #search method="get" action="/events" {
             fieldset {
                 label { "Id " input type="search" name="id" value=(form.id) placeholder="evt_…" size="28"; }
@@ -39,8 +34,12 @@ pub async fn events(
                 label { "Source "
                     select name="source" {
                         option value="" selected[form.source.is_empty()] { "any" }
-                        @for name in &state.options.sources {
+                        @for name in sources {
                             option value=(name) selected[*name == form.source] { (name) }
+                        }
+                        // What was typed into the query string stays what it was.
+                        @if !form.source.is_empty() && !sources.contains(&form.source) {
+                            option value=(form.source) selected { (form.source) }
                         }
                     }
                 }
@@ -51,31 +50,51 @@ pub async fn events(
                         @for name in OutcomeFilter::NAMES {
                             option value=(name) selected[name == outcome] { (name) }
                         }
+                        @if !OutcomeFilter::NAMES.contains(&outcome) {
+                            option value=(outcome) selected { (outcome) }
+                        }
                     }
                 }
                 button type="submit" { "Search" }
             }
         }
+    }
+}
+
+/// `GET /events`.
+pub async fn events(
+    State(state): State<ConsoleState>,
+    Extension(caller): Extension<Caller>,
+    Query(form): Query<FilterForm>,
+) -> Result<Markup, PageError> {
+    let query = form
+        .events()
+        .map_err(|e| PageError::bad_filter(e, search_form(&state, &form)))?;
+    let page = list_events(&state.store, &query, &list_options(&state))
+        .await
+        .map_err(|e| PageError::unavailable(&e))?;
+    let body = html! {
+        (search_form(&state, &form))
         @if page.events.is_empty() {
             p.muted { "No event matches." }
         } @else {
-            table #events {
+            div.scroll { table #events {
                 thead { tr { th { "When" } th { "Outcome" } th { "Type" } th { "Event" } th { "Source" } } }
                 tbody {
                     @for e in &page.events {
                         tr {
                             td { (when(e.at_ms)) }
-                            td.outcome.(e.outcome) { (e.outcome) }
+                            td.outcome.(e.story.class()) { (e.story.label()) }
                             td { (e.event_type) }
                             td { @if e.event_id.is_empty() { span.muted { "(id in the payload)" } } @else { a.event href=(event_path(&e.source, &e.event_id)) { (e.event_id) } } }
                             td { (e.source) }
                         }
                     }
                 }
-            }
+            } }
         }
         @if let Some(next) = &page.next {
-            p { a #next href={ "/events?" (form.query_string(Some(next))) } { "Older →" } }
+            p { a #next href={ "/events?" (form.query_string(Some(next), None)) } { "Older →" } }
         }
     };
     Ok(layout("Events", &csrf(&state, &caller), body))

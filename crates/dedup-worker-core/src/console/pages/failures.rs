@@ -5,13 +5,13 @@ use axum::extract::{Query, State};
 use axum::Extension;
 use maud::{html, Markup};
 
-use super::{csrf, event_path, layout, when, PageError};
+use super::{csrf, done_banner, event_path, layout, when, PageError};
 use crate::config::shown_destination;
 use crate::console::auth::Caller;
 use crate::console::query::{FilterForm, PAGE};
 use crate::console::ConsoleState;
 use crate::operator::{self, AdminAction};
-use crate::store::bounded;
+use crate::store::{bounded, OutboxRecord};
 
 /// Recorded actions listed under each list.
 const ACTIONS_SHOWN: i64 = 20;
@@ -55,12 +55,12 @@ pub fn actions_table(actions: &[AdminAction]) -> Markup {
     html! {
         h2 { "Actions taken" }
         @if actions.is_empty() { p.muted { "None recorded yet." } } @else {
-            table #actions {
+            div.scroll { table #actions {
                 thead { tr { th { "When" } th { "Who" } th { "Action" } th { "Filter" } th { "Rows" } } }
                 tbody { @for a in actions { tr {
                     td { (when(a.at_ms)) } td { (a.actor) } td { (a.action) } td { code { (a.filter) } } td.count { (a.count) }
                 } } }
-            }
+            } }
         }
     }
 }
@@ -85,7 +85,9 @@ pub async fn dead_letters(
     Extension(caller): Extension<Caller>,
     Query(form): Query<FilterForm>,
 ) -> Result<Markup, PageError> {
-    let filter = form.rows()?;
+    let filter = form
+        .rows()
+        .map_err(|e| PageError::bad_filter(e, filter_form("/dead-letters", &form)))?;
     let read = operator::list_dead_letters(&state.store, &filter, form.before_id(), PAGE + 1);
     let mut rows = bounded(state.options.statement_timeout, read)
         .await
@@ -93,21 +95,24 @@ pub async fn dead_letters(
     let more = rows.len() as i64 > PAGE;
     rows.truncate(PAGE as usize);
     let actions = recent_actions(&state, "dlq").await?;
+    let done = done_banner(&state, &form.done).await;
     let csrf = csrf(&state, &caller);
     let body = html! {
+        (done)
         (filter_form("/dead-letters", &form))
         @if rows.is_empty() { p.muted { "No dead letter matches." } } @else {
             (bulk_form("/dead-letters/redrive", "Redrive", &form, &csrf))
-            table #dead-letters {
-                thead { tr { th { "When" } th { "Event" } th { "Type" } th { "Queue" } th { "Attempts" } th { "Error" } } }
+            div.scroll { table #dead-letters {
+                thead { tr { th { "Dead letter" } th { "When" } th { "Event" } th { "Type" } th { "Queue" } th { "Attempts" } th { "Error" } } }
                 tbody { @for d in &rows { tr {
+                    td { a.dead-letter href={ "/dead-letters/" (d.id) } { (d.id) } }
                     td { (when(d.created_at_ms)) }
                     td { @if d.event_id.is_empty() { span.muted { "(no id)" } } @else { a.event href=(event_path(&d.source, &d.event_id)) { (d.event_id) } } }
                     td { (d.event_type) } td { code { (d.queue) } } td { (d.attempts) } td { (d.error) }
                 } } }
-            }
+            } }
             @if more { @if let Some(last) = rows.last() {
-                p { a #next href={ "/dead-letters?" (form.query_string(Some(&last.id.to_string()))) } { "Older →" } }
+                p { a #next href={ "/dead-letters?" (form.query_string(Some(&last.id.to_string()), None)) } { "Older →" } }
             } }
         }
         (actions_table(&actions))
@@ -121,7 +126,9 @@ pub async fn failed_deliveries(
     Extension(caller): Extension<Caller>,
     Query(form): Query<FilterForm>,
 ) -> Result<Markup, PageError> {
-    let filter = form.rows()?;
+    let filter = form
+        .rows()
+        .map_err(|e| PageError::bad_filter(e, filter_form("/outbox/failed", &form)))?;
     let read = operator::list_failed_deliveries(&state.store, &filter, form.before_id(), PAGE + 1);
     let mut rows = bounded(state.options.statement_timeout, read)
         .await
@@ -129,23 +136,25 @@ pub async fn failed_deliveries(
     let more = rows.len() as i64 > PAGE;
     rows.truncate(PAGE as usize);
     let actions = recent_actions(&state, "outbox").await?;
+    let done = done_banner(&state, &form.done).await;
     let csrf = csrf(&state, &caller);
     let body = html! {
+        (done)
         (filter_form("/outbox/failed", &form))
         @if rows.is_empty() { p.muted { "No failed delivery matches." } } @else {
             (bulk_form("/outbox/failed/retry", "Retry", &form, &csrf))
-            table #deliveries {
+            div.scroll { table #deliveries {
                 thead { tr { th { "Written" } th { "Event" } th { "Type" } th { "Destination" } th { "Status" } th { "Attempts" } th { "Last error" } } }
                 tbody { @for o in &rows { tr {
                     td { (when(o.created_at_ms)) }
                     td { a.event href=(event_path(&o.source, &o.event_id)) { (o.event_id) } }
                     td { (o.event_type) }
-                    td { code { (o.destination.as_deref().map(shown_destination).unwrap_or_else(|| "default sink".into())) } }
+                    td.destination { code { (o.destination.as_deref().map(shown_destination).unwrap_or_else(|| "default sink".into())) } }
                     td.status.(o.status) { (o.status) } td { (o.attempts) } td { (o.last_error.as_deref().unwrap_or("")) }
                 } } }
-            }
+            } }
             @if more { @if let Some(last) = rows.last() {
-                p { a #next href={ "/outbox/failed?" (form.query_string(Some(&last.id.to_string()))) } { "Older →" } }
+                p { a #next href={ "/outbox/failed?" (form.query_string(Some(&last.id.to_string()), None)) } { "Older →" } }
             } }
         }
         (actions_table(&actions))
@@ -182,7 +191,38 @@ pub fn confirmation(
                     button #confirm type="submit" { (verb) " " (count) " row(s)" }
                 }
             }
-            p { a href={ (back) "?" (form.query_string(None)) } { "Cancel" } }
+            p { a href={ (back) "?" (form.query_string(None, None)) } { "Cancel" } }
+        },
+    )
+}
+
+/// The question before a delivered row is re-sent: what it was, where it went, when.
+pub fn resend_confirmation(
+    delivery: &OutboxRecord,
+    (action, back): (&str, &str),
+    csrf: &str,
+) -> Markup {
+    let destination = delivery
+        .destination
+        .as_deref()
+        .map(shown_destination)
+        .unwrap_or_else(|| "the default sink".into());
+    let title = format!("Re-send delivery {}?", delivery.id);
+    layout(
+        &title,
+        csrf,
+        html! {
+            p #question { "Delivery " (delivery.id) " was delivered"
+                @if let Some(at) = delivery.dispatched_at { " at " (when(at)) }
+                " to " code { (destination) }
+                "; re-send it with the same Idempotency-Key? Nothing has changed yet." }
+            form #confirm method="post" action=(action) {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="row" value=(delivery.id);
+                input type="hidden" name="confirm" value="yes";
+                button #confirm type="submit" { "Re-send delivery " (delivery.id) }
+            }
+            p { a #cancel href=(back) { "Cancel" } }
         },
     )
 }
