@@ -6,7 +6,7 @@ use super::settle::Settlement;
 use super::{ConsumerError, ConsumerOptions, StepOutcome};
 use crate::event::{check_event_field, printable, Event, EventField};
 use crate::queue::Delivery;
-use crate::store::{NewDeadLetter, Store, StoreError};
+use crate::store::{Counts, NewDeadLetter, Series, Shard, Store, StoreError};
 
 /// Longest text kept in a dead letter's error (a handler's message may be anything).
 const MAX_DEAD_LETTER_ERROR_CHARS: usize = 4096;
@@ -97,6 +97,13 @@ impl<'c> DeadLetters<'c> {
         for row in &others {
             tx.insert_dead_letter(row).await?;
         }
+        // Counted as the batch counts its dead letters (per delivery), in the same transaction;
+        // a rare path, so a shard of its own rather than the worker's.
+        tx.add_counts(
+            &Counts::of(Series::DeadLettered, deliveries.len()),
+            Shard::random(),
+        )
+        .await?;
         tx.commit().await?;
         Ok(Settlement {
             outcome: StepOutcome {
