@@ -14,6 +14,7 @@ use super::StartupError;
 use crate::config::Settings;
 use crate::console::{ConsoleOptions, ConsoleState, Keys};
 use crate::consumer::{Consumer, ConsumerOptions, FullEventFetch, Handler, StaleGuard};
+use crate::event::search_keys::SearchPointers;
 use crate::gauges::{run_gauges, GaugeSources};
 use crate::http::{ops, serve, ServerLimits};
 use crate::inspect::ListOptions;
@@ -151,6 +152,7 @@ impl Roles<'_> {
                 options.clone(),
             )
             .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
+            .with_kept_bodies(kept_bodies(settings))
             .with_full_event_fetch(fetch.clone());
             let (token, abandon) = (self.shutdown.clone(), self.abandon.clone());
             tasks.spawn(async move {
@@ -164,6 +166,8 @@ impl Roles<'_> {
             interval: c.retention_interval.max(Duration::from_secs(1)),
             batch: c.retention_batch,
             statement_timeout: settings.database.statement_timeout,
+            payload_days: settings.retention.payload_days,
+            history_days: settings.retention.history_days,
         };
         let (store, token) = (self.store.clone(), self.shutdown.clone());
         tasks.spawn(async move {
@@ -186,6 +190,15 @@ impl Roles<'_> {
             Ok(())
         });
     }
+}
+
+/// Where the kept bodies' search keys are; `None` when bodies are not kept
+/// (`retention.payload_days = 0`).
+fn kept_bodies(settings: &Settings) -> Option<SearchPointers> {
+    settings.retention.keeps_payloads().then(|| SearchPointers {
+        object: settings.search.object_pointer.clone(),
+        customer: settings.search.customer_pointer.clone(),
+    })
 }
 
 fn consumer_options(settings: &Settings) -> ConsumerOptions {
