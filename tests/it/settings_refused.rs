@@ -351,7 +351,7 @@ async fn a_duration_given_twice_or_unreadable_stops_the_start() {
     for (env, needed) in [
         (
             vec![("DEDUP_RETENTION__PAYLOAD_DAYS", "3651")],
-            vec!["retention.payload_days", "at most 3650"],
+            vec!["retention.payload_days", "more than 3650"],
         ),
         (
             vec![("DEDUP_SEARCH__CUSTOMER_POINTER", "data/object/customer")],

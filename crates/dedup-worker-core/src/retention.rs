@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Settings;
 use crate::store::{bounded, Dropped, Store, StoreError, DROP_STATEMENT_TIMEOUT, PARTITIONED};
 
 /// Rows one SQLite body purge deletes: a consumer's `BEGIN IMMEDIATE` waits at most this long
@@ -49,6 +50,23 @@ pub struct RetentionOptions {
     pub payload_days: u32,
     /// Days the action log is kept (`retention.history_days`).
     pub history_days: u32,
+}
+
+impl RetentionOptions {
+    /// The options `settings` give (`consumer.*` for the dedup window and purge, `outbox.
+    /// retention_hours`, `[retention]`).
+    pub fn from_settings(settings: &Settings) -> Self {
+        let c = &settings.consumer;
+        RetentionOptions {
+            dedup_window: c.dedup_window(),
+            outbox_window: settings.outbox.retention(),
+            interval: c.retention_interval.max(Duration::from_secs(1)),
+            batch: c.retention_batch,
+            statement_timeout: settings.database.statement_timeout,
+            payload_days: settings.retention.payload_days,
+            history_days: settings.retention.history_days,
+        }
+    }
 }
 
 /// What one pass did (`dedup-worker retention run` prints it as JSON).

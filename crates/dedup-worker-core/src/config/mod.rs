@@ -54,7 +54,7 @@ pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{
     certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
 };
-pub use retention::{RetentionSettings, SearchSettings, MAX_PAYLOAD_DAYS};
+pub use retention::{RetentionSettings, SearchSettings, MAX_RETENTION_DAYS};
 pub use secrets::{
     redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };

@@ -8,12 +8,9 @@ use serde::Deserialize;
 
 use super::{check_pointer, ConfigError};
 
-/// The longest `retention.payload_days` accepted: ten years. Past it the number is a typo (a
-/// day count where seconds were meant), and one partition a day would be 3,650 tables.
-pub const MAX_PAYLOAD_DAYS: u32 = 3_650;
-
-/// The longest `retention.history_days` accepted (as [`MAX_PAYLOAD_DAYS`]).
-pub const MAX_HISTORY_DAYS: u32 = 3_650;
+/// The longest `retention.payload_days` and `retention.history_days` accepted: ten years. Past
+/// it the number is a typo, and one partition a day would be 3,650 tables.
+pub const MAX_RETENTION_DAYS: u32 = 3_650;
 
 /// `[retention]`.
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -31,30 +28,6 @@ impl RetentionSettings {
     /// Whether bodies are kept at all (`payload_days > 0`).
     pub fn keeps_payloads(&self) -> bool {
         self.payload_days > 0
-    }
-
-    /// Refuses day counts past their bounds, naming the key.
-    pub(super) fn check(&self) -> Result<(), ConfigError> {
-        for (key, days, max) in [
-            (
-                "retention.payload_days",
-                self.payload_days,
-                MAX_PAYLOAD_DAYS,
-            ),
-            (
-                "retention.history_days",
-                self.history_days,
-                MAX_HISTORY_DAYS,
-            ),
-        ] {
-            if days > max {
-                return Err(ConfigError::invalid_at(
-                    key,
-                    format!("is {days} days; at most {max} (ten years) are accepted"),
-                ));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -26,7 +26,6 @@ impl Settings {
         self.check_stripe_api()?;
         self.check_pointers()?;
         self.check_outbox_lanes()?;
-        self.retention.check()?;
         self.search.check()?;
         self.admin.check()
     }

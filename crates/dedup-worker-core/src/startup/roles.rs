@@ -4,7 +4,6 @@
 //! modules take plain option structs and never the configuration's shape.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -160,15 +159,7 @@ impl Roles<'_> {
                 Ok(())
             });
         }
-        let retention = RetentionOptions {
-            dedup_window: c.dedup_window(),
-            outbox_window: settings.outbox.retention(),
-            interval: c.retention_interval.max(Duration::from_secs(1)),
-            batch: c.retention_batch,
-            statement_timeout: settings.database.statement_timeout,
-            payload_days: settings.retention.payload_days,
-            history_days: settings.retention.history_days,
-        };
+        let retention = RetentionOptions::from_settings(settings);
         let (store, token) = (self.store.clone(), self.shutdown.clone());
         tasks.spawn(async move {
             run_retention(store, retention, token).await;
