@@ -36,8 +36,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 use super::postgres::begin;
 use super::{Pool, StoreError};
 
-/// The parents whose day partitions are maintained.
-pub const PARTITIONED: &[&str] = &[super::bodies::TABLE];
+/// The parents whose day partitions are maintained (`bodies/`'s `event_bodies`; the delivery
+/// attempts' table joins it when it lands).
+pub const PARTITIONED: &[&str] = &["event_bodies"];
 
 /// How many days past today are made ahead (today to today + 3): three failed days of
 /// maintenance before an insert finds no partition.
