@@ -15,7 +15,7 @@
 //!   transaction advisory lock (two processes starting at once make each day once) and
 //!   `lock_timeout = '2s'` (a maintenance step never queues the pipeline behind it for long).
 //!   Run by `migrate`, at every role's start and on every retention pass, for today to
-//!   today + [`DAYS_AHEAD`].
+//!   today + `DAYS_AHEAD` (3).
 //! * **Dropped** ([`Partitions::drop_expired`]) on a connection of its own, since
 //!   `DETACH PARTITION … CONCURRENTLY` cannot run in a transaction block and waits for every
 //!   older snapshot (longer than a pooled connection's statement timeout allows), one process
@@ -97,7 +97,7 @@ pub struct Partitions<'a> {
 }
 
 impl Partitions<'_> {
-    /// Makes every missing day of every maintained parent from today to today + [`DAYS_AHEAD`];
+    /// Makes every missing day of every maintained parent from today to today + `DAYS_AHEAD` (3);
     /// returns how many were made.
     pub async fn ensure_all(self) -> Result<u64, StoreError> {
         let mut made = 0;
@@ -108,7 +108,7 @@ impl Partitions<'_> {
     }
 
     /// Makes each missing day of `parent` from today (UTC, the database's) to `through_day`
-    /// (default today + [`DAYS_AHEAD`]); returns how many were made. Idempotent, also when
+    /// (default today + `DAYS_AHEAD` (3)); returns how many were made. Idempotent, also when
     /// several processes run it at once.
     pub async fn ensure(
         self,

@@ -1,6 +1,6 @@
 //! Kept event bodies (`event_bodies`): the body of each event the consumer handled or held back
 //! as stale, written in the batch's transaction, read back for the console's event page.
-//! [`Bodies`], reached as `store.bodies()`, reads; [`insert`] (through
+//! [`Bodies`], reached as `store.bodies()`, reads; `insert` (through
 //! `StoreTx::insert_event_bodies`) writes. Each statement's PostgreSQL and SQLite forms side by
 //! side.
 //!
