@@ -105,7 +105,7 @@ async fn dropping_an_expired_day_lets_inserts_go_on_and_ends_after_an_open_inser
     wait_for("the detach waiting for the open insert", WAIT, || async {
         let waiting: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                             WHERE query LIKE '%DETACH PARTITION%CONCURRENTLY%'
+                             WHERE query LIKE '%DETACH PARTITION%'
                                AND wait_event IS NOT NULL AND pid <> pg_backend_pid())",
         )
         .fetch_one(&pool)
