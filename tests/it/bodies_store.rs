@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use dedup_worker::Service;
+use dedup_worker_core::event::search_keys::SearchPointers;
+use dedup_worker_core::store::bodies::NewEventBody;
 use dedup_worker_core::store::Store;
 use serde_json::{json, Value};
 
@@ -217,4 +219,49 @@ async fn stale_records_are_pruned_past_the_dedup_window(backend: Backend) {
     }
     .unwrap();
     assert_eq!(left, ["evt_young"]);
+}
+
+/// PostgreSQL: with today's partition gone (maintenance failed for days), the guard skips the
+/// bodies and the batch's transaction still commits its ids (without it the insert fails "no
+/// partition of relation found", and the batch with it, for ever). At the store, since a
+/// running app's retention would make the day again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_todays_partition_the_batch_commits_and_keeps_no_body() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let pool = store.postgres_pool().unwrap();
+    let today: String = sqlx::query_scalar(
+        "SELECT 'event_bodies_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    for sql in [
+        format!("ALTER TABLE event_bodies DETACH PARTITION {today}"),
+        format!("DROP TABLE {today}"),
+    ] {
+        sqlx::query(&sql).execute(pool).await.unwrap();
+    }
+    let id = "evt_no_partition";
+    let event = dedup_worker_core::testing::event("stripe", id, "invoice.paid", &invoice(id));
+    let pointers = SearchPointers {
+        object: "/data/object/id".into(),
+        customer: "/data/object/customer".into(),
+    };
+    let mut tx = store.begin().await.unwrap();
+    let new = tx
+        .insert_processed("stripe", &[(id.to_owned(), "invoice.paid".to_owned())])
+        .await
+        .unwrap();
+    assert_eq!(new, [id]);
+    let body = NewEventBody::of(&event, None, &pointers);
+    assert_eq!(
+        tx.insert_event_bodies(&[body]).await.unwrap(),
+        0,
+        "none kept"
+    );
+    tx.commit().await.unwrap();
+    let processed = store.dedup().processed_record("stripe", id).await.unwrap();
+    assert!(processed.is_some(), "the batch committed");
+    assert_eq!(bodies_of(&store, id).await, 0);
 }
