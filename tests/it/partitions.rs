@@ -193,3 +193,26 @@ async fn a_detach_interrupted_by_its_timeout_is_finished_by_the_next_pass() {
     // Today's and the days ahead are untouched.
     assert_eq!(partitions.days_ahead(PARENT).await.unwrap(), Some(3));
 }
+
+/// `dedup-worker retention run` (the whole pass, as the service's task runs it): an expired day
+/// dropped, today to today + 3 present, what it did printed as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_run_drops_expired_days_and_says_so() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store().await;
+    let partitions = store.partitions();
+    partitions
+        .ensure_days(PARENT, day(2020, 4, 1), day(2020, 4, 1))
+        .await
+        .unwrap();
+    let env = [("DATABASE_URL", db.url.clone())];
+    let printed = crate::helpers::run_cli(&env, &["retention", "run"]);
+    let pass: serde_json::Value = serde_json::from_str(&printed).expect("JSON");
+    assert_eq!(
+        pass["partitions"],
+        serde_json::json!([["event_bodies", {"finalized": [], "dropped": ["event_bodies_p20200401"], "busy": false}]]),
+        "{printed}"
+    );
+    assert_eq!(pass["errors"], serde_json::json!([]), "{printed}");
+    assert_eq!(partitions.days_ahead(PARENT).await.unwrap(), Some(3));
+}
