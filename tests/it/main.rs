@@ -14,6 +14,9 @@
 //!   (3 pages, a 429): what webhooks missed reaches the sink once, a second run publishes none;
 //!   a page over the page limit, one that never ends and one that trickles stop it with nothing
 //!   of that page published;
+//! * [`bodies_store`] (issue 40): a handled event's body kept once on both stores and shown on
+//!   its page (hidden with `admin.show_payloads = false`); SQLite's bounded purge; the stale
+//!   guard's records pruned past the dedup window;
 //! * [`broker_outage`]: RabbitMQ and SQS cut, black-holed and refused under traffic: 503 while
 //!   down, reconnection by itself, every acknowledged event at the sink once;
 //! * [`handler_errors`]: a handler's database errors classified (constraint, undefined
@@ -61,6 +64,9 @@
 //! * [`operator_actions`]: the CLI's bulk actions through the binary: `dlq redrive` and
 //!   `outbox retry --failed` by filter with `--dry-run`, `outbox resend` of a dispatched range
 //!   under the original keys, each recorded;
+//! * [`partitions`] (issue 40): the history tables' day partitions on PostgreSQL: made once when
+//!   two processes make them at once, an expired day dropped while inserts go on, an
+//!   interrupted detach finished by the next pass;
 //! * [`ordered`]: an ordered sink delivers each key's rows in commit order while other keys
 //!   flow (1,000 events, 50 keys, a failing receiver); a row failed for good holds its key,
 //!   shown by `outbox held` and the console, until `outbox skip`;
@@ -138,6 +144,7 @@ mod activity_store;
 mod aliases;
 mod architecture;
 mod backfill;
+mod bodies_store;
 mod broker_outage;
 mod console;
 mod consumer;
@@ -160,6 +167,7 @@ mod operator_actions;
 mod ordered;
 mod outage;
 mod paid_invoices;
+mod partitions;
 mod pipeline;
 mod rabbit_give_backs;
 mod redrive;

@@ -344,10 +344,19 @@ async fn a_former_duration_key_starts_with_a_warning_naming_its_new_key() {
 }
 
 /// Issue 38: a duration given under both its keys, or that is no duration, stops the start,
-/// naming the keys as written.
+/// naming the keys as written; issue 40: so do a retention past ten years and a search field
+/// that is no JSON pointer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duration_given_twice_or_unreadable_stops_the_start() {
     for (env, needed) in [
+        (
+            vec![("DEDUP_RETENTION__PAYLOAD_DAYS", "3651")],
+            vec!["retention.payload_days", "more than 3650"],
+        ),
+        (
+            vec![("DEDUP_SEARCH__CUSTOMER_POINTER", "data/object/customer")],
+            vec!["search.customer_pointer", "must start with '/'"],
+        ),
         (
             vec![
                 ("DEDUP_CONSUMER__LEASE_SECS", "30"),

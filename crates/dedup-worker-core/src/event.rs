@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 
 mod headers;
+pub mod search_keys;
 pub use headers::{SenderHeaders, MAX_SENDER_HEADER_BYTES};
 
 /// An event as the consumer sees it: its dedup key and the raw payload.

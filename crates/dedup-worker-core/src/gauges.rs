@@ -7,7 +7,9 @@
 //! * `dedup_queue_oldest_message_age_seconds{transport, queue}`: how long the oldest message
 //!   not yet acked has waited; database queue only, 0 when empty (RabbitMQ and SQS cannot tell
 //!   it without another service, so it is not exported for them rather than guessed);
-//! * `dedup_dead_letters`, `dedup_outbox_pending`, `dedup_outbox_failed`: current rows.
+//! * `dedup_dead_letters`, `dedup_outbox_pending`, `dedup_outbox_failed`: current rows;
+//! * `dedup_history_partition_days_ahead{table}`: how many days past today each history table
+//!   has day partitions for (PostgreSQL; 3 when retention runs, -1 when today's is missing).
 //!
 //! Every process samples them, whatever its roles: the queue's depth must stay visible when
 //! every consumer is down, which is when it grows. Replicas report the same values, so
@@ -27,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::lane_label;
 use crate::queue::{Backlog, Transport};
-use crate::store::{Circuit, SinkState, Store};
+use crate::store::{Circuit, SinkState, Store, PARTITIONED};
 
 /// How often the gauges are sampled while their sources answer: a few times per scrape at
 /// Prometheus's usual 15–30 s, one small statement and one broker call each time.
@@ -123,7 +125,26 @@ async fn sample(sources: &GaugeSources, queue: &[Label; 2]) -> bool {
         Ok(Err(error)) => failed("store", &error),
         Err(_) => failed("store", &format!("no answer within {:?}", sources.timeout)),
     };
-    backlog_ok && counts_ok && lanes_ok
+    let partitions_ok = set_partition_days(&sources.store, sources.timeout).await;
+    backlog_ok && counts_ok && lanes_ok && partitions_ok
+}
+
+/// Each history table's days of partitions ahead (PostgreSQL; nothing on SQLite, whose tables
+/// are plain).
+async fn set_partition_days(store: &Store, timeout: std::time::Duration) -> bool {
+    for table in PARTITIONED {
+        let ahead = tokio::time::timeout(timeout, store.partitions().days_ahead(table)).await;
+        match ahead {
+            Ok(Ok(Some(days))) => {
+                metrics::gauge!("dedup_history_partition_days_ahead", "table" => *table)
+                    .set(days as f64);
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(error)) => return failed("store", &error),
+            Err(_) => return failed("store", &format!("no answer within {timeout:?}")),
+        }
+    }
+    true
 }
 
 /// Each lane's shared state (`outbox_sinks`), the same in every process: its circuit (1 on the

@@ -36,10 +36,12 @@ use crate::startup::{Application, Service};
 mod commands;
 mod events;
 mod repair;
+mod retention;
 mod service;
 
 use events::EventsCommand;
 use repair::{DlqCommand, OutboxCommand};
+use retention::RetentionCommand;
 
 /// The program name when argv\[0\] says none.
 const DEFAULT_NAME: &str = "dedup-worker";
@@ -100,6 +102,12 @@ enum Command {
     Events {
         #[command(subcommand)]
         command: EventsCommand,
+    },
+    /// Run retention now: purge what is past its window, make and drop the history's day
+    /// partitions (PostgreSQL). Prints what it did as JSON.
+    Retention {
+        #[command(subcommand)]
+        command: RetentionCommand,
     },
     /// List Stripe's events for a time range (GET /v1/events, STRIPE_API_KEY) and publish those
     /// not processed yet through the configured transport, as ingress would. Prints a JSON
@@ -220,6 +228,7 @@ async fn run_command(cli: Cli, service: Service) -> anyhow::Result<ExitCode> {
         } => commands::backfill(config, since, until, types).await,
         Command::Events { command } => return events::events(config, command).await,
         Command::Outbox { command } => repair::outbox(config, command).await,
+        Command::Retention { command } => retention::retention(config, command).await,
     };
     done.map(|()| ExitCode::SUCCESS)
 }

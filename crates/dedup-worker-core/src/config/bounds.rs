@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::durations::shown;
-use super::{invalid, ConfigError, ConsumerSettings, OutboxSettings, Settings};
+use super::{invalid, ConfigError, ConsumerSettings, OutboxSettings, Settings, MAX_RETENTION_DAYS};
 
 /// The bound of every timeout, lease and poll interval, and of the signature tolerances.
 const HOUR: Duration = Duration::from_secs(3_600);
@@ -68,7 +68,7 @@ fn wide<T: TryInto<u64>>(value: T) -> u64 {
 impl Settings {
     /// Each numeric key, its value and its bound: every integer key of config/default.toml (a
     /// unit test checks both ways, and that the file states each bound beside its key).
-    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 22] {
+    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 24] {
         let (d, h, t, c, o) = (
             &self.database,
             &self.http,
@@ -130,6 +130,16 @@ impl Settings {
                 "outbox.breaker.min_requests",
                 wide(o.breaker.min_requests),
                 100_000,
+            ),
+            (
+                "retention.payload_days",
+                wide(self.retention.payload_days),
+                wide(MAX_RETENTION_DAYS),
+            ),
+            (
+                "retention.history_days",
+                wide(self.retention.history_days),
+                wide(MAX_RETENTION_DAYS),
             ),
         ]
     }

@@ -29,6 +29,7 @@ mod layers;
 mod outbox;
 mod outbox_checks;
 mod paypal;
+mod retention;
 mod secrets;
 mod sink;
 mod sink_tls;
@@ -53,6 +54,7 @@ pub use outbox_checks::{check_pointer, check_type_pattern, MAX_SINK_NAME_CHARS};
 pub use paypal::{
     certificate_url_prefix, is_paypal_signing_certificate, PAYPAL_CERTIFICATE_URL_PREFIXES,
 };
+pub use retention::{RetentionSettings, SearchSettings, MAX_RETENTION_DAYS};
 pub use secrets::{
     redact_url, stripe_key_material, token_like, ConnectionUrl, Secret, STRIPE_SECRET_WARN_CHARS,
 };
@@ -164,6 +166,10 @@ pub struct Settings {
     pub log: LogSettings,
     /// The operator console (off unless `admin.listen` is set).
     pub admin: AdminSettings,
+    /// How long bodies and the history are kept (`retention.rs`).
+    pub retention: RetentionSettings,
+    /// Where the searched fields are in a body (`retention.rs`).
+    pub search: SearchSettings,
     /// Named senders (`[sources.NAME]`), each served at `POST /webhooks/NAME`; none by default.
     #[serde(default)]
     pub sources: Sources,

@@ -26,6 +26,7 @@ impl Settings {
         self.check_stripe_api()?;
         self.check_pointers()?;
         self.check_outbox_lanes()?;
+        self.search.check()?;
         self.admin.check()
     }
 

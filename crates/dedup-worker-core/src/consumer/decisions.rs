@@ -18,10 +18,12 @@ use super::full_event::Unfetched;
 use super::handling::{Handled, Verdict};
 use super::settle::Settlement;
 use super::{ConsumerOptions, HandlerError, StepOutcome};
+use crate::event::search_keys::SearchPointers;
 use crate::event::Event;
 use crate::outbox::OutboxPlan;
 use crate::queue::{Delivery, DeliveryTag};
 use crate::retry::backoff_delay;
+use crate::store::bodies::NewEventBody;
 use crate::store::{Counts, NewDeadLetter, NewOutboxRow, Series, Shard, StoreError, StoreTx};
 
 /// A new event that failed (its handler, or fetching its full event), with why.
@@ -48,10 +50,15 @@ pub(super) struct Decisions<'d> {
     undecodable: Vec<NewDeadLetter>,
     /// How many of the handled events the stale-event guard held back (counted apart).
     stale: usize,
+    /// Where the kept bodies' search keys are; `None`: bodies are not kept.
+    keep_bodies: Option<SearchPointers>,
+    /// The bodies of the fresh events handled or held back as stale (never of duplicates, so
+    /// each event's once), compressed here, before the closing write.
+    bodies: Vec<NewEventBody>,
 }
 
 impl<'d> Decisions<'d> {
-    pub(super) fn new(received: usize) -> Self {
+    pub(super) fn new(received: usize, keep_bodies: Option<SearchPointers>) -> Self {
         Decisions {
             outcome: StepOutcome {
                 received,
@@ -64,6 +71,8 @@ impl<'d> Decisions<'d> {
             dead_letters: Vec::new(),
             undecodable: Vec::new(),
             stale: 0,
+            keep_bodies,
+            bodies: Vec::new(),
         }
     }
 
@@ -102,6 +111,10 @@ impl<'d> Decisions<'d> {
             };
             self.outcome.handled += 1;
             self.ack.push(delivery.tag.clone());
+            if let Some(pointers) = &self.keep_bodies {
+                let body = NewEventBody::of(event, delivery.enqueued_at, pointers);
+                self.bodies.push(body);
+            }
             let Handled {
                 messages,
                 traceparent,
@@ -202,6 +215,7 @@ impl<'d> Decisions<'d> {
             .map(|(source, id, event_type)| (source.as_str(), id.as_str(), event_type.as_str()))
             .collect();
         tx.record_duplicates(&duplicates).await?;
+        tx.insert_event_bodies(&self.bodies).await?;
         tx.insert_outbox(&self.outbox_rows).await?;
         // Last: its counter rows stay locked for the commit only.
         tx.add_counts(&self.counts(), shard).await

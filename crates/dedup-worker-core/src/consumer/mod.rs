@@ -36,6 +36,7 @@ pub use handler::{ForwardHandler, Handler, HandlerError, HandlerResultExt, Ledge
 pub use stale::StaleGuard;
 
 use crate::config::EnvelopeKind;
+use crate::event::search_keys::SearchPointers;
 use crate::queue::{Transport, TransportError};
 use crate::store::{Shard, Store, StoreError, Wakeups};
 use handling::Handed;
@@ -125,6 +126,9 @@ pub struct Consumer {
     /// Replaces thin events by their full events before the handler (`full_event.rs`); off:
     /// `None`.
     full_events: Option<FullEventFetch>,
+    /// Keeps each handled event's body, its search keys at these pointers (`retention.
+    /// payload_days > 0`); off: `None`, the default.
+    kept_bodies: Option<SearchPointers>,
     /// The deliveries of the current step handed to the handler (`handling.rs`): if the step
     /// fails, only these may count towards the transport's delivery limit (`run.rs`).
     handed: Handed,
@@ -149,6 +153,7 @@ impl Consumer {
             options,
             stale_guard: None,
             full_events: None,
+            kept_bodies: None,
             handed: Handed::default(),
             shard: Shard::random(),
         }
@@ -163,6 +168,13 @@ impl Consumer {
     /// Turns fetching thin events' full events on (`None`: off, the default).
     pub fn with_full_event_fetch(mut self, fetch: Option<FullEventFetch>) -> Self {
         self.full_events = fetch;
+        self
+    }
+
+    /// Keeps the body of each event handled or held back as stale, with its search keys at
+    /// `pointers`, in the batch's transaction (`None`: off, the default).
+    pub fn with_kept_bodies(mut self, pointers: Option<SearchPointers>) -> Self {
+        self.kept_bodies = pointers;
         self
     }
 

@@ -145,7 +145,7 @@ async fn transact<'d>(
     }
     let Consumer { store, options, .. } = consumer;
     let started = Instant::now();
-    let mut batch = Decisions::new(deliveries.len());
+    let mut batch = Decisions::new(deliveries.len(), consumer.kept_bodies.clone());
 
     // 1. Decode.
     let Decoded {

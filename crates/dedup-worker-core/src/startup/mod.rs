@@ -86,6 +86,11 @@ impl Application {
         if settings.database.migrate_on_start {
             store.migrate_with(&service.migrations).await?;
         }
+        // The history's days ahead, at every role's start (a catalog read when none is missing);
+        // a failure only warns: retention tries again, and the insert guard keeps batches going.
+        if let Err(error) = store.partitions().ensure_all().await {
+            tracing::warn!(%error, "making the history tables' day partitions failed; retention will try again");
+        }
         let wakeups = Arc::new(Wakeups::default());
         let transport = build_transport(&settings, &store, wakeups.clone()).await;
         let clock = service

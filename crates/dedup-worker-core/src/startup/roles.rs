@@ -4,7 +4,6 @@
 //! modules take plain option structs and never the configuration's shape.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -14,6 +13,7 @@ use super::StartupError;
 use crate::config::Settings;
 use crate::console::{ConsoleOptions, ConsoleState, Keys};
 use crate::consumer::{Consumer, ConsumerOptions, FullEventFetch, Handler, StaleGuard};
+use crate::event::search_keys::SearchPointers;
 use crate::gauges::{run_gauges, GaugeSources};
 use crate::http::{ops, serve, ServerLimits};
 use crate::inspect::ListOptions;
@@ -151,6 +151,7 @@ impl Roles<'_> {
                 options.clone(),
             )
             .with_stale_guard(StaleGuard::from_settings(&c.stale_guard))
+            .with_kept_bodies(kept_bodies(settings))
             .with_full_event_fetch(fetch.clone());
             let (token, abandon) = (self.shutdown.clone(), self.abandon.clone());
             tasks.spawn(async move {
@@ -158,13 +159,7 @@ impl Roles<'_> {
                 Ok(())
             });
         }
-        let retention = RetentionOptions {
-            dedup_window: c.dedup_window(),
-            outbox_window: settings.outbox.retention(),
-            interval: c.retention_interval.max(Duration::from_secs(1)),
-            batch: c.retention_batch,
-            statement_timeout: settings.database.statement_timeout,
-        };
+        let retention = RetentionOptions::from_settings(settings);
         let (store, token) = (self.store.clone(), self.shutdown.clone());
         tasks.spawn(async move {
             run_retention(store, retention, token).await;
@@ -186,6 +181,15 @@ impl Roles<'_> {
             Ok(())
         });
     }
+}
+
+/// Where the kept bodies' search keys are; `None` when bodies are not kept
+/// (`retention.payload_days = 0`).
+fn kept_bodies(settings: &Settings) -> Option<SearchPointers> {
+    settings.retention.keeps_payloads().then(|| SearchPointers {
+        object: settings.search.object_pointer.clone(),
+        customer: settings.search.customer_pointer.clone(),
+    })
 }
 
 fn consumer_options(settings: &Settings) -> ConsumerOptions {

@@ -43,7 +43,11 @@ impl Store {
     /// processes may call it at once: they take turns.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.0 {
-            Pool::Postgres(pool) => migrate_postgres(pool).await,
+            Pool::Postgres(pool) => {
+                migrate_postgres(pool).await?;
+                // The history tables' days ahead (their migration made only the days it ran on).
+                self.partitions().ensure_all().await.map(drop)
+            }
             Pool::Sqlite(pool) => sqlite::migrate(pool).await,
         }
     }

@@ -13,6 +13,8 @@
 //! | the stale-event guard's rows | [`Store::stale_events`] | `stale.rs` |
 //! | the operator's reads (event list, one event's trail, activity, alerts) | [`Store::reads`] | `reads/` |
 //! | retention's purge | [`Store::retention`] | `retention.rs` |
+//! | kept event bodies | [`Store::bodies`] | `bodies/` |
+//! | the history tables' day partitions | [`Store::partitions`] | `partitions.rs` |
 //! | the operator's bulk actions by filter | [`Store::bulk`] | `bulk/` |
 //! | the record of those actions (`admin_actions`) | [`Store::admin_actions`] | `admin_actions.rs` |
 //! | per-minute counts (`activity_minutes`), written with what they count | [`Store::activity`] | `activity.rs` |
@@ -32,12 +34,14 @@
 
 mod activity;
 mod admin_actions;
+pub mod bodies;
 mod bulk;
 mod dead_letters;
 pub mod dedup;
 mod migrate;
 mod ordering;
 mod outbox;
+mod partitions;
 mod postgres;
 mod queue;
 mod reads;
@@ -71,6 +75,7 @@ pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use ordering::HeldKey;
 pub use outbox::Outbox;
+pub use partitions::{Dropped, Partitions, DROP_STATEMENT_TIMEOUT, PARTITIONED};
 pub use queue::Queue;
 pub use reads::{
     AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
@@ -361,6 +366,16 @@ impl Store {
     /// The operator's bulk actions by filter (`bulk/`).
     pub fn bulk(&self) -> Bulk<'_> {
         Bulk { pool: &self.0 }
+    }
+
+    /// Kept event bodies (`bodies/`).
+    pub fn bodies(&self) -> bodies::Bodies<'_> {
+        bodies::Bodies { pool: &self.0 }
+    }
+
+    /// The history tables' day partitions, PostgreSQL only (`partitions.rs`).
+    pub fn partitions(&self) -> Partitions<'_> {
+        Partitions { pool: &self.0 }
     }
 
     /// The record of the operator's bulk actions (`admin_actions.rs`).

@@ -1,5 +1,5 @@
 //! Retention's purge of expired rows (legacy dedup ids, dispatched outbox rows, redrive
-//! records): [`Retention`], reached as `store.retention()`, its PostgreSQL and its SQLite form
+//! records, the stale guard's records, kept bodies on SQLite, the action log): [`Retention`], reached as `store.retention()`, its PostgreSQL and its SQLite form
 //! side by side. The dedup generations' maintenance is the ring's own (`store.dedup()`).
 
 use std::time::Duration;
@@ -16,7 +16,9 @@ pub struct Retention<'a> {
 impl Retention<'_> {
     /// Deletes at most `batch` ids of the legacy dedup table (see [`super::dedup`]) older than
     /// `older_than`, at most `batch` dispatched outbox rows older than `outbox_older_than`,
-    /// and at most `batch` records of redriven dead letters older than `older_than`. On
+    /// at most `batch` records of redriven dead letters older than `older_than`, and at most
+    /// `batch` of the stale guard's records older than `older_than` (they name ids the dedup
+    /// record no longer knows past the window). On
     /// PostgreSQL only one worker at a time does this (an advisory lock); the others return 0
     /// at once.
     pub async fn purge_expired(
@@ -67,8 +69,19 @@ impl Retention<'_> {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
+                let stale = sqlx::query(
+                    "DELETE FROM stale_events WHERE id IN (
+                 SELECT id FROM stale_events
+                  WHERE recorded_at < now() - make_interval(secs => $1)
+                  ORDER BY recorded_at, id LIMIT $2)",
+                )
+                .bind(secs(older_than))
+                .bind(batch)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
                 tx.commit().await?;
-                Ok(processed + outbox + redrives)
+                Ok(processed + outbox + redrives + stale)
             }
             Pool::Sqlite(pool) => {
                 let now = now_ms();
@@ -100,8 +113,69 @@ impl Retention<'_> {
                 .execute(pool)
                 .await?
                 .rows_affected();
-                Ok(processed + outbox + redrives)
+                let stale = sqlx::query(
+                    "DELETE FROM stale_events WHERE id IN (
+                 SELECT id FROM stale_events WHERE recorded_at < $1
+                  ORDER BY recorded_at, id LIMIT $2)",
+                )
+                .bind(now - millis(older_than))
+                .bind(batch)
+                .execute(pool)
+                .await?
+                .rows_affected();
+                Ok(processed + outbox + redrives + stale)
             }
         }
+    }
+
+    /// Deletes at most `batch` of the oldest kept bodies older than `older_than` (SQLite; on
+    /// PostgreSQL a day's partition is dropped whole instead: `store.partitions()`, and this
+    /// deletes nothing). Insert order is time order, so the oldest ids go first without a time
+    /// index; one statement is its own short transaction, so a consumer's `BEGIN IMMEDIATE`
+    /// waits at most for one batch.
+    pub async fn purge_bodies(self, older_than: Duration, batch: i64) -> Result<u64, StoreError> {
+        let Pool::Sqlite(pool) = self.pool else {
+            return Ok(0);
+        };
+        Ok(sqlx::query(
+            "DELETE FROM event_bodies WHERE id IN (
+             SELECT id FROM event_bodies WHERE kept_at < $1 ORDER BY id LIMIT $2)",
+        )
+        .bind(now_ms() - millis(older_than))
+        .bind(batch)
+        .execute(pool)
+        .await?
+        .rows_affected())
+    }
+
+    /// Deletes at most `batch` of the oldest recorded operator actions (`admin_actions`) older
+    /// than `older_than` (`retention.history_days`). Ids grow with time: the oldest come first
+    /// in the primary key.
+    pub async fn purge_admin_actions(
+        self,
+        older_than: Duration,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(match self.pool {
+            Pool::Postgres(pool) => sqlx::query(
+                "DELETE FROM admin_actions WHERE id IN (
+                 SELECT id FROM admin_actions WHERE at < now() - make_interval(secs => $1)
+                  ORDER BY id LIMIT $2)",
+            )
+            .bind(secs(older_than))
+            .bind(batch)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+            Pool::Sqlite(pool) => sqlx::query(
+                "DELETE FROM admin_actions WHERE id IN (
+                 SELECT id FROM admin_actions WHERE at < $1 ORDER BY id LIMIT $2)",
+            )
+            .bind(now_ms() - millis(older_than))
+            .bind(batch)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+        })
     }
 }

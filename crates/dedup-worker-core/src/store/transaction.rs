@@ -229,6 +229,15 @@ impl StoreTx {
         stale::record_version(self, source, object_id, version, event_id).await
     }
 
+    /// Keeps the bodies of events this transaction recorded as processed (see `bodies/`);
+    /// returns how many were kept (fewer when today's partition is missing).
+    pub async fn insert_event_bodies(
+        &mut self,
+        rows: &[super::bodies::NewEventBody],
+    ) -> Result<u64, StoreError> {
+        super::bodies::insert(self, rows).await
+    }
+
     /// Lists `event` as held back by the stale-event guard.
     pub async fn insert_stale_event(&mut self, event: &StaleEvent) -> Result<(), StoreError> {
         stale::insert(self, event).await

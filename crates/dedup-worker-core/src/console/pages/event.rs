@@ -60,6 +60,7 @@ pub async fn event(
         _ => None,
     };
     let done = done_banner(&state, &form.done).await;
+    let kept_body = super::body::kept_body(&state, &report).await;
     let csrf = csrf(&state, &caller);
     let action = |what: &str| format!("{}/{what}", event_path(&source, &event_id));
     let story = report.story();
@@ -77,8 +78,9 @@ pub async fn event(
         @match (&payload, state.options.show_payloads) {
             (Some(text), _) => pre #payload { (text) },
             (None, false) => p.muted { "Payloads are hidden here (admin.show_payloads)." },
-            (None, true) => p.muted { "The store keeps a payload only while the event is a dead letter." },
+            (None, true) => p.muted { "No dead letter of this event keeps a payload." },
         }
+        (kept_body)
     };
     Ok(layout(&format!("Event {event_id}"), &csrf, body))
 }

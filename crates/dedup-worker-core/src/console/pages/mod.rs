@@ -2,6 +2,7 @@
 //! templates, compiled in; every value escaped, none marked pre-escaped). Shared here: the
 //! layout, the login page, and how a failed read or a bad filter is shown.
 
+mod body;
 mod dashboard;
 mod dead_letter;
 mod done;
