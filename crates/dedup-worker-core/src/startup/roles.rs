@@ -224,6 +224,9 @@ fn relay_options(settings: &Settings) -> RelayOptions {
         default_rate: crate::config::lane_rate(o.rate_per_sec, o.burst),
         breaker: o.breaker.clone(),
         sinks: o.sinks.clone(),
+        response_excerpt_bytes: o.response_excerpt_bytes,
+        // `retention.payload_days = 0` turns this off once that setting exists.
+        record_attempts: true,
     }
 }
 

@@ -67,7 +67,7 @@ pub use dead_letters::DeadLetters;
 pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use ordering::HeldKey;
-pub use outbox::Outbox;
+pub use outbox::{AttemptKind, AttemptLane, AttemptMark, FailedMark, Outbox};
 pub use queue::Queue;
 pub use reads::{
     AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
