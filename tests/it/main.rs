@@ -134,6 +134,7 @@ mod helpers;
 
 mod aliases;
 mod architecture;
+mod attempts_store;
 mod backfill;
 mod broker_outage;
 mod console;

@@ -70,7 +70,8 @@ pub use ordering::HeldKey;
 pub use outbox::{AttemptKind, AttemptLane, AttemptMark, FailedMark, Outbox};
 pub use queue::Queue;
 pub use reads::{
-    AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
+    AlertCounts, AttemptRecord, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount,
+    Reads, Tie,
 };
 pub use retention::Retention;
 pub use sink_rate::Tokens;
