@@ -62,6 +62,7 @@ pub async fn event(
         ol #timeline {
             @for (_, entry) in timeline(&report, &csrf, &action) { (entry) }
         }
+        (super::timeline::attempts(&report.attempts, state.options.show_payloads))
         @if !report.found() {
             p.muted { "Nothing of this event is recorded: not received, or past the dedup window." }
         }

@@ -6,6 +6,7 @@ mod dashboard;
 mod event;
 mod events;
 mod failures;
+mod timeline;
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
