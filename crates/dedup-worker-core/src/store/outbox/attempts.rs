@@ -103,7 +103,7 @@ pub(super) const COLUMNS: &str = "event_key, outbox_id, attempt, kind, lane, des
 /// partition of relation found for row"), which would fail the mark and deliver the row again
 /// at lease end, for ever: the history row is skipped instead and counted. Two catalog index
 /// probes; no cached horizon to go stale in a relay-only process.
-pub(super) const PG_TODAYS_PARTITION: &str = "EXISTS (SELECT 1 FROM pg_inherits i
+pub(in crate::store) const PG_TODAYS_PARTITION: &str = "EXISTS (SELECT 1 FROM pg_inherits i
         JOIN pg_class p ON p.oid = i.inhrelid
        WHERE i.inhparent = 'outbox_attempts'::regclass
          AND p.relname = 'outbox_attempts_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'))";

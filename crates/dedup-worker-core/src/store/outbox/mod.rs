@@ -6,6 +6,7 @@
 mod attempts;
 mod marks;
 
+pub(super) use attempts::PG_TODAYS_PARTITION;
 pub use attempts::{AttemptKind, AttemptLane, AttemptMark, FailedMark};
 
 use std::time::Duration;
