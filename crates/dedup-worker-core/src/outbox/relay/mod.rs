@@ -13,7 +13,7 @@
 //! * `rate.rs`: a sink's rate, shared with the other relay processes through the store.
 
 mod attempt;
-mod breaker;
+pub mod breaker;
 mod gate;
 pub mod lane;
 mod marks;
