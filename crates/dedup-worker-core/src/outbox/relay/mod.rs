@@ -10,7 +10,8 @@
 //! * `breaker.rs`: when the circuit opens, how probes are spaced (pure);
 //! * `attempt.rs`: one row's delivery, timed, and the attempt its mark records;
 //! * `marks.rs`: give-backs, marks an outage left, lease extensions;
-//! * `rate.rs`: a sink's rate, shared with the other relay processes through the store.
+//! * `rate.rs`: a sink's rate, shared with the other relay processes through the store;
+//! * `settle.rs`: a step's deferrals and failure marks.
 
 mod attempt;
 pub mod breaker;
@@ -18,6 +19,7 @@ mod gate;
 pub mod lane;
 mod marks;
 mod rate;
+mod settle;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
