@@ -136,15 +136,19 @@ async fn a_retried_deliverys_page_lists_every_attempt_with_status_and_response_e
             break;
         }
     }
-    wait_for("the re-sent delivery dispatched", WAIT, || async {
-        let report = app
-            .store
-            .reads()
-            .attempts_of("stripe", id, 0, 20)
-            .await
-            .ok()?;
-        (report.len() == 6).then_some(())
-    })
+    wait_for(
+        "the re-send recorded and delivered (6 entries)",
+        WAIT,
+        || async {
+            let report = app
+                .store
+                .reads()
+                .attempts_of("stripe", id, 0, 20)
+                .await
+                .ok()?;
+            (report.len() == 6).then_some(())
+        },
+    )
     .await;
     browser.goto(&app.admin_url(&page)).await;
     let after = attempts(&browser).await;
