@@ -30,7 +30,7 @@ pub struct Answer {
 
 impl Answer {
     /// Reads `response`'s headers and up to `limit` bytes of its body, draining the rest up to
-    /// [`DRAINED_BODY_BYTES`] so the connection can be reused (one read serves both). Bounded
+    /// `DRAINED_BODY_BYTES` so the connection can be reused (one read serves both). Bounded
     /// in time by the client's timeout, which covers the body. A body that fails mid-read keeps
     /// what arrived, marked truncated: the status already decided the delivery.
     pub async fn read(mut response: reqwest::Response, limit: usize) -> Answer {
@@ -98,8 +98,8 @@ fn is_secret(name: &str) -> bool {
     NAMES.contains(&name.as_str()) || PARTS.iter().any(|part| name.contains(part))
 }
 
-/// At most [`MAX_HEADERS`] headers, each value printable and cut to [`MAX_HEADER_CHARS`]
-/// characters, the value of a credential ([`is_secret`]) replaced by [`REDACTED`].
+/// At most `MAX_HEADERS` headers, each value printable and cut to `MAX_HEADER_CHARS`
+/// characters, the value of a credential (`is_secret`) replaced by [`REDACTED`].
 pub fn redact(headers: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     headers
         .into_iter()

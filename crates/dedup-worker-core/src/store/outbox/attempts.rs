@@ -32,7 +32,7 @@ pub struct AttemptMark {
     pub duration_ms: i32,
     /// The receiver's HTTP status; `None`: no answer, or not HTTP.
     pub status: Option<i16>,
-    /// The sink's error, printable, at most [`ERROR_CHARS`] characters; `None` when delivered.
+    /// The sink's error, printable, at most `ERROR_CHARS` characters; `None` when delivered.
     pub error: Option<String>,
     /// The answer's headers, redacted, as JSON `[[name, value], …]`.
     pub headers: Option<String>,

@@ -442,7 +442,7 @@ impl<'a> PgColumns<'a> {
     }
 }
 
-/// A sink's error as kept: printable, at most [`ERROR_CHARS`] characters.
+/// A sink's error as kept: printable, at most `ERROR_CHARS` characters.
 fn bounded_error(error: &str) -> String {
     crate::event::printable(error, ERROR_CHARS).into_owned()
 }
