@@ -1,7 +1,8 @@
 //! Delivery attempts as the marks record them (issue 40), on PostgreSQL and SQLite: a mark
 //! retried after its commit records one attempt; a delivery whose lease was lost is recorded
 //! all the same; a batch's failures are marked in one statement, each recorded (`failed`, or
-//! `gave_up` for the row that reached its limit); recording off records nothing. On
+//! `gave_up` for the row that reached its limit); recording off records nothing; a skip is
+//! recorded with who. On
 //! PostgreSQL a missing day's partition skips the history and still commits the mark.
 
 use std::time::Duration;
@@ -19,6 +20,7 @@ store_contract!(
     a_delivery_whose_lease_was_lost_is_recorded,
     a_batchs_failures_are_marked_at_once_each_recorded,
     recording_off_records_nothing_and_still_marks,
+    a_skip_is_recorded_with_who_after_the_attempts,
 );
 
 const LANE: AttemptLane<'static> = AttemptLane {
@@ -237,6 +239,38 @@ async fn recording_off_records_nothing_and_still_marks(backend: Backend) {
         .await
         .unwrap()
         .is_empty());
+}
+
+async fn a_skip_is_recorded_with_who_after_the_attempts(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    write(&store, &["evt_1"]).await;
+    let rows = claim(&store, Duration::from_secs(30)).await;
+    let failed = [FailedMark {
+        attempt: attempt(&rows[0], 500, "boom"),
+        delay: Duration::ZERO,
+        max_attempts: 1,
+    }];
+    assert_eq!(store.outbox().mark_failed(&failed, LANE).await.unwrap(), 1);
+    let skipped = store
+        .outbox()
+        .skip(rows[0].id, "cli (alice)")
+        .await
+        .unwrap();
+    assert_eq!(skipped.map(|(lane, _)| lane).as_deref(), Some("default"));
+    let recorded = store
+        .reads()
+        .attempts_of("stripe", "evt_1", 0, 10)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, i32, Option<&str>)> = recorded
+        .iter()
+        .map(|a| (a.kind.as_str(), a.attempt, a.actor.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [("gave_up", 1, None), ("skip", 0, Some("cli (alice)"))]
+    );
 }
 
 /// PostgreSQL: with today's partition gone (maintenance failed for days), the mark commits

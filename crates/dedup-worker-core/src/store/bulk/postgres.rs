@@ -6,13 +6,8 @@ use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
 use super::{list_columns, BulkRows, Requeued, RowFilter, CHUNK};
-use crate::store::outbox::PG_TODAYS_PARTITION;
+use crate::store::postgres::{PG_DEDUP_KEY, PG_TODAYS_PARTITION};
 use crate::store::{DeadLetter, StoreError, OUTBOX_CHANNEL};
-
-/// `dedup_key(source, event_id)` in SQL, as a uuid: the first 16 bytes of
-/// sha256(be_u32(byte length of source) || source || event_id).
-const PG_DEDUP_KEY: &str = "encode(substring(sha256(int4send(octet_length(source)) \
-     || convert_to(source, 'UTF8') || convert_to(event_id, 'UTF8')) for 16), 'hex')::uuid";
 
 /// `column` as Unix milliseconds.
 fn ms(column: &str) -> String {

@@ -99,15 +99,6 @@ impl AttemptKind {
 pub(super) const COLUMNS: &str = "event_key, outbox_id, attempt, kind, lane, destination, \
      started_at, duration_ms, status, error, response_headers, response_body, body_truncated";
 
-/// PostgreSQL: whether today's (UTC) partition exists. Without it an insert fails ("no
-/// partition of relation found for row"), which would fail the mark and deliver the row again
-/// at lease end, for ever: the history row is skipped instead and counted. Two catalog index
-/// probes; no cached horizon to go stale in a relay-only process.
-pub(in crate::store) const PG_TODAYS_PARTITION: &str = "EXISTS (SELECT 1 FROM pg_inherits i
-        JOIN pg_class p ON p.oid = i.inhrelid
-       WHERE i.inhparent = 'outbox_attempts'::regclass
-         AND p.relname = 'outbox_attempts_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'))";
-
 /// Unix milliseconds of the last "history not kept" warning, so it is logged at most once a
 /// minute (the counter counts every row).
 static LAST_NOT_KEPT_WARNING: AtomicI64 = AtomicI64::new(0);

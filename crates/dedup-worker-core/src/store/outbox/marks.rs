@@ -14,10 +14,10 @@ use uuid::Uuid;
 
 use super::attempts::{
     report_not_kept, AttemptKind, AttemptLane, AttemptMark, FailedMark, COLUMNS, ERROR_CHARS,
-    PG_TODAYS_PARTITION,
 };
 use super::Outbox;
 use crate::store::postgres::secs;
+use crate::store::postgres::PG_TODAYS_PARTITION;
 use crate::store::sqlite::{begin_immediate, CHUNK};
 use crate::store::{millis, now_ms, OutboxClaim, Pool, StoreError};
 

@@ -6,7 +6,6 @@
 mod attempts;
 mod marks;
 
-pub(super) use attempts::PG_TODAYS_PARTITION;
 pub use attempts::{AttemptKind, AttemptLane, AttemptMark, FailedMark};
 
 use std::time::Duration;
