@@ -143,6 +143,7 @@ mod helpers;
 mod activity_store;
 mod aliases;
 mod architecture;
+mod attempts_store;
 mod backfill;
 mod bodies_store;
 mod broker_outage;

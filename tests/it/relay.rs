@@ -767,5 +767,7 @@ fn test_relay_defaults() -> dedup_worker_core::outbox::relay::RelayOptions {
             probe_max: Duration::from_secs(300),
         },
         sinks: Default::default(),
+        response_excerpt_bytes: 4096,
+        record_attempts: true,
     }
 }

@@ -403,6 +403,10 @@ async fn sink_and_route_settings_name_their_key() {
             vec!["outbox.burst", "at least 1"],
         ),
         (
+            vec![("DEDUP_OUTBOX__RESPONSE_EXCERPT_BYTES", "65537".into())],
+            vec!["outbox.response_excerpt_bytes", "65536"],
+        ),
+        (
             vec![
                 billing.clone(),
                 ("DEDUP_OUTBOX__SINKS__BILLING__RATE_PER_SEC", "0".into()),

@@ -166,7 +166,7 @@ async fn history_partitions(store: &Store, options: &RetentionOptions, pass: &mu
 enum Purge {
     /// Legacy ids, dispatched outbox rows, redrive and stale-guard records.
     Expired,
-    /// The action log, past `history_days`.
+    /// The action log and the per-minute counts, past `history_days`.
     AdminActions,
     /// Kept bodies past `payload_days` (SQLite), with a pause after each batch.
     Bodies,
@@ -176,7 +176,7 @@ impl Purge {
     fn what(self) -> &'static str {
         match self {
             Purge::Expired => "retention",
-            Purge::AdminActions => "action log retention",
+            Purge::AdminActions => "action log and counts retention",
             Purge::Bodies => "body retention",
         }
     }
@@ -190,9 +190,17 @@ impl Purge {
             }
             Purge::AdminActions => {
                 let older_than = days(options.history_days);
-                retention
+                let actions = retention
                     .purge_admin_actions(older_than, options.batch)
-                    .await
+                    .await?;
+                // The per-minute counts are kept as long as the action log.
+                let before_ms = chrono::Utc::now().timestamp_millis()
+                    - i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+                let counts = store
+                    .activity()
+                    .purge_before(before_ms, options.batch)
+                    .await?;
+                Ok(actions + counts)
             }
             Purge::Bodies => {
                 let older_than = days(options.payload_days);

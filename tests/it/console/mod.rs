@@ -26,6 +26,7 @@
 //! With `SCREENSHOTS=1` the tests write the book's screenshots of each page to
 //! `docs/src/console/*.png`.
 
+mod attempts;
 mod browser;
 mod bulk_retry;
 mod event_page;

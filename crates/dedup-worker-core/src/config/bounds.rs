@@ -68,7 +68,7 @@ fn wide<T: TryInto<u64>>(value: T) -> u64 {
 impl Settings {
     /// Each numeric key, its value and its bound: every integer key of config/default.toml (a
     /// unit test checks both ways, and that the file states each bound beside its key).
-    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 24] {
+    pub(super) fn bounded_values(&self) -> [(&'static str, u64, u64); 25] {
         let (d, h, t, c, o) = (
             &self.database,
             &self.http,
@@ -124,6 +124,11 @@ impl Settings {
             ("outbox.concurrency", wide(o.concurrency), 10_000),
             ("outbox.max_attempts", wide(o.max_attempts), 100_000),
             ("outbox.retention_hours", o.retention_hours, 87_600),
+            (
+                "outbox.response_excerpt_bytes",
+                wide(o.response_excerpt_bytes),
+                65_536,
+            ),
             ("outbox.breaker.failures", wide(o.breaker.failures), 100_000),
             ("outbox.breaker.window", wide(o.breaker.window), 100_000),
             (

@@ -64,6 +64,10 @@ pub struct OutboxSettings {
     /// logged), so a receiver cannot stop its deliveries for days by asking.
     #[serde(deserialize_with = "durations::read")]
     pub max_retry_after: Duration,
+    /// How many bytes of an HTTP receiver's answer body are kept with each delivery attempt
+    /// (`outbox_attempts`), for every answer, 2xx included; 0: none. At most 65,536 (the most the
+    /// HTTP sink reads of an answer anyway, to reuse its connection).
+    pub response_excerpt_bytes: usize,
     /// Deliveries a second every relay process together sends in the `default` lane at most
     /// (fractional allowed); absent: as fast as `concurrency` allows. A named sink has its own.
     #[serde(default)]

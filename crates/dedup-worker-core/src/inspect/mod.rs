@@ -9,6 +9,7 @@
 //! removed (ids past the dedup window, dispatched outbox rows past `outbox.retention_hours`) is
 //! gone. Each read is bounded in rows and by the statement timeout.
 
+mod attempts;
 mod list;
 mod story;
 mod text;
@@ -25,8 +26,8 @@ pub use story::Story;
 
 use crate::config::shown_destination;
 use crate::store::{
-    bounded, DeadLetterRecord, DuplicateDeliveries, OutboxRecord, ProcessedRecord, QueuedRecord,
-    RedriveRecord, StaleRecord, Store, StoreError,
+    bounded, AttemptRecord, DeadLetterRecord, DuplicateDeliveries, OutboxRecord, ProcessedRecord,
+    QueuedRecord, RedriveRecord, StaleRecord, Store, StoreError,
 };
 
 /// How to look.
@@ -97,6 +98,9 @@ pub struct EventReport {
     pub dead_letters: Vec<DeadLetterRecord>,
     pub redrives: Vec<RedriveRecord>,
     pub outbox: Vec<OutboxRecord>,
+    /// Its delivery attempts and the operator's acts on its deliveries, in the order recorded
+    /// (they outlive the outbox rows).
+    pub attempts: Vec<AttemptRecord>,
     /// `None`: not looked up (the transport is not the database queue).
     pub queued: Option<Vec<QueuedRecord>>,
     /// The most entries of each list (and duplicates counted).
@@ -141,6 +145,18 @@ pub async fn event_report(
             .map_err(read("the outbox rows"))?,
         None => Vec::new(),
     };
+    let attempts = match &processed {
+        // Attempts are recorded after the event was processed: older partitions are skipped.
+        Some(p) => bounded(
+            within,
+            store
+                .reads()
+                .attempts_of(source, event_id, p.processed_at, limit),
+        )
+        .await
+        .map_err(read("the delivery attempts"))?,
+        None => Vec::new(),
+    };
     let queued = if options.database_queue {
         let lookup = store
             .reads()
@@ -162,6 +178,7 @@ pub async fn event_report(
         dead_letters,
         redrives,
         outbox,
+        attempts,
         queued,
         limit,
     })
@@ -272,6 +289,7 @@ impl EventReport {
             },
             "stale": stale, "dead_letters": dead_letters, "redrives": redrives,
             "outbox": outbox, "queued": queued, "limit": self.limit,
+            "attempts": attempts::to_json(&self.attempts),
         })
     }
 

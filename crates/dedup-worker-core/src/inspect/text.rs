@@ -160,6 +160,9 @@ pub(super) fn render(report: &EventReport) -> String {
             format!("to {sink}: {state}"),
         );
     }
+    for (name, text) in report.attempts.iter().map(super::attempts::text_line) {
+        field(&mut out, &name, text);
+    }
     if report.processed.is_some() && report.outbox.is_empty() {
         field(
             &mut out,

@@ -107,7 +107,7 @@ async fn requeue(
     let result = loop {
         match store
             .bulk()
-            .requeue_chunk(rows, filter, after, through)
+            .requeue_chunk(rows, filter, after, through, &actor.0)
             .await
         {
             Ok(chunk) => {

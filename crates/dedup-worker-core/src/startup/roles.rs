@@ -228,6 +228,9 @@ fn relay_options(settings: &Settings) -> RelayOptions {
         default_rate: crate::config::lane_rate(o.rate_per_sec, o.burst),
         breaker: o.breaker.clone(),
         sinks: o.sinks.clone(),
+        response_excerpt_bytes: o.response_excerpt_bytes,
+        // Attempts are kept as long as bodies: `retention.payload_days = 0` keeps neither.
+        record_attempts: settings.retention.payload_days > 0,
     }
 }
 

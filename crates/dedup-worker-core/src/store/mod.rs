@@ -74,11 +74,12 @@ pub use dead_letters::DeadLetters;
 pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use ordering::HeldKey;
-pub use outbox::Outbox;
+pub use outbox::{AttemptKind, AttemptLane, AttemptMark, FailedMark, Outbox};
 pub use partitions::{Dropped, Partitions, DROP_STATEMENT_TIMEOUT, PARTITIONED};
 pub use queue::Queue;
 pub use reads::{
-    AlertCounts, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
+    AlertCounts, AttemptRecord, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount,
+    Reads, Tie,
 };
 pub use retention::Retention;
 pub use sink_rate::Tokens;

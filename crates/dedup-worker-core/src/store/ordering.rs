@@ -23,6 +23,9 @@
 
 use sha2::Digest;
 
+use super::dedup::dedup_key;
+use super::postgres::{PG_DEDUP_KEY, PG_TODAYS_PARTITION};
+use super::sqlite::begin_immediate;
 use super::{now_ms, NewOutboxRow, Outbox, Pool, StoreError};
 
 /// The claim's condition on an ordered lane, both stores (`c` is the candidate row). Its terms
@@ -110,28 +113,51 @@ impl Outbox<'_> {
         actor: &str,
     ) -> Result<Option<(String, Option<String>)>, StoreError> {
         Ok(match self.pool {
+            // The skip is recorded in the event's timeline (`outbox_attempts`) too.
             Pool::Postgres(pool) => {
-                sqlx::query_as(
-                    "UPDATE outbox SET skipped_at = now(), skipped_by = $2
+                let sql = format!(
+                    "WITH skipped AS (UPDATE outbox SET skipped_at = now(), skipped_by = $2
                       WHERE id = $1 AND status = 'failed' AND skipped_at IS NULL
-                  RETURNING sink, ordering_key",
-                )
-                .bind(id)
-                .bind(actor)
-                .fetch_optional(pool)
-                .await?
+                  RETURNING id, source, event_id, sink, ordering_key),
+                     recorded AS (INSERT INTO outbox_attempts
+                                         (event_key, outbox_id, attempt, kind, lane, actor)
+                  SELECT {PG_DEDUP_KEY}, id, 0, 'skip', sink, $2 FROM skipped
+                   WHERE {PG_TODAYS_PARTITION} RETURNING 1)
+                SELECT sink, ordering_key FROM skipped"
+                );
+                sqlx::query_as(&sql)
+                    .bind(id)
+                    .bind(actor)
+                    .fetch_optional(pool)
+                    .await?
             }
             Pool::Sqlite(pool) => {
-                sqlx::query_as(
+                let mut tx = begin_immediate(pool).await?;
+                let skipped: Option<(String, String, String, Option<String>)> = sqlx::query_as(
                     "UPDATE outbox SET skipped_at = $3, skipped_by = $2
                       WHERE id = $1 AND status = 'failed' AND skipped_at IS NULL
-                  RETURNING sink, ordering_key",
+                  RETURNING source, event_id, sink, ordering_key",
                 )
                 .bind(id)
                 .bind(actor)
                 .bind(now_ms())
-                .fetch_optional(pool)
-                .await?
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some((source, event_id, sink, _)) = &skipped {
+                    sqlx::query(
+                        "INSERT INTO outbox_attempts (at, event_key, outbox_id, attempt, kind, lane, actor)
+                         VALUES ($1, $2, $3, 0, 'skip', $4, $5)",
+                    )
+                    .bind(now_ms())
+                    .bind(dedup_key(source, event_id).to_vec())
+                    .bind(id)
+                    .bind(sink)
+                    .bind(actor)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                skipped.map(|(_, _, sink, key)| (sink, key))
             }
         })
     }

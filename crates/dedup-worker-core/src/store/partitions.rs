@@ -36,9 +36,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 use super::postgres::begin;
 use super::{Pool, StoreError};
 
-/// The parents whose day partitions are maintained (`bodies/`'s `event_bodies`; the delivery
-/// attempts' table joins it when it lands).
-pub const PARTITIONED: &[&str] = &["event_bodies"];
+/// The parents whose day partitions are maintained: `bodies/`'s `event_bodies` and the delivery
+/// attempts' `outbox_attempts` (`outbox/attempts.rs`), both kept `retention.payload_days`.
+pub const PARTITIONED: &[&str] = &["event_bodies", "outbox_attempts"];
 
 /// How many days past today are made ahead (today to today + 3): three failed days of
 /// maintenance before an insert finds no partition.

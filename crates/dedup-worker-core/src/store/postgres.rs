@@ -95,3 +95,17 @@ pub(super) async fn listen(pool: PgPool, wakeups: Arc<Wakeups>) {
         }
     }
 }
+
+/// PostgreSQL: whether today's (UTC) partition exists. Without it an insert fails ("no
+/// partition of relation found for row"), which would fail the mark and deliver the row again
+/// at lease end, for ever: the history row is skipped instead and counted. Two catalog index
+/// probes; no cached horizon to go stale in a relay-only process.
+pub(super) const PG_TODAYS_PARTITION: &str = "EXISTS (SELECT 1 FROM pg_inherits i
+        JOIN pg_class p ON p.oid = i.inhrelid
+       WHERE i.inhparent = 'outbox_attempts'::regclass
+         AND p.relname = 'outbox_attempts_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD'))";
+
+/// PostgreSQL: `dedup_key(source, event_id)` of a row's `source` and `event_id` columns, as a
+/// uuid: the first 16 bytes of sha256(be_u32(byte length of source) || source || event_id).
+pub(super) const PG_DEDUP_KEY: &str = "encode(substring(sha256(int4send(octet_length(source)) \
+     || convert_to(source, 'UTF8') || convert_to(event_id, 'UTF8')) for 16), 'hex')::uuid";

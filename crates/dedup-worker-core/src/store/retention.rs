@@ -128,24 +128,31 @@ impl Retention<'_> {
         }
     }
 
-    /// Deletes at most `batch` of the oldest kept bodies older than `older_than` (SQLite; on
-    /// PostgreSQL a day's partition is dropped whole instead: `store.partitions()`, and this
-    /// deletes nothing). Insert order is time order, so the oldest ids go first without a time
-    /// index; one statement is its own short transaction, so a consumer's `BEGIN IMMEDIATE`
-    /// waits at most for one batch.
+    /// Deletes at most `batch` of the oldest kept bodies and at most `batch` of the oldest
+    /// delivery attempts older than `older_than` (SQLite; on PostgreSQL a day's partition of
+    /// each is dropped whole instead: `store.partitions()`, and this deletes nothing). Insert
+    /// order is time order, so the oldest ids go first without a time index; each statement is
+    /// its own short transaction, so a consumer's `BEGIN IMMEDIATE` waits at most for one batch.
     pub async fn purge_bodies(self, older_than: Duration, batch: i64) -> Result<u64, StoreError> {
         let Pool::Sqlite(pool) = self.pool else {
             return Ok(0);
         };
-        Ok(sqlx::query(
+        let before = now_ms() - millis(older_than);
+        let mut deleted = 0;
+        for statement in [
             "DELETE FROM event_bodies WHERE id IN (
              SELECT id FROM event_bodies WHERE kept_at < $1 ORDER BY id LIMIT $2)",
-        )
-        .bind(now_ms() - millis(older_than))
-        .bind(batch)
-        .execute(pool)
-        .await?
-        .rows_affected())
+            "DELETE FROM outbox_attempts WHERE id IN (
+             SELECT id FROM outbox_attempts WHERE at < $1 ORDER BY id LIMIT $2)",
+        ] {
+            deleted += sqlx::query(statement)
+                .bind(before)
+                .bind(batch)
+                .execute(pool)
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted)
     }
 
     /// Deletes at most `batch` of the oldest recorded operator actions (`admin_actions`) older

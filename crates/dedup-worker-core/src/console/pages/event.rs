@@ -74,6 +74,7 @@ pub async fn event(
         ol #timeline {
             @for (_, entry) in timeline(&report, &csrf, &action) { (entry) }
         }
+        (super::timeline::attempts(&report.attempts, state.options.show_payloads))
         h2 { "Payload" }
         @match (&payload, state.options.show_payloads) {
             (Some(text), _) => pre #payload { (text) },

@@ -9,6 +9,7 @@ mod done;
 mod event;
 mod events;
 mod failures;
+mod timeline;
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};

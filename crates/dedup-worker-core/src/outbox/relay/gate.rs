@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::breaker::{Breaker, TripReason};
 use super::rate::LaneRate;
-use crate::outbox::sink::SinkError;
+use crate::outbox::sink::{Receipt, SinkError};
 
 /// Why a lane stopped sending a batch.
 #[derive(Debug, Clone)]
@@ -83,7 +83,7 @@ impl Gate {
     /// Takes one answer into account: a `Retry-After` stops the batch, a failure counts
     /// towards the breaker (and stops the batch if it trips), a delivery counts as a success.
     /// An unusable destination counts as neither.
-    pub fn settle(&self, result: &Result<(), SinkError>) {
+    pub fn settle(&self, result: &Result<Receipt, SinkError>) {
         let stop = match result {
             // Not the receiver's doing: a row's destination that cannot be built says nothing
             // of the sink's health (and an open circuit would keep such rows pending for ever
@@ -94,7 +94,7 @@ impl Gate {
                 reason,
                 error: error.to_string(),
             }),
-            Ok(()) => {
+            Ok(_) => {
                 self.record(false);
                 None
             }

@@ -19,16 +19,19 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 
+use super::attempt::Sent;
 use super::breaker::{next_probe_interval, Breaker, BreakerPolicy};
-use super::gate::{Gate, Stop};
-use super::marks::{self, by_claim, extend_outbox_leases, lease_lost};
+use super::gate::Gate;
+use super::marks::{self, extend_outbox_leases, lease_lost};
 use super::rate::LaneRate;
 use super::RelayOutcome;
 use crate::lease::heartbeat_period;
 use crate::lease::with_lease_heartbeat;
 use crate::outbox::sink::{Sink, SinkError};
-use crate::retry::backoff_delay;
-use crate::store::{bounded, Circuit, OutboxClaim, OutboxRow, Store, StoreError};
+use crate::store::{
+    bounded, AttemptKind, AttemptLane, AttemptMark, Circuit, OutboxClaim, OutboxRow, Store,
+    StoreError,
+};
 
 /// The longest a waiting lane sleeps before it reads its shared state again, so an operator's
 /// `resume` is seen within about this long even while a probe is minutes away.
@@ -54,6 +57,8 @@ pub struct LaneOptions {
     pub rate: Option<(f64, u32)>,
     /// Rows of one ordering key are claimed one at a time, in id order (`ordered = true`).
     pub ordered: bool,
+    /// Whether each delivery attempt is recorded in `outbox_attempts`.
+    pub record_attempts: bool,
 }
 
 /// What a lane does after a step.
@@ -75,6 +80,9 @@ pub struct Lane {
     /// The lane as logs and metrics show it: the name, or for an ad-hoc spec (which may hold
     /// a token) `~` and a hash of it.
     pub(super) label: String,
+    /// The lane's destination as attempts record it (`SinkSpec`'s display: no token of a
+    /// webhook URL).
+    pub(super) shown: String,
     pub(super) store: Store,
     /// The sink, or why it could not be built (every row then fails with that reason, and the
     /// breaker opens on them like on any failure).
@@ -88,7 +96,14 @@ pub struct Lane {
     /// Rows the sink accepted whose `dispatched` mark did not reach the store (an outage
     /// between delivering and marking), marked before the next claim so a store blip does not
     /// turn into a second delivery when their lease runs out.
-    pub(super) unmarked: Mutex<Vec<OutboxClaim>>,
+    pub(super) unmarked: Mutex<Vec<AttemptMark>>,
+}
+
+/// A delivery that failed: its row, the sink's error, and the attempt to record.
+pub(super) struct Failure {
+    pub(super) row: OutboxRow,
+    pub(super) error: SinkError,
+    pub(super) attempt: AttemptMark,
 }
 
 /// A claimed batch and how it was claimed.
@@ -104,6 +119,7 @@ impl Lane {
     pub(super) fn new(
         name: String,
         label: String,
+        shown: String,
         store: Store,
         sink: Result<Arc<dyn Sink>, Arc<dyn std::error::Error + Send + Sync>>,
         options: LaneOptions,
@@ -121,6 +137,7 @@ impl Lane {
             }),
             name,
             label,
+            shown,
             store,
             sink,
             options,
@@ -243,32 +260,56 @@ impl Lane {
         let mut delivered = Vec::new();
         let mut failures = Vec::new();
         let mut not_sent = Vec::new();
-        for (row, result) in rows.into_iter().zip(results) {
-            match result {
-                Ok(()) => delivered.push(row.claim()),
-                Err(SinkError::NotSent | SinkError::Throttled { .. }) => not_sent.push(row),
-                Err(error) => failures.push((row, error)),
+        // Answered with `Retry-After`: deferred like rows not sent, but the receiver saw them.
+        let mut throttled = Vec::new();
+        for (row, sent) in rows.into_iter().zip(results) {
+            let attempt = sent.attempt(&row);
+            match sent.result {
+                Ok(_) => delivered.push(attempt),
+                Err(SinkError::NotSent) => not_sent.push(row),
+                Err(SinkError::Throttled { .. }) => {
+                    throttled.push(attempt);
+                    not_sent.push(row);
+                }
+                Err(error) => failures.push(Failure {
+                    row,
+                    error,
+                    attempt,
+                }),
             }
         }
         // Deliveries are marked first: an outage now must not lose what the sink already has.
         let limit = self.options.statement_timeout;
-        let marked = match bounded(limit, self.store.outbox().mark_dispatched(&delivered)).await {
+        let mark = self
+            .store
+            .outbox()
+            .mark_delivered(&delivered, self.attempt_lane());
+        let marked = match bounded(limit, mark).await {
             Ok(marked) => marked,
             Err(error) => {
-                self.lock_unmarked().extend_from_slice(&delivered);
+                self.lock_unmarked().extend(delivered);
                 return Err(error);
             }
         };
         outcome.dispatched = usize::try_from(marked).unwrap_or(usize::MAX);
         outcome.lease_lost += lease_lost(delivered.len(), marked);
         metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
+        let mut probe_failed = Vec::new();
         if let Some(previous) = probe {
-            self.settle_probe(previous, !delivered.is_empty(), &mut failures)
+            let error = failures.first().map(|f| &f.error);
+            self.settle_probe(previous, !delivered.is_empty(), error)
                 .await?;
             // A failed probe is deferred below, its attempt given back.
-            not_sent.extend(failures.drain(..).map(|(row, _)| row));
+            for failure in failures.drain(..) {
+                probe_failed.push(failure.attempt);
+                not_sent.push(failure.row);
+            }
         }
         self.defer_unsent(gate.stopped(), probe, not_sent, &mut outcome)
+            .await?;
+        self.record_deferred(&throttled, AttemptKind::Throttled)
+            .await?;
+        self.record_deferred(&probe_failed, AttemptKind::ProbeFailed)
             .await?;
         self.mark_failures(failures, &mut outcome).await?;
         Ok((outcome, Rest::None))
@@ -276,7 +317,7 @@ impl Lane {
 
     /// Hands rows to the sink: row by row through the gate, `concurrency` at once, for a
     /// row-wise sink; as one batch admitted once otherwise.
-    async fn deliver(&self, rows: &[OutboxRow], gate: &Gate) -> Vec<Result<(), SinkError>> {
+    async fn deliver(&self, rows: &[OutboxRow], gate: &Gate) -> Vec<Sent> {
         let sink = match &self.sink {
             Ok(sink) => sink,
             Err(reason) => {
@@ -285,18 +326,21 @@ impl Lane {
                     .map(|_| {
                         let result = Err(SinkError::Destination(reason.clone()));
                         gate.settle(&result);
-                        result
+                        Sent::unsent(result)
                     })
                     .collect()
             }
         };
         if !sink.row_wise() {
             if !gate.admit().await {
-                return rows.iter().map(|_| Err(SinkError::NotSent)).collect();
+                return rows
+                    .iter()
+                    .map(|_| Sent::unsent(Err(SinkError::NotSent)))
+                    .collect();
             }
-            let results = sink.deliver_batch(rows).await;
-            results.iter().for_each(|result| gate.settle(result));
-            return results;
+            let sent = Sent::each(sink.deliver_batch(rows)).await;
+            sent.iter().for_each(|sent| gate.settle(&sent.result));
+            return sent;
         }
         // Futures collected first: a closure in `map` over a stream trips the higher-ranked
         // lifetime check of the spawned task's Send bound.
@@ -313,7 +357,7 @@ impl Lane {
         &self,
         previous: Duration,
         delivered: bool,
-        failures: &mut [(OutboxRow, SinkError)],
+        error: Option<&SinkError>,
     ) -> Result<(), StoreError> {
         let limit = self.options.statement_timeout;
         let sinks = self.store.sinks();
@@ -325,7 +369,7 @@ impl Lane {
             }
             return Ok(());
         }
-        let Some((_, error)) = failures.first() else {
+        let Some(error) = error else {
             return Ok(()); // throttled: the hold below decides when to try again
         };
         let previous = (!previous.is_zero()).then_some(previous);
@@ -336,98 +380,6 @@ impl Lane {
         bounded(limit, sinks.probe_failed(&self.name, interval, &error)).await
     }
 
-    /// Rows claimed and not sent, or answered with `Retry-After`: due again when the lane may
-    /// send, their attempt given back. A `Retry-After` holds the lane for every relay; a trip
-    /// opens the circuit for every relay.
-    async fn defer_unsent(
-        &self,
-        stop: Option<Stop>,
-        probe: Option<Duration>,
-        rows: Vec<OutboxRow>,
-        outcome: &mut RelayOutcome,
-    ) -> Result<(), StoreError> {
-        let limit = self.options.statement_timeout;
-        let sinks = self.store.sinks();
-        let (delay, reason, why) = match stop {
-            Some(Stop::Throttled(asked)) => {
-                let delay = asked.min(self.options.max_retry_after);
-                if asked > delay {
-                    tracing::warn!(lane = %self.label, asked = ?asked, held = ?delay, "the receiver's Retry-After is longer than outbox.max_retry_after; holding the lane for that");
-                }
-                tracing::info!(lane = %self.label, held = ?delay, "the receiver asked to retry later; lane held");
-                bounded(limit, sinks.hold(&self.name, delay)).await?;
-                let reason = format!(
-                    "held: the receiver asked to retry after {}s",
-                    delay.as_secs()
-                );
-                (delay, reason, "retry_after")
-            }
-            Some(Stop::Tripped { reason, error }) => {
-                let probe_after = self.options.breaker.probe_after;
-                let text = format!("{reason}; last: {error}");
-                self.lock_breaker().reset();
-                if let Some(trips) =
-                    bounded(limit, sinks.trip(&self.name, probe_after, &text)).await?
-                {
-                    tracing::warn!(lane = %self.label, trips, %reason, %error, "circuit opened");
-                    metrics::counter!("dedup_outbox_circuit_transitions_total", "lane" => self.label.clone(), "to" => "open").increment(1);
-                }
-                (probe_after, format!("circuit open: {text}"), "circuit")
-            }
-            None if rows.is_empty() => return Ok(()),
-            None if probe.is_some() => {
-                let state = bounded(limit, sinks.gate(&self.name)).await?;
-                let delay = state.probe_in();
-                let error = state.last_error.unwrap_or_default();
-                (delay, format!("circuit open: {error}"), "circuit")
-            }
-            None => (Duration::ZERO, "not sent".to_owned(), "not_sent"),
-        };
-        let claims: Vec<OutboxClaim> = rows.iter().map(OutboxRow::claim).collect();
-        for (claim_token, ids) in by_claim(&claims) {
-            let deferred = self.store.outbox().defer(claim_token, &ids, delay, &reason);
-            let deferred = bounded(limit, deferred).await?;
-            outcome.deferred += usize::try_from(deferred).unwrap_or(usize::MAX);
-            metrics::counter!("dedup_outbox_deferred_total", "lane" => self.label.clone(), "reason" => why).increment(deferred);
-        }
-        Ok(())
-    }
-
-    /// Ordinary failures: each spends its attempt and backs off, or is marked failed after the
-    /// limit.
-    async fn mark_failures(
-        &self,
-        failures: Vec<(OutboxRow, SinkError)>,
-        outcome: &mut RelayOutcome,
-    ) -> Result<(), StoreError> {
-        let limit = self.options.statement_timeout;
-        for (row, error) in failures {
-            outcome.failed_attempts += 1;
-            let attempts = u32::try_from(row.attempts).unwrap_or(u32::MAX);
-            let delay = backoff_delay(self.options.retry_base, self.options.retry_max, attempts);
-            tracing::warn!(lane = %self.label, outbox_id = row.id, source = %row.source, event_id = %row.event_id, event_type = %row.event_type, attempts, %error, ?delay, "delivery failed");
-            // If this mark is lost, the row is simply retried when its lease ends.
-            let marked = bounded(
-                limit,
-                self.store.outbox().mark_delivery_failed(
-                    row.claim(),
-                    &error.to_string(),
-                    delay,
-                    self.options.max_attempts,
-                ),
-            )
-            .await?;
-            if marked == 0 {
-                tracing::warn!(outbox_id = row.id, source = %row.source, event_id = %row.event_id, event_type = %row.event_type, "lease lost; another relay owns the row");
-                metrics::counter!("dedup_outbox_lease_lost_total").increment(1);
-                outcome.lease_lost += 1;
-            }
-        }
-        metrics::counter!("dedup_outbox_delivery_failures_total")
-            .increment(outcome.failed_attempts as u64);
-        Ok(())
-    }
-
     /// Makes claimed rows due at once (a step abandoned at shutdown).
     pub(super) async fn give_back(&self, claims: &[OutboxClaim]) {
         marks::give_back(&self.store, &self.label, claims).await;
@@ -436,29 +388,47 @@ impl Lane {
     /// Marks what an outage left unmarked (see [`Lane::unmarked`]).
     pub(super) async fn mark_unmarked(&self) -> Result<usize, StoreError> {
         let limit = self.options.statement_timeout;
-        marks::mark_unmarked(&self.store, &self.label, &self.unmarked, limit).await
+        marks::mark_unmarked(
+            &self.store,
+            &self.label,
+            self.attempt_lane(),
+            &self.unmarked,
+            limit,
+        )
+        .await
     }
 
-    fn lock_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+    pub(super) fn lock_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn lock_unmarked(&self) -> std::sync::MutexGuard<'_, Vec<OutboxClaim>> {
+    /// Where this lane's attempts are recorded as going.
+    pub(super) fn attempt_lane(&self) -> AttemptLane<'_> {
+        AttemptLane {
+            lane: &self.name,
+            destination: Some(&self.shown),
+            record: self.options.record_attempts,
+        }
+    }
+
+    pub(super) fn lock_unmarked(&self) -> std::sync::MutexGuard<'_, Vec<AttemptMark>> {
         // A poisoned lock only means a panic elsewhere mid-push; the ids are still valid.
         self.unmarked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// One row of a row-wise sink, admitted by the gate first and told to it after.
-async fn send_one(sink: &Arc<dyn Sink>, gate: &Gate, row: &OutboxRow) -> Result<(), SinkError> {
+async fn send_one(sink: &Arc<dyn Sink>, gate: &Gate, row: &OutboxRow) -> Sent {
     if !gate.admit().await {
-        return Err(SinkError::NotSent);
+        return Sent::unsent(Err(SinkError::NotSent));
     }
-    let result = sink
-        .deliver_batch(std::slice::from_ref(row))
-        .await
-        .pop()
-        .unwrap_or(Err(SinkError::NotSent));
-    gate.settle(&result);
-    result
+    let sent = Sent::timed(async {
+        sink.deliver_batch(std::slice::from_ref(row))
+            .await
+            .pop()
+            .unwrap_or(Err(SinkError::NotSent))
+    })
+    .await;
+    gate.settle(&sent.result);
+    sent
 }

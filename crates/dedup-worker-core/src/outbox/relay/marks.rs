@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::sync::Mutex;
 
 use crate::lease::{report_failed, report_lost};
-use crate::store::{bounded, OutboxClaim, Store, StoreError};
+use crate::store::{bounded, AttemptLane, AttemptMark, OutboxClaim, Store, StoreError};
 
 /// The longest a give-back or a last mark at shutdown may take.
 pub(super) const OUTSIDE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,7 +47,8 @@ pub(super) async fn give_back(store: &Store, label: &str, claims: &[OutboxClaim]
 pub(super) async fn mark_unmarked(
     store: &Store,
     label: &str,
-    unmarked: &Mutex<Vec<OutboxClaim>>,
+    lane: AttemptLane<'_>,
+    unmarked: &Mutex<Vec<AttemptMark>>,
     limit: Duration,
 ) -> Result<usize, StoreError> {
     let lock = || {
@@ -59,14 +60,16 @@ pub(super) async fn mark_unmarked(
     if claims.is_empty() {
         return Ok(0);
     }
-    match bounded(limit, store.outbox().mark_dispatched(&claims)).await {
+    // Recorded once: a mark that did commit left its rows dispatched under this claim, which
+    // the statement skips.
+    match bounded(limit, store.outbox().mark_delivered(&claims, lane)).await {
         Ok(marked) => {
             metrics::counter!("dedup_outbox_dispatched_total").increment(marked);
             tracing::info!(lane = %label, rows = marked, "marked deliveries an outage left unmarked");
             Ok(lease_lost(claims.len(), marked))
         }
         Err(error) => {
-            lock().extend_from_slice(&claims);
+            lock().extend(claims);
             Err(error)
         }
     }

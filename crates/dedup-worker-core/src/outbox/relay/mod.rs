@@ -8,14 +8,18 @@
 //! * `lane.rs`: one lane's step and its shared state (paused, held, circuit);
 //! * `gate.rs`: a batch's pacing, breaker counting and stop;
 //! * `breaker.rs`: when the circuit opens, how probes are spaced (pure);
+//! * `attempt.rs`: one row's delivery, timed, and the attempt its mark records;
 //! * `marks.rs`: give-backs, marks an outage left, lease extensions;
-//! * `rate.rs`: a sink's rate, shared with the other relay processes through the store.
+//! * `rate.rs`: a sink's rate, shared with the other relay processes through the store;
+//! * `settle.rs`: a step's deferrals and failure marks.
 
+mod attempt;
 pub mod breaker;
 mod gate;
 pub mod lane;
 mod marks;
 mod rate;
+mod settle;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -68,6 +72,12 @@ pub struct RelayOptions {
     pub breaker: BreakerSettings,
     /// `[outbox.sinks.NAME]`: each a lane of its own.
     pub sinks: BTreeMap<String, SinkSettings>,
+    /// How much of an HTTP receiver's answer is kept with each attempt
+    /// (`outbox.response_excerpt_bytes`; 0: none).
+    pub response_excerpt_bytes: usize,
+    /// Whether each delivery attempt is recorded in `outbox_attempts` (off when
+    /// `retention.payload_days = 0`).
+    pub record_attempts: bool,
 }
 
 /// What one step did.
@@ -221,11 +231,23 @@ impl Relay {
             tls: configured.and_then(|s| s.tls.as_ref()),
             oauth: configured.and_then(|s| s.oauth.as_ref()),
         };
+        // What the attempts table keeps of the destination: never a webhook URL's token.
+        let shown = match &spec {
+            Ok(spec) => spec.to_string(),
+            Err(_) => crate::config::shown_destination(name),
+        };
         let sink: Result<Arc<dyn Sink>, _> = match spec {
-            Ok(spec) => build_sink(&spec, http_timeout, concurrency, &secrets, auth)
-                .await
-                .map(Arc::from)
-                .map_err(|e| Arc::new(e) as Arc<_>),
+            Ok(spec) => build_sink(
+                &spec,
+                http_timeout,
+                o.response_excerpt_bytes,
+                concurrency,
+                &secrets,
+                auth,
+            )
+            .await
+            .map(Arc::from)
+            .map_err(|e| Arc::new(e) as Arc<_>),
             Err(error) => Err(error),
         };
         let breaker = match configured {
@@ -253,9 +275,17 @@ impl Relay {
                 None => None,
             },
             ordered: configured.is_some_and(|s| s.ordered),
+            record_attempts: o.record_attempts,
         };
         let label = lane_label(name);
-        Lane::new(name.to_owned(), label, self.store.clone(), sink, options)
+        Lane::new(
+            name.to_owned(),
+            label,
+            shown,
+            self.store.clone(),
+            sink,
+            options,
+        )
     }
 }
 

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{timed, Sink, SinkError};
+use super::{timed, Receipt, Sink, SinkError};
 use crate::queue::rabbitmq::{ConfirmPublisher, Declare};
 use crate::store::OutboxRow;
 use crate::telemetry::traces;
@@ -25,7 +25,11 @@ impl AmqpSink {
         }
     }
 
-    async fn publish(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
+    async fn publish(
+        &self,
+        row: &OutboxRow,
+        traceparent: Option<String>,
+    ) -> Result<Receipt, SinkError> {
         let mut properties = lapin::BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
@@ -42,13 +46,14 @@ impl AmqpSink {
         self.publisher
             .publish(&self.exchange, &row.event_type, &row.payload, properties)
             .await
+            .map(|()| Receipt::default())
             .map_err(SinkError::Amqp)
     }
 }
 
 #[async_trait]
 impl Sink for AmqpSink {
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         if let Err(error) = self.publisher.ready().await {
             return rows
                 .iter()

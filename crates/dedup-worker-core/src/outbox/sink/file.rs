@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use super::{deliver_span, record_batch, Sink, SinkError};
+use super::{deliver_span, record_batch, Receipt, Sink, SinkError};
 use crate::store::OutboxRow;
 
 /// Appends one JSON line per event: the event JSON made compact (Stripe pretty-prints), or a
@@ -40,7 +40,7 @@ impl FileSink {
 
 #[async_trait]
 impl Sink for FileSink {
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         let started = Instant::now();
         // One span a row, lasting as long as the batch's one write.
         let spans: Vec<tracing::Span> = rows.iter().map(|row| deliver_span("file", row)).collect();
@@ -52,7 +52,7 @@ impl Sink for FileSink {
 }
 
 impl FileSink {
-    async fn write_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn write_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         let buffer: Vec<u8> = rows.iter().flat_map(Self::line).collect();
         let _guard = self.lock.lock().await;
         let result: Result<(), std::io::Error> = async {
@@ -70,7 +70,7 @@ impl FileSink {
         }
         .await;
         match result {
-            Ok(()) => rows.iter().map(|_| Ok(())).collect(),
+            Ok(()) => rows.iter().map(|_| Ok(Receipt::default())).collect(),
             Err(e) => {
                 let kind = e.kind();
                 let message = e.to_string();

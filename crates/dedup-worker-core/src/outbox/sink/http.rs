@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::answer::Answer;
 use super::oauth::{Bearer, TokenSource};
-use super::{timed, Sink, SinkError};
+use super::{timed, Receipt, Sink, SinkError};
 use crate::config::{read_sink_tls, shown_url, SinkOAuthSettings, SinkTlsSettings};
 use crate::outbox::pace::retry_after;
 use crate::signature::secrets::{webhook_signature, SigningSecret};
@@ -19,6 +20,8 @@ use crate::telemetry::traces;
 pub struct HttpSink {
     url: String,
     client: reqwest::Client,
+    /// How much of each answer's body is kept with the attempt (`outbox.response_excerpt_bytes`).
+    excerpt_bytes: usize,
     /// Most requests in flight from one batch.
     concurrency: usize,
     /// Standard Webhooks secrets, each adding a signature to every request (`v1,` for a `whsec_`
@@ -62,6 +65,7 @@ impl HttpSink {
     pub fn new(
         url: String,
         timeout: Duration,
+        excerpt_bytes: usize,
         concurrency: usize,
         signing_secrets: Arc<[SigningSecret]>,
         auth: HttpAuth<'_>,
@@ -86,6 +90,7 @@ impl HttpSink {
         Ok(HttpSink {
             url,
             client,
+            excerpt_bytes: excerpt_bytes.min(super::DRAINED_BODY_BYTES),
             concurrency,
             signing_secrets,
             oauth,
@@ -94,7 +99,11 @@ impl HttpSink {
 
     /// Sends `row`; with OAuth, once more with a fresh token if the receiver answers 401 to the
     /// cached one (revoked or rotated before its time), within this one attempt.
-    async fn deliver(&self, row: &OutboxRow, traceparent: Option<String>) -> Result<(), SinkError> {
+    async fn deliver(
+        &self,
+        row: &OutboxRow,
+        traceparent: Option<String>,
+    ) -> Result<Receipt, SinkError> {
         let Some(oauth) = &self.oauth else {
             let response = self.send(row, traceparent, None).await?;
             return self.judge(response).await;
@@ -156,70 +165,54 @@ impl HttpSink {
             .map_err(|error| SinkError::http(&self.url, error))
     }
 
-    /// A receiver's answer as the delivery's result.
-    async fn judge(&self, response: reqwest::Response) -> Result<(), SinkError> {
-        let verdict = self.verdict(&response);
-        drain(response).await;
-        verdict
-    }
-
-    fn verdict(&self, response: &reqwest::Response) -> Result<(), SinkError> {
-        let status = response.status();
-        if status.is_success() {
-            Ok(())
-        } else if status.is_redirection() {
-            let location = response
-                .headers()
-                .get(http::header::LOCATION)
-                // The receiver's text goes into `last_error`: bounded and printable, and shown
-                // as a sink URL is (a redirect to another webhook URL carries its token too).
-                .map(|value| {
-                    let location = String::from_utf8_lossy(value.as_bytes());
-                    crate::event::printable(&shown_url(&location), 512).into_owned()
-                })
-                .unwrap_or_default();
-            Err(SinkError::Redirected {
-                status: status.as_u16(),
-                location,
+    /// A receiver's answer as the delivery's result: its status and headers decide; its body
+    /// is read once, both kept (up to `excerpt_bytes`) and drained for the connection's reuse.
+    async fn judge(&self, response: reqwest::Response) -> Result<Receipt, SinkError> {
+        let location = response
+            .headers()
+            .get(http::header::LOCATION)
+            // The receiver's text goes into `last_error`: bounded and printable, and shown
+            // as a sink URL is (a redirect to another webhook URL carries its token too).
+            .map(|value| {
+                let location = String::from_utf8_lossy(value.as_bytes());
+                crate::event::printable(&shown_url(&location), 512).into_owned()
             })
-        } else if let Some(retry_after) = (status == http::StatusCode::TOO_MANY_REQUESTS
+            .unwrap_or_default();
+        let status = response.status();
+        let retry_after = (status == http::StatusCode::TOO_MANY_REQUESTS
             || status == http::StatusCode::SERVICE_UNAVAILABLE)
             .then(|| retry_after(response.headers(), std::time::SystemTime::now()))
-            .flatten()
-        {
+            .flatten();
+        let answer = Answer::read(response, self.excerpt_bytes).await;
+        let status = status.as_u16();
+        if (200..300).contains(&status) {
+            Ok(Receipt {
+                answer: Some(answer),
+            })
+        } else if (300..400).contains(&status) {
+            Err(SinkError::Redirected {
+                status,
+                location,
+                answer: Box::new(answer),
+            })
+        } else if let Some(retry_after) = retry_after {
             Err(SinkError::Throttled {
-                status: status.as_u16(),
+                status,
                 retry_after,
+                answer: Box::new(answer),
             })
         } else {
             Err(SinkError::Status {
-                status: status.as_u16(),
+                status,
+                answer: Box::new(answer),
             })
-        }
-    }
-}
-
-/// The most of a receiver's answer read to keep its connection: a body left unread makes the
-/// HTTP client close the connection rather than reuse it, so every delivery to a receiver that
-/// answers `{"ok":true}` would pay a new TCP (and TLS) handshake. A longer body is dropped
-/// unread past this, and its connection closed.
-const DRAINED_BODY_BYTES: usize = 64 * 1024;
-
-/// Reads the answer's body (up to [`DRAINED_BODY_BYTES`], within the request's timeout) and
-/// drops it; the verdict was taken from the status and headers.
-async fn drain(mut response: reqwest::Response) {
-    let mut read = 0;
-    while let Ok(Some(chunk)) = response.chunk().await {
-        read += chunk.len();
-        if read > DRAINED_BODY_BYTES {
-            break;
         }
     }
 }
 
 #[async_trait]
 impl Sink for HttpSink {
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         use futures::stream::{self, StreamExt};
         // Futures collected first: a closure in `map` trips the higher-ranked lifetime check of
         // `async_trait`'s Send bound.

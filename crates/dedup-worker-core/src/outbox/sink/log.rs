@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::{deliver_span, record_batch, Sink, SinkError};
+use super::{deliver_span, record_batch, Receipt, Sink, SinkError};
 use crate::store::OutboxRow;
 
 /// Logs each event.
@@ -13,7 +13,7 @@ pub struct LogSink;
 
 #[async_trait]
 impl Sink for LogSink {
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         let started = Instant::now();
         let results: Vec<_> = rows
             .iter()
@@ -26,7 +26,7 @@ impl Sink for LogSink {
                         "event delivered"
                     )
                 });
-                Ok(())
+                Ok(Receipt::default())
             })
             .collect();
         record_batch("log", started, &results);

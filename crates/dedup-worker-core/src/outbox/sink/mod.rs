@@ -6,6 +6,7 @@
 //! queues, the deduplication id (SQS).
 
 mod amqp;
+mod answer;
 mod file;
 mod http;
 mod log;
@@ -13,6 +14,7 @@ mod oauth;
 mod sqs;
 
 pub use amqp::AmqpSink;
+pub use answer::{redact, Answer, DRAINED_BODY_BYTES, REDACTED};
 pub use file::FileSink;
 pub use http::{HttpAuth, HttpSink, TlsFilesError};
 pub use log::LogSink;
@@ -46,7 +48,11 @@ pub enum SinkError {
         source: reqwest::Error,
     },
     #[error("receiver answered {status}")]
-    Status { status: u16 },
+    Status {
+        status: u16,
+        /// What it answered (kept with the attempt).
+        answer: Box<Answer>,
+    },
     /// No OAuth token for the delivery: the sink's token endpoint (shown as [`shown_url`]
     /// shows URLs) failed or refused. A failed delivery like any other (the breaker counts
     /// it): the receiver cannot be reached without one. Shared by the deliveries that waited on
@@ -61,7 +67,12 @@ pub enum SinkError {
     /// come back. The lane waits that long (bounded by `outbox.max_retry_after`) and the row
     /// spends no attempt.
     #[error("receiver answered {status} asking to retry after {}s", .retry_after.as_secs())]
-    Throttled { status: u16, retry_after: Duration },
+    Throttled {
+        status: u16,
+        retry_after: Duration,
+        /// What it answered (kept with the attempt).
+        answer: Box<Answer>,
+    },
     /// Not sent: its lane stopped sending this batch (the receiver asked for time, or the
     /// circuit opened) before its turn. It spends no attempt.
     #[error("not sent: the lane stopped sending this batch")]
@@ -69,7 +80,12 @@ pub enum SinkError {
     /// Redirects are not followed: a 302/303 would re-send the POST as a GET without the event,
     /// and a 2xx to that GET would mark the row dispatched with the event lost.
     #[error("receiver answered {status} redirecting to {location:?}; redirects are not followed, point the sink at the final URL")]
-    Redirected { status: u16, location: String },
+    Redirected {
+        status: u16,
+        location: String,
+        /// What it answered (kept with the attempt).
+        answer: Box<Answer>,
+    },
     #[error("AMQP delivery failed: {0}")]
     Amqp(#[source] TransportError),
     #[error("SQS delivery failed: {0}")]
@@ -81,7 +97,25 @@ pub enum SinkError {
     Io(#[from] std::io::Error),
 }
 
+/// A delivery the sink accepted: the receiver's answer when it gave one (HTTP); `None` for
+/// the log, file, AMQP and SQS sinks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Receipt {
+    /// What the receiver answered.
+    pub answer: Option<Answer>,
+}
+
 impl SinkError {
+    /// The receiver's answer, when the failure is one (a status it answered).
+    pub fn answer(&self) -> Option<&Answer> {
+        match self {
+            SinkError::Status { answer, .. }
+            | SinkError::Throttled { answer, .. }
+            | SinkError::Redirected { answer, .. } => Some(answer),
+            _ => None,
+        }
+    }
+
     /// A request to `url` failed: the URL as [`shown_url`] shows it, reqwest's error without
     /// it (`reqwest::Error::without_url`), its causes kept.
     fn http(url: &str, error: reqwest::Error) -> Self {
@@ -109,7 +143,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Records one row's delivery in `dedup_relay_delivery_seconds{sink, outcome}`.
-fn record_delivery(sink: &'static str, took: Duration, result: &Result<(), SinkError>) {
+fn record_delivery(sink: &'static str, took: Duration, result: &Result<Receipt, SinkError>) {
     let outcome = if result.is_ok() {
         "delivered"
     } else {
@@ -121,10 +155,14 @@ fn record_delivery(sink: &'static str, took: Duration, result: &Result<(), SinkE
 
 /// One row's delivery, timed from its first poll (when a bounded stream of deliveries starts
 /// it, not when the batch was handed over) to its answer.
-async fn timed<F, Fut>(sink: &'static str, row: &OutboxRow, delivery: F) -> Result<(), SinkError>
+async fn timed<F, Fut>(
+    sink: &'static str,
+    row: &OutboxRow,
+    delivery: F,
+) -> Result<Receipt, SinkError>
 where
     F: FnOnce(Option<String>) -> Fut,
-    Fut: Future<Output = Result<(), SinkError>>,
+    Fut: Future<Output = Result<Receipt, SinkError>>,
 {
     let span = deliver_span(sink, row);
     let traceparent = traces::traceparent_of(&span);
@@ -154,7 +192,7 @@ fn deliver_span(sink: &'static str, row: &OutboxRow) -> tracing::Span {
 
 /// A sink that delivers a whole batch at once (one write and fsync): each row took as long as
 /// the batch did.
-fn record_batch(sink: &'static str, started: Instant, results: &[Result<(), SinkError>]) {
+fn record_batch(sink: &'static str, started: Instant, results: &[Result<Receipt, SinkError>]) {
     let took = started.elapsed();
     for result in results {
         record_delivery(sink, took, result);
@@ -164,7 +202,7 @@ fn record_batch(sink: &'static str, started: Instant, results: &[Result<(), Sink
 #[async_trait]
 pub trait Sink: Send + Sync + 'static {
     /// Delivers every row; the result at index i is row i's.
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>>;
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>>;
 
     /// Whether each row is its own request (HTTP, SQS): the lane then hands rows over one at a
     /// time, its own `concurrency` at once, each admitted by its rate and stopped when the
@@ -176,10 +214,12 @@ pub trait Sink: Send + Sync + 'static {
 }
 
 /// Builds the sink for a spec. `signing_secrets` sign every HTTP delivery (none: unsigned);
-/// `auth` is an HTTP sink's client certificate and OAuth client (others have none).
+/// `auth` is an HTTP sink's client certificate and OAuth client (others have none);
+/// `excerpt_bytes` how much of an HTTP receiver's answer is kept (`outbox.response_excerpt_bytes`).
 pub async fn build_sink(
     spec: &SinkSpec,
     http_timeout: Duration,
+    excerpt_bytes: usize,
     concurrency: usize,
     signing_secrets: &Arc<[SigningSecret]>,
     auth: HttpAuth<'_>,
@@ -190,6 +230,7 @@ pub async fn build_sink(
         SinkSpec::Http(url) => Box::new(HttpSink::new(
             url.clone(),
             http_timeout,
+            excerpt_bytes,
             concurrency,
             signing_secrets.clone(),
             auth,

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{timed, Sink, SinkError};
+use super::{timed, Receipt, Sink, SinkError};
 use crate::store::OutboxRow;
 
 /// Sends to an SQS queue through the SQS transport's publish (same attributes, so another
@@ -16,7 +16,7 @@ pub struct SqsSink {
 
 #[async_trait]
 impl Sink for SqsSink {
-    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<(), SinkError>> {
+    async fn deliver_batch(&self, rows: &[OutboxRow]) -> Vec<Result<Receipt, SinkError>> {
         use crate::queue::Transport;
         use futures::stream::{self, StreamExt};
         let sends: Vec<_> = rows
@@ -32,7 +32,11 @@ impl Sink for SqsSink {
                         stripe_signature: None,
                         sender_headers: crate::event::SenderHeaders::default(),
                     };
-                    self.queue.publish(message).await.map_err(SinkError::Sqs)
+                    self.queue
+                        .publish(message)
+                        .await
+                        .map(|_| Receipt::default())
+                        .map_err(SinkError::Sqs)
                 })
             })
             .collect();

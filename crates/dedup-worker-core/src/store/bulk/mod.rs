@@ -81,6 +81,14 @@ impl BulkRows {
     /// now, under no claim, so a mark retried by a relay under the claim that delivered the row
     /// before (see `mark_dispatched`) cannot mark it again. A retry keeps `last_error` until the
     /// next attempt; a re-send also forgets when the row was dispatched.
+    /// The timeline's name of a requeue (`outbox_attempts.kind`).
+    fn requeue_kind(self) -> &'static str {
+        match self {
+            BulkRows::DispatchedDeliveries => "resend",
+            BulkRows::DeadLetters | BulkRows::FailedDeliveries => "retry",
+        }
+    }
+
     fn requeue_set(self) -> &'static str {
         match self {
             BulkRows::DeadLetters => unreachable!("dead letters are redriven, not requeued"),
@@ -211,7 +219,9 @@ impl Bulk<'_> {
     }
 
     /// Puts up to `CHUNK` (1,000) outbox rows of `rows` the filter selects with an id in
-    /// `(after, through]` back to `pending`, due now, in id order; on PostgreSQL the same
+    /// `(after, through]` back to `pending`, due now, in id order, and records the act on each
+    /// in the event's timeline (`outbox_attempts`: `retry` or `resend`, by `actor`), which keeps
+    /// every earlier attempt although the row's count starts again; on PostgreSQL the same
     /// statement notifies the relays (`OUTBOX_CHANNEL`), so they deliver them at once.
     pub async fn requeue_chunk(
         self,
@@ -219,12 +229,15 @@ impl Bulk<'_> {
         filter: &RowFilter,
         after: i64,
         through: i64,
+        actor: &str,
     ) -> Result<Requeued, StoreError> {
         match self.pool {
             Pool::Postgres(pool) => {
-                postgres::requeue_chunk(pool, rows, filter, after, through).await
+                postgres::requeue_chunk(pool, rows, filter, after, through, actor).await
             }
-            Pool::Sqlite(pool) => sqlite::requeue_chunk(pool, rows, filter, after, through).await,
+            Pool::Sqlite(pool) => {
+                sqlite::requeue_chunk(pool, rows, filter, after, through, actor).await
+            }
         }
     }
 }

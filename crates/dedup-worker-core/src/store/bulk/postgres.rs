@@ -6,6 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
 use super::{list_columns, BulkRows, Requeued, RowFilter, CHUNK};
+use crate::store::postgres::{PG_DEDUP_KEY, PG_TODAYS_PARTITION};
 use crate::store::{DeadLetter, StoreError, OUTBOX_CHANNEL};
 
 /// `column` as Unix milliseconds.
@@ -97,16 +98,24 @@ pub(super) async fn requeue_chunk(
     filter: &RowFilter,
     after: i64,
     through: i64,
+    actor: &str,
 ) -> Result<Requeued, StoreError> {
     let mut qb = QueryBuilder::new("WITH page AS (SELECT id");
     push_where(&mut qb, rows, filter);
     push_page(&mut qb, after, through, CHUNK);
     qb.push(format!(
         "), moved AS (UPDATE outbox SET {}, next_attempt_at = now() \
-         WHERE {} AND id IN (SELECT id FROM page) RETURNING 1) \
-         SELECT (SELECT count(*) FROM moved), (SELECT max(id) FROM page)",
+         WHERE {} AND id IN (SELECT id FROM page) RETURNING id, source, event_id, sink), \
+         recorded AS (INSERT INTO outbox_attempts (event_key, outbox_id, attempt, kind, lane, actor) \
+         SELECT {PG_DEDUP_KEY}, id, 0, '{}', sink, ",
         rows.requeue_set(),
-        rows.status()
+        rows.status(),
+        rows.requeue_kind(),
+    ));
+    qb.push_bind(actor.to_owned());
+    qb.push(format!(
+        " FROM moved WHERE {PG_TODAYS_PARTITION} RETURNING 1) \
+         SELECT (SELECT count(*) FROM moved), (SELECT max(id) FROM page)"
     ));
     let (moved, last_id): (i64, Option<i64>) = qb.build_query_as().fetch_one(pool).await?;
     if moved > 0 {

@@ -7,7 +7,8 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{FromRow, QueryBuilder, Sqlite, SqlitePool};
 
 use super::{list_columns, prefix_end, BulkRows, Requeued, RowFilter, CHUNK};
-use crate::store::{now_ms, DeadLetter, StoreError};
+use crate::store::sqlite::begin_immediate;
+use crate::store::{dedup_key, now_ms, DeadLetter, StoreError};
 
 /// `column` in Unix milliseconds: as it is.
 fn ms(column: &str) -> String {
@@ -90,14 +91,16 @@ where
     Ok(qb.build_query_as().fetch_all(pool).await?)
 }
 
-/// One statement (SQLite has one writer: the page cannot change under it). No relay in
-/// another process hears of it: they find the rows at their next poll.
+/// One transaction (SQLite has one writer: the page cannot change under it): the update, then
+/// the act recorded on each row moved. No relay in another process hears of it: they find the
+/// rows at their next poll.
 pub(super) async fn requeue_chunk(
     pool: &SqlitePool,
     rows: BulkRows,
     filter: &RowFilter,
     after: i64,
     through: i64,
+    actor: &str,
 ) -> Result<Requeued, StoreError> {
     let mut qb = QueryBuilder::new(format!(
         "UPDATE outbox SET {}, next_attempt_at = ",
@@ -106,10 +109,29 @@ pub(super) async fn requeue_chunk(
     qb.push_bind(now_ms()).push(" WHERE id IN (SELECT id");
     push_where(&mut qb, rows, filter);
     push_page(&mut qb, after, through, CHUNK);
-    qb.push(") RETURNING id");
-    let moved: Vec<i64> = qb.build_query_scalar().fetch_all(pool).await?;
+    qb.push(") RETURNING id, source, event_id, sink");
+    let mut tx = begin_immediate(pool).await?;
+    let moved: Vec<(i64, String, String, String)> = qb.build_query_as().fetch_all(&mut *tx).await?;
+    let at = now_ms();
+    // Seven parameters a row: 80 rows a statement, well within SQLite's bound.
+    for chunk in moved.chunks(80) {
+        let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO outbox_attempts (at, event_key, outbox_id, attempt, kind, lane, actor) ",
+        );
+        insert.push_values(chunk, |mut b, (id, source, event_id, sink)| {
+            b.push_bind(at)
+                .push_bind(dedup_key(source, event_id).to_vec())
+                .push_bind(*id)
+                .push_bind(0)
+                .push_bind(rows.requeue_kind())
+                .push_bind(sink.as_str())
+                .push_bind(actor);
+        });
+        insert.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
     Ok(Requeued {
         moved: moved.len() as u64,
-        last_id: moved.into_iter().max(),
+        last_id: moved.iter().map(|m| m.0).max(),
     })
 }

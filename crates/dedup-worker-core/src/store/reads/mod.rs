@@ -5,13 +5,15 @@
 //!   stale guard's records, its outbox rows, its messages still queued (its dedup record and
 //!   duplicates are the ring's own: `store.dedup()`);
 //! * `activity.rs`: what happened per minute lately (the console's front page);
-//! * `alerts.rs`: the rows an operator is paged for (the gauges of `/metrics`).
+//! * `alerts.rs`: the rows an operator is paged for (the gauges of `/metrics`);
+//! * `attempts.rs`: one event's delivery attempts and operator acts (its timeline).
 //!
 //! Each statement is written once where both stores take it, or its two forms side by side in
 //! one `match` where they keep times differently.
 
 mod activity;
 mod alerts;
+mod attempts;
 mod list;
 mod trail;
 
@@ -19,6 +21,7 @@ use super::Pool;
 
 pub use activity::MinuteCount;
 pub use alerts::AlertCounts;
+pub use attempts::AttemptRecord;
 pub use list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
 
 /// The operator's reads across the tables (see the module): the console's pages, `events

@@ -3,16 +3,21 @@
 //! once, its PostgreSQL and its SQLite form side by side in one `match`. (Retention's purge of
 //! dispatched rows is in `retention.rs`, the operator's bulk retry and re-send in `bulk/`.)
 
+mod attempts;
+mod marks;
+
+pub use attempts::{AttemptKind, AttemptLane, AttemptMark, FailedMark};
+
 use std::time::Duration;
 
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::ordering::FIRST_IN_ITS_KEY;
 use super::postgres::secs;
-use super::sqlite::{begin_immediate, update_claimed, CHUNK};
+use super::sqlite::{update_claimed, CHUNK};
 use super::{
-    millis, new_claim_token, now_ms, NewOutboxRow, OutboxClaim, OutboxCounts, OutboxRow, Pool,
-    StoreError, StoreTx, OUTBOX_CHANNEL,
+    millis, new_claim_token, now_ms, NewOutboxRow, OutboxCounts, OutboxRow, Pool, StoreError,
+    StoreTx, OUTBOX_CHANNEL,
 };
 
 /// The outbox's rows (`outbox`): written by handlers in the batch transaction, then claimed,
@@ -170,112 +175,6 @@ impl Outbox<'_> {
         })
     }
 
-    /// Puts rows claimed under `claim_token` back, due after `delay`, and gives back the attempt
-    /// their claim counted: they were not sent (their lane is held by the receiver's
-    /// `Retry-After`, its circuit opened, or it was paused), or the receiver asked for time.
-    /// `reason` becomes their `last_error`. Returns the rows deferred (not those marked or
-    /// claimed by another relay meanwhile).
-    pub async fn defer(
-        self,
-        claim_token: i64,
-        ids: &[i64],
-        delay: Duration,
-        reason: &str,
-    ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        match self.pool {
-            Pool::Postgres(pool) => Ok(sqlx::query(
-                "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $3),
-                        attempts = GREATEST(attempts - 1, 0), last_error = $4
-              WHERE id = ANY($1) AND claim_token = $2 AND status = 'pending'",
-            )
-            .bind(ids)
-            .bind(claim_token)
-            .bind(secs(delay))
-            .bind(reason)
-            .execute(pool)
-            .await?
-            .rows_affected()),
-            Pool::Sqlite(pool) => {
-                let due = now_ms() + millis(delay);
-                let mut deferred = 0;
-                let mut tx = begin_immediate(pool).await?;
-                for chunk in ids.chunks(CHUNK - 3) {
-                    let mut qb: QueryBuilder<Sqlite> =
-                        QueryBuilder::new("UPDATE outbox SET next_attempt_at = ");
-                    qb.push_bind(due)
-                        .push(", attempts = max(attempts - 1, 0), last_error = ")
-                        .push_bind(reason)
-                        .push(" WHERE status = 'pending' AND claim_token = ")
-                        .push_bind(claim_token)
-                        .push(" AND id IN (");
-                    let mut list = qb.separated(", ");
-                    for id in chunk {
-                        list.push_bind(*id);
-                    }
-                    qb.push(")");
-                    deferred += qb.build().execute(&mut *tx).await?.rows_affected();
-                }
-                tx.commit().await?;
-                Ok(deferred)
-            }
-        }
-    }
-
-    /// Marks rows dispatched, each only if it still carries the token of `claims`. Returns how
-    /// many are marked; the others were claimed by another relay since (see [`OutboxClaim`]).
-    /// Marking again under the same claim counts the row again and changes nothing, so a mark
-    /// retried after an outage that hid its commit is not mistaken for a lost lease.
-    pub async fn mark_dispatched(self, claims: &[OutboxClaim]) -> Result<u64, StoreError> {
-        if claims.is_empty() {
-            return Ok(0);
-        }
-        match self.pool {
-            Pool::Postgres(pool) => {
-                let ids: Vec<i64> = claims.iter().map(|c| c.id).collect();
-                let tokens: Vec<i64> = claims.iter().map(|c| c.claim_token).collect();
-                // 'dispatched' too: marking again under the same claim is a no-op that still
-                // counts.
-                Ok(sqlx::query(
-                    "UPDATE outbox o
-                SET status = 'dispatched', dispatched_at = coalesce(o.dispatched_at, now()),
-                    last_error = NULL
-               FROM UNNEST($1::bigint[], $2::bigint[]) AS c(id, claim_token)
-              WHERE o.id = c.id AND o.claim_token = c.claim_token
-                AND o.status IN ('pending', 'dispatched')",
-                )
-                .bind(&ids)
-                .bind(&tokens)
-                .execute(pool)
-                .await?
-                .rows_affected())
-            }
-            Pool::Sqlite(pool) => {
-                let mut marked = 0;
-                let mut tx = begin_immediate(pool).await?;
-                // Two parameters a claim: half a chunk of claims per statement.
-                for chunk in claims.chunks(CHUNK / 2) {
-                    // 'dispatched' too: marking again under the same claim is a no-op that
-                    // still counts.
-                    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                        "UPDATE outbox SET status = 'dispatched', last_error = NULL, \
-                 dispatched_at = coalesce(dispatched_at, CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
-                 WHERE status IN ('pending', 'dispatched') AND (id, claim_token) IN (",
-                    );
-                    qb.push_values(chunk, |mut b, claim| {
-                        b.push_bind(claim.id).push_bind(claim.claim_token);
-                    });
-                    qb.push(")");
-                    marked += qb.build().execute(&mut *tx).await?.rows_affected();
-                }
-                tx.commit().await?;
-                Ok(marked)
-            }
-        }
-    }
-
     /// Extends the lease of pending rows `ids` still under the claim `claim_token` to `lease`
     /// from now (the relay's heartbeat while it delivers them). Returns the ids extended: one
     /// missing was claimed by another relay since (its lease had run out), or is marked already.
@@ -333,50 +232,6 @@ impl Outbox<'_> {
                 Ok(released.len() as u64)
             }
         }
-    }
-
-    /// Records a failed delivery under `claim`: retried after `delay`, or marked failed once
-    /// `attempts` reached `max_attempts`. Returns 1, or 0 if another relay claimed the row since
-    /// (its own delivery decides the row's fate) or it is no longer pending.
-    pub async fn mark_delivery_failed(
-        self,
-        claim: OutboxClaim,
-        error: &str,
-        delay: Duration,
-        max_attempts: u32,
-    ) -> Result<u64, StoreError> {
-        Ok(match self.pool {
-            Pool::Postgres(pool) => sqlx::query(
-                "UPDATE outbox
-                SET last_error = $2,
-                    next_attempt_at = now() + make_interval(secs => $3),
-                    status = CASE WHEN attempts >= $4 THEN 'failed' ELSE 'pending' END
-              WHERE id = $1 AND claim_token = $5 AND status = 'pending'",
-            )
-            .bind(claim.id)
-            .bind(error)
-            .bind(secs(delay))
-            .bind(max_attempts as i32)
-            .bind(claim.claim_token)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-            Pool::Sqlite(pool) => sqlx::query(
-                "UPDATE outbox
-                SET last_error = $1,
-                    next_attempt_at = $2,
-                    status = CASE WHEN attempts >= $3 THEN 'failed' ELSE 'pending' END
-              WHERE id = $4 AND claim_token = $5 AND status = 'pending'",
-            )
-            .bind(error)
-            .bind(now_ms() + millis(delay))
-            .bind(max_attempts as i64)
-            .bind(claim.id)
-            .bind(claim.claim_token)
-            .execute(pool)
-            .await?
-            .rows_affected(),
-        })
     }
 
     /// Rows by status.
