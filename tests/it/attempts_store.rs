@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use dedup_worker_core::store::{
-    dedup_key, AttemptKind, AttemptLane, AttemptMark, FailedMark, NewOutboxRow, OutboxRow, Store,
+    dedup_key, AttemptKind, AttemptLane, AttemptMark, FailedMark, NewOutboxRow, OutboxRow, Shard,
+    Store,
 };
 
 use crate::helpers::db::execute;
@@ -27,6 +28,7 @@ const LANE: AttemptLane<'static> = AttemptLane {
     lane: "default",
     destination: Some("https://hooks.example/…"),
     record: true,
+    shard: Shard::ZERO,
 };
 
 fn row(id: &str) -> NewOutboxRow {

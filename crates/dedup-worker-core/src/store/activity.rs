@@ -105,6 +105,10 @@ impl Series {
 pub struct Shard(i16);
 
 impl Shard {
+    /// Shard 0: for writers that count too rarely to need their own (a mark that records
+    /// nothing, made by tests and old callers).
+    pub const ZERO: Shard = Shard(0);
+
     /// A random shard, taken once by each writer at its start.
     pub fn random() -> Shard {
         Shard::of(rand::random())
@@ -166,10 +170,21 @@ impl Counts {
 /// data-modifying `WITH` item runs whether or not the statement reads it. E.g. a relay mark:
 /// `count_cte_from("counted", "SELECT 'delivered', count(*) FROM fresh", 13)`.
 pub(crate) fn count_cte_from(name: &str, counts: &str, shard_param: usize) -> String {
+    count_cte_at(name, counts, &format!("${shard_param}"))
+}
+
+/// [`count_cte_from`] with the shard written into the statement (for statements built with a
+/// `QueryBuilder`, whose parameters are not numbered by hand): a number of ours, never input.
+pub(crate) fn count_cte_for(name: &str, counts: &str, shard: Shard) -> String {
+    count_cte_at(name, counts, &shard.number().to_string())
+}
+
+/// The upsert with the shard given as SQL (a parameter or a literal).
+fn count_cte_at(name: &str, counts: &str, shard: &str) -> String {
     format!(
         "{name} AS (
            INSERT INTO activity_minutes AS a (minute, series, shard, n)
-           SELECT date_trunc('minute', now(), 'UTC'), c.series, ${shard_param}::int2,
+           SELECT date_trunc('minute', now(), 'UTC'), c.series, {shard}::int2,
                   sum(c.n)::int8
              FROM ({counts}) AS c(series, n)
             WHERE c.n > 0

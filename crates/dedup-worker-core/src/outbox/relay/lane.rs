@@ -29,7 +29,7 @@ use crate::lease::heartbeat_period;
 use crate::lease::with_lease_heartbeat;
 use crate::outbox::sink::{Sink, SinkError};
 use crate::store::{
-    bounded, AttemptKind, AttemptLane, AttemptMark, Circuit, OutboxClaim, OutboxRow, Store,
+    bounded, AttemptKind, AttemptLane, AttemptMark, Circuit, OutboxClaim, OutboxRow, Shard, Store,
     StoreError,
 };
 
@@ -97,6 +97,9 @@ pub struct Lane {
     /// between delivering and marking), marked before the next claim so a store blip does not
     /// turn into a second delivery when their lease runs out.
     pub(super) unmarked: Mutex<Vec<AttemptMark>>,
+    /// The lane's shard of the per-minute counts its marks add to (`activity_minutes`): taken
+    /// at random once, so two lanes (or two relay processes) rarely wait on one counter row.
+    shard: Shard,
 }
 
 /// A delivery that failed: its row, the sink's error, and the attempt to record.
@@ -142,6 +145,7 @@ impl Lane {
             sink,
             options,
             unmarked: Mutex::new(Vec::new()),
+            shard: Shard::random(),
         }
     }
 
@@ -408,6 +412,7 @@ impl Lane {
             lane: &self.name,
             destination: Some(&self.shown),
             record: self.options.record_attempts,
+            shard: self.shard,
         }
     }
 

@@ -11,7 +11,7 @@
 //! when it began (`through`): rows written while it runs (a redriven event dead-lettered again,
 //! a re-sent row dispatched again) are not taken a second time.
 
-use super::{DeadLetter, Pool, StoreError};
+use super::{DeadLetter, Pool, Series, StoreError};
 
 /// Rows an action moves per statement.
 pub(crate) const CHUNK: i64 = 1000;
@@ -86,6 +86,14 @@ impl BulkRows {
         match self {
             BulkRows::DispatchedDeliveries => "resend",
             BulkRows::DeadLetters | BulkRows::FailedDeliveries => "retry",
+        }
+    }
+
+    /// What a requeue of these rows counts in the minute's counts (`activity_minutes`).
+    fn requeue_series(self) -> Series {
+        match self {
+            BulkRows::DispatchedDeliveries => Series::Resent,
+            BulkRows::DeadLetters | BulkRows::FailedDeliveries => Series::Retried,
         }
     }
 

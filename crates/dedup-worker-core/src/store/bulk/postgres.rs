@@ -6,8 +6,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgPool, Postgres, QueryBuilder};
 
 use super::{list_columns, BulkRows, Requeued, RowFilter, CHUNK};
+use crate::store::activity::count_cte_for;
 use crate::store::postgres::{PG_DEDUP_KEY, PG_TODAYS_PARTITION};
-use crate::store::{DeadLetter, StoreError, OUTBOX_CHANNEL};
+use crate::store::{DeadLetter, Shard, StoreError, OUTBOX_CHANNEL};
 
 /// `column` as Unix milliseconds.
 fn ms(column: &str) -> String {
@@ -113,8 +114,16 @@ pub(super) async fn requeue_chunk(
         rows.requeue_kind(),
     ));
     qb.push_bind(actor.to_owned());
+    let counted = count_cte_for(
+        "counted",
+        &format!(
+            "SELECT '{}', count(*) FROM moved",
+            rows.requeue_series().name()
+        ),
+        Shard::random(),
+    );
     qb.push(format!(
-        " FROM moved WHERE {PG_TODAYS_PARTITION} RETURNING 1) \
+        " FROM moved WHERE {PG_TODAYS_PARTITION} RETURNING 1), {counted} \
          SELECT (SELECT count(*) FROM moved), (SELECT max(id) FROM page)"
     ));
     let (moved, last_id): (i64, Option<i64>) = qb.build_query_as().fetch_one(pool).await?;

@@ -7,8 +7,9 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{FromRow, QueryBuilder, Sqlite, SqlitePool};
 
 use super::{list_columns, prefix_end, BulkRows, Requeued, RowFilter, CHUNK};
+use crate::store::activity::add_sqlite;
 use crate::store::sqlite::begin_immediate;
-use crate::store::{dedup_key, now_ms, DeadLetter, StoreError};
+use crate::store::{dedup_key, now_ms, Counts, DeadLetter, Shard, StoreError};
 
 /// `column` in Unix milliseconds: as it is.
 fn ms(column: &str) -> String {
@@ -129,6 +130,8 @@ pub(super) async fn requeue_chunk(
         });
         insert.build().execute(&mut *tx).await?;
     }
+    let counts = Counts::of(rows.requeue_series(), moved.len());
+    add_sqlite(&mut tx, at, &counts, Shard::random()).await?;
     tx.commit().await?;
     Ok(Requeued {
         moved: moved.len() as u64,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::store::OutboxClaim;
+use crate::store::{OutboxClaim, Shard};
 
 /// The most characters of a sink's error kept with an attempt.
 pub const ERROR_CHARS: usize = 1024;
@@ -63,8 +63,11 @@ pub struct AttemptLane<'a> {
     /// never reaches the table.
     pub destination: Option<&'a str>,
     /// Whether attempts are recorded at all (`retention.payload_days > 0`); the marks are made
-    /// either way.
+    /// and counted either way.
     pub record: bool,
+    /// The lane's shard of the per-minute counts (`activity_minutes`) its marks add to, taken
+    /// once at its start.
+    pub shard: Shard,
 }
 
 /// How an attempt ended, as `outbox_attempts.kind` says.

@@ -2,20 +2,19 @@
 //! recorded in `outbox_attempts` by the mark's own statement (PostgreSQL) or transaction
 //! (SQLite). On PostgreSQL a mark is one statement of CTEs, listed in order so more can join
 //! (the per-minute counts): `input` (the arrays), `fresh` (the attempts to record, read from
-//! the snapshot before the mark), `marked` (the outbox update), `kept` (the history insert).
+//! the snapshot before the mark), `marked` (the outbox update), `kept` (the history insert),
+//! `counted` (the minute's counts, last: its counter rows stay locked for the commit only).
 
 use std::time::Duration;
 
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 
-use chrono::{DateTime, Utc};
-use sqlx::Row;
-use uuid::Uuid;
-
-use super::attempts::{
-    report_not_kept, AttemptKind, AttemptLane, AttemptMark, FailedMark, COLUMNS, ERROR_CHARS,
+use super::attempts::{AttemptKind, AttemptLane, AttemptMark, FailedMark, COLUMNS};
+use super::mark_sql::{
+    counted, counts, pg_statement, sqlite_fresh, sqlite_record, unrecorded, PgColumns, UNRECORDED,
 };
 use super::Outbox;
+use crate::store::activity::{add_sqlite, Counts, Series};
 use crate::store::postgres::secs;
 use crate::store::postgres::PG_TODAYS_PARTITION;
 use crate::store::sqlite::{begin_immediate, CHUNK};
@@ -125,6 +124,7 @@ impl Outbox<'_> {
                             f.duration_ms, f.status, NULL, f.headers, f.body, f.truncated
                        FROM fresh f WHERE $14 AND {PG_TODAYS_PARTITION} RETURNING 1)"
                     ),
+                    counted("SELECT 'delivered', count(*) FROM fresh", 15),
                 ];
                 let sql = pg_statement(&ctes);
                 let row = c
@@ -132,14 +132,16 @@ impl Outbox<'_> {
                     .bind(lane.lane)
                     .bind(lane.destination)
                     .bind(lane.record)
+                    .bind(lane.shard.number())
                     .fetch_one(pool)
                     .await?;
                 Ok(counts(&row, &lane)?)
             }
             Pool::Sqlite(pool) => {
                 let mut tx = begin_immediate(pool).await?;
-                let mut marked = 0;
+                let (mut marked, mut delivered) = (0, 0);
                 for chunk in attempts.chunks(CHUNK / 16) {
+                    delivered += sqlite_fresh(&mut tx, chunk).await?;
                     if lane.record {
                         let kinds = vec![AttemptKind::Delivered; chunk.len()];
                         sqlite_record(&mut tx, chunk, &kinds, &lane, true).await?;
@@ -157,6 +159,9 @@ impl Outbox<'_> {
                     qb.push(")");
                     marked += qb.build().execute(&mut *tx).await?.rows_affected();
                 }
+                let began = now_ms();
+                let counts = Counts::of(Series::Delivered, delivered);
+                add_sqlite(&mut tx, began, &counts, lane.shard).await?;
                 tx.commit().await?;
                 Ok(marked)
             }
@@ -223,6 +228,8 @@ impl Outbox<'_> {
                      SELECT f.event_key, f.id, f.attempt, f.kind, $12, $13, f.started_at,
                             f.duration_ms, f.status, f.error, f.headers, f.body, f.truncated
                        FROM fresh f WHERE $14 AND {PG_TODAYS_PARTITION} RETURNING 1)"),
+                    counted("SELECT CASE WHEN kind = 'gave_up' THEN 'gave_up' ELSE 'delivery_failed' END, 1
+                               FROM fresh", 17),
                 ];
                 let sql = pg_statement(&ctes);
                 let row = c
@@ -232,6 +239,7 @@ impl Outbox<'_> {
                     .bind(lane.record)
                     .bind(&delays)
                     .bind(&limits)
+                    .bind(lane.shard.number())
                     .fetch_one(pool)
                     .await?;
                 Ok(counts(&row, &lane)?)
@@ -240,24 +248,26 @@ impl Outbox<'_> {
                 let mut tx = begin_immediate(pool).await?;
                 let now = now_ms();
                 let mut marked = 0;
+                let mut counts = Counts::default();
                 for failure in failures {
                     let a = &failure.attempt;
                     let limit = i64::from(failure.max_attempts);
+                    let gave_up: bool = sqlx::query_scalar(
+                        "SELECT coalesce((SELECT status = 'pending' AND claim_token = $2
+                                                 AND attempts >= $3 FROM outbox WHERE id = $1), 0)",
+                    )
+                    .bind(a.claim.id)
+                    .bind(a.claim.claim_token)
+                    .bind(limit)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let (kind, series) = if gave_up {
+                        (AttemptKind::GaveUp, Series::GaveUp)
+                    } else {
+                        (AttemptKind::Failed, Series::DeliveryFailed)
+                    };
+                    counts.add(series, 1);
                     if lane.record {
-                        let gave_up: bool = sqlx::query_scalar(
-                            "SELECT coalesce((SELECT status = 'pending' AND claim_token = $2
-                                                     AND attempts >= $3 FROM outbox WHERE id = $1), 0)",
-                        )
-                        .bind(a.claim.id)
-                        .bind(a.claim.claim_token)
-                        .bind(limit)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                        let kind = if gave_up {
-                            AttemptKind::GaveUp
-                        } else {
-                            AttemptKind::Failed
-                        };
                         sqlite_record(&mut tx, std::slice::from_ref(a), &[kind], &lane, false)
                             .await?;
                     }
@@ -276,6 +286,7 @@ impl Outbox<'_> {
                     .await?
                     .rows_affected();
                 }
+                add_sqlite(&mut tx, now, &counts, lane.shard).await?;
                 tx.commit().await?;
                 Ok(marked)
             }
@@ -291,9 +302,14 @@ impl Outbox<'_> {
         kind: AttemptKind,
         lane: AttemptLane<'_>,
     ) -> Result<u64, StoreError> {
-        if attempts.is_empty() || !lane.record {
+        if attempts.is_empty() {
             return Ok(0);
         }
+        // A throttled answer is counted as such; a failed probe as a failed attempt.
+        let series = match kind {
+            AttemptKind::Throttled => Series::Throttled,
+            _ => Series::DeliveryFailed,
+        };
         match self.pool {
             Pool::Postgres(pool) => {
                 let c = PgColumns::of(attempts);
@@ -311,6 +327,7 @@ impl Outbox<'_> {
                             f.duration_ms, f.status, f.error, f.headers, f.body, f.truncated
                        FROM fresh f WHERE $14 AND {PG_TODAYS_PARTITION} RETURNING 1)"
                     ),
+                    counted("SELECT $16::text, count(*) FROM fresh", 17),
                 ];
                 let sql = pg_statement(&ctes);
                 let row = c
@@ -319,6 +336,8 @@ impl Outbox<'_> {
                     .bind(lane.destination)
                     .bind(lane.record)
                     .bind(kind.as_str())
+                    .bind(series.name())
+                    .bind(lane.shard.number())
                     .fetch_one(pool)
                     .await?;
                 counts(&row, &lane)?;
@@ -327,168 +346,17 @@ impl Outbox<'_> {
             Pool::Sqlite(pool) => {
                 let mut tx = begin_immediate(pool).await?;
                 let mut recorded = 0;
-                for chunk in attempts.chunks(CHUNK / 16) {
-                    let kinds = vec![kind; chunk.len()];
-                    recorded += sqlite_record(&mut tx, chunk, &kinds, &lane, false).await?;
+                if lane.record {
+                    for chunk in attempts.chunks(CHUNK / 16) {
+                        let kinds = vec![kind; chunk.len()];
+                        recorded += sqlite_record(&mut tx, chunk, &kinds, &lane, false).await?;
+                    }
                 }
+                let counts = Counts::of(series, attempts.len());
+                add_sqlite(&mut tx, now_ms(), &counts, lane.shard).await?;
                 tx.commit().await?;
                 Ok(recorded)
             }
         }
     }
-}
-
-/// A lane that records nothing: the marks that take bare claims.
-const UNRECORDED: AttemptLane<'static> = AttemptLane {
-    lane: "",
-    destination: None,
-    record: false,
-};
-
-/// An attempt of `claim` with nothing known of it (a mark that records nothing).
-fn unrecorded(claim: OutboxClaim) -> AttemptMark {
-    AttemptMark {
-        claim,
-        event_key: [0; 16],
-        attempt: 0,
-        started_at: DateTime::<Utc>::UNIX_EPOCH,
-        duration_ms: 0,
-        status: None,
-        error: None,
-        headers: None,
-        body: None,
-        truncated: false,
-    }
-}
-
-/// One PostgreSQL statement of `ctes` (each `name AS (…)`, at least `marked`, `kept` and
-/// `fresh`), answering the rows marked, the attempts kept and those that were to be.
-fn pg_statement(ctes: &[String]) -> String {
-    format!(
-        "WITH {}\nSELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM kept), \
-         (SELECT count(*) FROM fresh)",
-        ctes.join(",\n")
-    )
-}
-
-/// The rows marked, after reporting attempts that found no partition.
-fn counts(row: &sqlx::postgres::PgRow, lane: &AttemptLane<'_>) -> Result<u64, StoreError> {
-    let marked: i64 = row.try_get(0)?;
-    report_not_kept(lane, row.try_get(2)?, row.try_get(1)?);
-    Ok(u64::try_from(marked).unwrap_or(0))
-}
-
-/// An attempt's columns as PostgreSQL arrays, bound as `$1` … `$11`.
-struct PgColumns<'a> {
-    ids: Vec<i64>,
-    tokens: Vec<i64>,
-    keys: Vec<Uuid>,
-    attempts: Vec<i32>,
-    started: Vec<DateTime<Utc>>,
-    durations: Vec<i32>,
-    statuses: Vec<Option<i16>>,
-    errors: Vec<Option<String>>,
-    headers: Vec<Option<&'a str>>,
-    bodies: Vec<Option<&'a [u8]>>,
-    truncated: Vec<bool>,
-}
-
-impl<'a> PgColumns<'a> {
-    /// The arrays' types, `$1` … `$11`.
-    const TYPES: &'static str = "$1::int8[], $2::int8[], $3::uuid[], $4::int4[], \
-         $5::timestamptz[], $6::int4[], $7::int2[], $8::text[], $9::text[], $10::bytea[], $11::bool[]";
-    /// Their names in `input`.
-    const NAMES: &'static str = "id, claim_token, event_key, attempt, started_at, duration_ms, \
-         status, error, headers, body, truncated";
-
-    fn of(attempts: &'a [AttemptMark]) -> Self {
-        PgColumns {
-            ids: attempts.iter().map(|a| a.claim.id).collect(),
-            tokens: attempts.iter().map(|a| a.claim.claim_token).collect(),
-            keys: attempts
-                .iter()
-                .map(|a| Uuid::from_bytes(a.event_key))
-                .collect(),
-            attempts: attempts.iter().map(|a| a.attempt).collect(),
-            started: attempts.iter().map(|a| a.started_at).collect(),
-            durations: attempts.iter().map(|a| a.duration_ms).collect(),
-            statuses: attempts.iter().map(|a| a.status).collect(),
-            errors: attempts
-                .iter()
-                .map(|a| a.error.as_deref().map(bounded_error))
-                .collect(),
-            headers: attempts.iter().map(|a| a.headers.as_deref()).collect(),
-            bodies: attempts.iter().map(|a| a.body.as_deref()).collect(),
-            truncated: attempts.iter().map(|a| a.truncated).collect(),
-        }
-    }
-
-    fn bind<'q>(
-        &'q self,
-        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        query
-            .bind(&self.ids)
-            .bind(&self.tokens)
-            .bind(&self.keys)
-            .bind(&self.attempts)
-            .bind(&self.started)
-            .bind(&self.durations)
-            .bind(&self.statuses)
-            .bind(&self.errors)
-            .bind(&self.headers)
-            .bind(&self.bodies)
-            .bind(&self.truncated)
-    }
-}
-
-/// A sink's error as kept: printable, at most `ERROR_CHARS` characters.
-fn bounded_error(error: &str) -> String {
-    crate::event::printable(error, ERROR_CHARS).into_owned()
-}
-
-/// SQLite: records `attempts` (kinds side by side) in the mark's transaction, before the mark
-/// itself. With `skip_marked`, an attempt whose row is already dispatched under the same claim
-/// is skipped: the mark that committed (its answer hidden by an outage) recorded it.
-async fn sqlite_record(
-    tx: &mut sqlx::Transaction<'_, Sqlite>,
-    attempts: &[AttemptMark],
-    kinds: &[AttemptKind],
-    lane: &AttemptLane<'_>,
-    skip_marked: bool,
-) -> Result<u64, StoreError> {
-    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "WITH c(id, claim_token, event_key, attempt, kind, started_at, duration_ms, status, error, \
-         headers, body, truncated) AS (",
-    );
-    qb.push_values(attempts.iter().zip(kinds), |mut b, (a, kind)| {
-        b.push_bind(a.claim.id)
-            .push_bind(a.claim.claim_token)
-            .push_bind(a.event_key.as_slice())
-            .push_bind(a.attempt)
-            .push_bind(kind.as_str())
-            .push_bind(a.started_at.timestamp_millis())
-            .push_bind(a.duration_ms)
-            .push_bind(a.status)
-            .push_bind(a.error.as_deref().map(bounded_error))
-            .push_bind(a.headers.as_deref())
-            .push_bind(a.body.as_deref())
-            .push_bind(a.truncated);
-    });
-    qb.push(format!(
-        ") INSERT INTO outbox_attempts (at, {COLUMNS}) SELECT "
-    ))
-    .push_bind(now_ms())
-    .push(", c.event_key, c.id, c.attempt, c.kind, ")
-    .push_bind(lane.lane)
-    .push(", ")
-    .push_bind(lane.destination)
-    .push(
-        ", c.started_at, c.duration_ms, c.status, c.error, c.headers, c.body, c.truncated \
-             FROM c JOIN outbox o ON o.id = c.id",
-    );
-    if skip_marked {
-        qb.push(" WHERE NOT (o.status = 'dispatched' AND o.claim_token IS c.claim_token)");
-    }
-    Ok(qb.build().execute(&mut **tx).await?.rows_affected())
 }

@@ -4,6 +4,7 @@
 //! dispatched rows is in `retention.rs`, the operator's bulk retry and re-send in `bulk/`.)
 
 mod attempts;
+mod mark_sql;
 mod marks;
 
 pub use attempts::{AttemptKind, AttemptLane, AttemptMark, FailedMark};
