@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fantoccini::elements::Element;
@@ -21,6 +21,8 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// How long chromedriver may take to say its port, and a page or element to appear.
 const START: Duration = Duration::from_secs(30);
 pub const WAIT: Duration = Duration::from_secs(30);
+/// How many chromedrivers [`Driver::start`] tries before giving up.
+const STARTS: usize = 3;
 
 /// chromedriver and the chromium it starts: the process group is killed and the directory
 /// removed when this is dropped.
@@ -33,7 +35,9 @@ struct Driver {
 
 impl Driver {
     /// `zone`: the `TZ` chromedriver (and the chromium it starts) runs in; `None`: this
-    /// process's.
+    /// process's. A chromedriver that exits before saying its port (seen once in CI, on a busy
+    /// machine, without a word kept) is started again, up to [`STARTS`] times; what each one
+    /// said and how it ended is in the panic if none comes up.
     fn start(zone: Option<&str>) -> Self {
         for program in [CHROMIUM, CHROMEDRIVER] {
             assert!(
@@ -42,6 +46,21 @@ impl Driver {
                  (scripts/test.sh installs them)"
             );
         }
+        let mut failures = Vec::new();
+        for _ in 0..STARTS {
+            match Self::try_start(zone) {
+                Ok(driver) => return driver,
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!(
+            "chromedriver did not start in {STARTS} tries:\n{}",
+            failures.join("\n---\n")
+        );
+    }
+
+    /// One chromedriver: `Err` says how it ended and everything it printed.
+    fn try_start(zone: Option<&str>) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix("dedup-console-browser-")
             .tempdir()
@@ -55,14 +74,17 @@ impl Driver {
             .env("TMPDIR", dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             // Its own group: chromium and its helpers are killed with it (Drop).
             .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
         let (port_tx, port_rx) = mpsc::channel();
+        let said = Arc::new(Mutex::new(Vec::<String>::new()));
         // Reads the port, then drains what else it says until it exits.
+        let heard = said.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -70,6 +92,15 @@ impl Driver {
                     let port = rest.trim_end_matches('.').trim().parse::<u16>();
                     let _ = port_tx.send(port.ok());
                 }
+                heard.lock().unwrap().push(line);
+            }
+        });
+        // stderr kept too: why it exited, if it does.
+        let heard = said.clone();
+        let stderr_read = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                heard.lock().unwrap().push(format!("stderr: {line}"));
             }
         });
         // Killed on drop from here on, if it does not say its port either.
@@ -79,17 +110,33 @@ impl Driver {
             dir,
         };
         // The line comes within the deadline, or the pipe closes (it exited), or neither.
-        driver.port = match port_rx.recv_timeout(START) {
-            Ok(Some(port)) => port,
+        match port_rx.recv_timeout(START) {
+            Ok(Some(port)) => {
+                driver.port = port;
+                Ok(driver)
+            }
             Ok(None) => panic!("chromedriver said a port that is not a number"),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("chromedriver exited before saying its port")
+                // Its output closed: it has exited or is about to (a bounded wait all the same).
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let status = loop {
+                    match driver.child.try_wait() {
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        other => break other,
+                    }
+                };
+                let _ = stderr_read.join();
+                let said = said.lock().unwrap().join("\n");
+                Err(format!(
+                    "exited ({status:?}) before saying its port:\n{said}"
+                ))
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 panic!("chromedriver did not say its port within {START:?}")
             }
-        };
-        driver
+        }
     }
 
     fn url(&self) -> String {
