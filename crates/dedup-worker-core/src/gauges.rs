@@ -61,6 +61,10 @@ pub async fn run_gauges(sources: GaugeSources, shutdown: CancellationToken) {
     for source in ["transport", "store"] {
         metrics::counter!("dedup_gauge_sample_failures_total", "source" => source).increment(0);
     }
+    // The same for history rows not kept (`DedupHistoryNotKept` alerts on their increase).
+    for table in PARTITIONED {
+        metrics::counter!("dedup_history_not_kept_total", "table" => *table).increment(0);
+    }
     let mut failures = 0u32;
     loop {
         let sampled = tokio::select! {

@@ -99,7 +99,7 @@ async fn the_dashboard_and_the_alert_rules_name_only_exposed_metrics() {
         "{} dashboard queries",
         dashboard.len()
     );
-    assert_eq!(rules.len(), 13, "one expr per rule");
+    assert_eq!(rules.len(), 14, "one expr per rule");
     let wrong: Vec<String> = dashboard
         .iter()
         .chain(&rules)

@@ -168,7 +168,7 @@ async fn a_real_prometheus_scrapes_the_binary_and_evaluates_the_alert_rules() {
         assert_eq!(rule["health"], "ok", "{rule}");
         assert_eq!(rule["state"], "inactive", "{rule}");
     }
-    assert_eq!(groups.len(), 13, "the rules of dedup-worker.rules.yml");
+    assert_eq!(groups.len(), 14, "the rules of dedup-worker.rules.yml");
     drop(prometheus);
     pipeline.stop().await;
 }
@@ -197,7 +197,7 @@ fn promtool(args: &[&str]) -> Output {
 fn promtool_accepts_the_rules_their_unit_tests_and_the_scrape_config() {
     let checked = promtool(&["check", "rules", "dedup-worker.rules.yml"]);
     let text = String::from_utf8_lossy(&checked.stdout);
-    assert!(text.contains("SUCCESS: 13 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 14 rules found"), "{text}");
     // Each alert fires on the series it is for and stays quiet on a healthy fleet.
     promtool(&["test", "rules", "dedup-worker.rules.test.yml"]);
     promtool(&["check", "config", "prometheus.yml"]);
