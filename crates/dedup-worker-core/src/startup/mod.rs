@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{HandlerKind, Settings};
 use crate::consumer::{ForwardHandler, Handler, LedgerHandler};
 use crate::queue::Transport;
-use crate::store::{Backend, Store, StoreError, Wakeups};
+use crate::store::{bounded, Backend, Store, StoreError, Wakeups, PARTITIONED};
 use crate::webhook::Clock;
 use roles::{Roles, Tasks};
 pub use service::Service;
@@ -88,7 +88,10 @@ impl Application {
         }
         // The history's days ahead, at every role's start (a catalog read when none is missing);
         // a failure only warns: retention tries again, and the insert guard keeps batches going.
-        if let Err(error) = store.partitions().ensure_all().await {
+        // Bounded as a whole (each statement is by the session's own timeout too): a start never
+        // waits on a catalog lock longer than one statement's time per table.
+        let partitions_bound = settings.database.statement_timeout * PARTITIONED.len() as u32;
+        if let Err(error) = bounded(partitions_bound, store.partitions().ensure_all()).await {
             tracing::warn!(%error, "making the history tables' day partitions failed; retention will try again");
         }
         let wakeups = Arc::new(Wakeups::default());
