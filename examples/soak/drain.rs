@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::api_check::ApiEffectRow;
 use crate::checker::{DeadLetterRow, EffectRow};
+use crate::history_check::{self, HistoryTables};
 use crate::infra::{Infra, CALL_TIMEOUT};
 use crate::order_check::LaneRow;
 use crate::settings::ORDERED_SINK;
@@ -135,10 +136,12 @@ pub struct FinalState {
     pub ordered_lane: Vec<LaneRow>,
     /// Messages left in the database queue, RabbitMQ and SQS.
     pub left_in_queues: [i64; 3],
+    /// The history tables (`history_tables.json`): bodies, counts, attempts.
+    pub history: HistoryTables,
 }
 
 /// Reads the final state and writes it into `run_dir` (`effects.jsonl`, `api_effects.jsonl`,
-/// `dead_letters.txt`, `outbox_failed.txt`, `ordered_outbox.jsonl`).
+/// `dead_letters.txt`, `outbox_failed.txt`, `ordered_outbox.jsonl`, `history_tables.json`).
 pub async fn read_final(
     store: &Store,
     infra: &Infra,
@@ -220,6 +223,11 @@ pub async fn read_final(
         .await?
         .pending;
     let left_in_queues = infra.queue_depths(store).await;
+    let history = history_check::read(store).await?;
+    std::fs::write(
+        run_dir.join("history_tables.json"),
+        serde_json::to_string(&history)?,
+    )?;
     Ok(FinalState {
         effects,
         api_effects,
@@ -228,6 +236,7 @@ pub async fn read_final(
         outbox_pending: pending,
         ordered_lane,
         left_in_queues,
+        history,
     })
 }
 

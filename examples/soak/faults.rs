@@ -38,6 +38,9 @@ pub const DEPENDENCIES: [Dependency; 4] = [
 pub enum Partition {
     BlackHole,
     Refuse,
+    /// Requests reach the dependency and its answers are lost (issue 40: a mark, a batch, an
+    /// enqueue committed whose answer never came, so the process retries work that happened).
+    LoseAnswers,
 }
 
 /// One thing the nemesis does.
@@ -92,6 +95,10 @@ impl FaultKind {
                 mode: Partition::Refuse,
                 ..
             } => "refuse",
+            FaultKind::Partition {
+                mode: Partition::LoseAnswers,
+                ..
+            } => "lose_answers",
             FaultKind::Cut { .. } => "cut",
             FaultKind::Latency { .. } => "latency",
             FaultKind::Seal => "seal",
@@ -104,11 +111,12 @@ impl FaultKind {
 }
 
 /// Every fault name a schedule can hold.
-pub const FAULT_NAMES: [&str; 11] = [
+pub const FAULT_NAMES: [&str; 12] = [
     "kill",
     "pause",
     "black_hole",
     "refuse",
+    "lose_answers",
     "cut",
     "latency",
     "seal",
@@ -135,9 +143,13 @@ pub fn fault_schedule(rng: &mut StdRng, seconds: u64) -> Vec<Fault> {
     if seconds >= REQUIRED_FROM_SECONDS {
         for required in REQUIRED {
             let kind = required(rng);
-            let at_ms = rng.gen_range(end_ms / 3..end_ms * 2 / 3);
-            if busy.claim(at_ms, &kind) {
-                faults.push(Fault { at_ms, kind });
+            // Two of them hold PostgreSQL: another time if the first overlaps.
+            for _ in 0..16 {
+                let at_ms = rng.gen_range(end_ms / 3..end_ms * 2 / 3);
+                if busy.claim(at_ms, &kind) {
+                    faults.push(Fault { at_ms, kind });
+                    break;
+                }
             }
         }
     }
@@ -158,11 +170,22 @@ pub fn fault_schedule(rng: &mut StdRng, seconds: u64) -> Vec<Fault> {
 
 /// The faults every run of [`REQUIRED_FROM_SECONDS`] or more has (drawn if the schedule lacks
 /// them): the mechanisms only they reach.
-const REQUIRED: [fn(&mut StdRng) -> FaultKind; 2] = [pg_crash, sqs_duplicate];
+const REQUIRED: [fn(&mut StdRng) -> FaultKind; 3] = [pg_crash, sqs_duplicate, pg_answers_lost];
 
 fn pg_crash(rng: &mut StdRng) -> FaultKind {
     FaultKind::PgCrash {
         down_ms: rng.gen_range(500..5_000),
+    }
+}
+
+/// PostgreSQL's answers lost for 2–6 s, in bursts (the nemesis), so the relays' marks
+/// and the consumers' batches that committed are retried (the marks under the same claim: their
+/// attempts and counts must be recorded once, `history_check`).
+fn pg_answers_lost(rng: &mut StdRng) -> FaultKind {
+    FaultKind::Partition {
+        dependency: Dependency::Postgres,
+        mode: Partition::LoseAnswers,
+        ms: rng.gen_range(2_000..6_000),
     }
 }
 

@@ -138,7 +138,9 @@
 //! `dead_letters.jsonl`,
 //! `outbox_failed.txt`, `ordered_outbox.jsonl` (the ordered sink's rows: id, ordering key,
 //! `Idempotency-Key`, status), `summary.json`, and `logs/<process>.log` (each process's stderr,
-//! across its restarts). `soak --check DIR` judges a kept run again.
+//! across its restarts), `history_tables.json` (issue 40's history tables summed: bodies per
+//! event id, counts per series, attempts per kind; judged by `history_check`). `soak --check
+//! DIR` judges a kept run again.
 //!
 //! # Broken on purpose
 //!
@@ -152,6 +154,7 @@ mod cluster;
 mod drain;
 mod faults;
 mod history;
+mod history_check;
 mod infra;
 mod nemesis;
 mod order_check;

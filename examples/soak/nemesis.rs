@@ -22,6 +22,10 @@ use crate::infra::{Infra, CALL_TIMEOUT};
 use crate::plan::{consumer_processes, Fault, FaultKind, Partition, Plan};
 use crate::postgres::PgServer;
 
+/// One burst of lost answers (and the pause after it): longer than a mark's or a commit's round
+/// trip, shorter than a lease.
+const LOST_ANSWERS_MS: u64 = 400;
+
 /// How long a restart may keep trying (a dependency it needs may be down).
 const RESTART_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -86,6 +90,25 @@ impl Nemesis {
                 self.cluster.resume(process);
                 String::new()
             }
+            // Answers lost in bursts ([`LOST_ANSWERS_MS`] lost, then as long passing) for `ms`:
+            // each burst catches whatever statement each process has in flight, so over the
+            // bursts some are the relays' marks and the consumers' commits, not only the claims
+            // and reads a single long outage would catch.
+            FaultKind::Partition {
+                dependency,
+                mode: Partition::LoseAnswers,
+                ms,
+            } => {
+                let proxy = self.infra.proxy(dependency);
+                let until = Instant::now() + Duration::from_millis(ms);
+                while Instant::now() < until && !stop.is_cancelled() {
+                    proxy.set(Mode::LoseAnswers).await;
+                    hold(LOST_ANSWERS_MS).await;
+                    proxy.set(Mode::Pass).await;
+                    hold(LOST_ANSWERS_MS).await;
+                }
+                String::new()
+            }
             FaultKind::Partition {
                 dependency,
                 mode,
@@ -96,6 +119,7 @@ impl Nemesis {
                     .set(match mode {
                         Partition::BlackHole => Mode::BlackHole,
                         Partition::Refuse => Mode::Refuse,
+                        Partition::LoseAnswers => Mode::LoseAnswers,
                     })
                     .await;
                 hold(ms).await;

@@ -224,12 +224,24 @@ fn the_foreign_producer_mixes_ids_lanes_and_its_own_repeats() {
 }
 
 #[test]
-fn every_run_of_twenty_seconds_or_more_crashes_postgres_and_duplicates_an_sqs_receive() {
+fn every_run_of_twenty_seconds_or_more_crashes_postgres_loses_its_answers_and_duplicates_an_sqs_receive(
+) {
     for seed in 0..200 {
         let plan = Plan::generate(seed, 60, 20, 60, 4);
         let names: Vec<&str> = plan.faults.iter().map(|f| f.kind.name()).collect();
         assert!(names.contains(&"pg_kill"), "seed {seed}: {names:?}");
         assert!(names.contains(&"sqs_duplicate"), "seed {seed}: {names:?}");
+        assert!(
+            plan.faults.iter().any(|f| matches!(
+                f.kind,
+                FaultKind::Partition {
+                    dependency: Dependency::Postgres,
+                    mode: Partition::LoseAnswers,
+                    ..
+                }
+            )),
+            "seed {seed}: {names:?}"
+        );
         assert!(plan.faults.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         // A crash of the server never overlaps a partition of its proxy.
         for crash in &plan.faults {

@@ -14,6 +14,7 @@ use crate::api_check::{self, ApiEffectRow, ApiFindings};
 use crate::checker::{self, DeadLetterRow, EffectRow, EndState, Findings};
 use crate::cluster::API_PROCESSES;
 use crate::history;
+use crate::history_check::{self, HistoryTables};
 use crate::order_check::{self, LaneRow, OrderFindings};
 use crate::plan::{FaultKind, Isolation, Plan};
 use crate::run::{Options, Ran};
@@ -111,6 +112,8 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
         },
     );
     why.extend(order.reasons(found.events_accepted));
+    let history = history_check::check(&ran.last.history, &ran.last.effects);
+    why.extend(history.reasons());
     let holds = why.is_empty();
     let summary = Summary {
         seed: o.seed,
@@ -168,7 +171,7 @@ pub fn report(o: &Options, plan: &Plan, run_dir: &Path, ran: Ran) -> anyhow::Res
     };
     let full = serde_json::json!({
         "summary": &summary, "findings": &found, "api_findings": &api,
-        "order_findings": &order, "drain": &ran.drained, "crashes": &ran.crashes,
+        "order_findings": &order, "history_findings": &history, "drain": &ran.drained, "crashes": &ran.crashes,
         "faults_without_effect": &ran.faults_without_effect,
         "peak_memory_kb": &ran.peak_memory_kb,
     });
@@ -412,9 +415,26 @@ pub fn check_again(dir: &Path) -> anyhow::Result<bool> {
     if let Some(order) = &order {
         explain_order_failure(order, &records);
     }
+    // Runs before issue 40's history check have no history tables to judge.
+    let history = match std::fs::read_to_string(dir.join("history_tables.json")) {
+        Ok(text) => Some(history_check::check(
+            &serde_json::from_str::<HistoryTables>(&text)?,
+            &effects,
+        )),
+        Err(_) => None,
+    };
+    if let Some(history) = &history {
+        for reason in history.reasons() {
+            eprintln!("soak: {reason}");
+        }
+    }
     println!(
         "{}",
-        serde_json::json!({"findings": &found, "api_findings": &api, "order_findings": &order})
+        serde_json::json!({"findings": &found, "api_findings": &api, "order_findings": &order,
+                           "history_findings": &history})
     );
-    Ok(found.holds() && api.holds() && order.is_none_or(|o| o.holds()))
+    Ok(found.holds()
+        && api.holds()
+        && order.is_none_or(|o| o.holds())
+        && history.is_none_or(|h| h.reasons().is_empty()))
 }

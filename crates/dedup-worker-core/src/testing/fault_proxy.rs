@@ -8,6 +8,10 @@
 //!   sees no close either; new ones are accepted and held;
 //! * [`Mode::Refuse`]: open connections are reset and new ones are reset as soon as accepted
 //!   (a server that is down or restarting);
+//! * [`Mode::LoseAnswers`]: what clients send reaches the dependency, and what it answers is
+//!   read and thrown away, on open connections and new ones, until the mode changes, when they
+//!   are reset: a network that drops one direction, the way a commit's answer gets lost after
+//!   the commit (the client must retry work that did happen);
 //! * [`FaultProxy::cut_all`]: every open connection is reset once, new ones pass (a broker
 //!   restart, a load balancer dropping idle connections);
 //! * [`FaultProxy::set_latency`]: every chunk of bytes, either way, is held that long before it
@@ -37,6 +41,7 @@ pub enum Mode {
     Pass,
     BlackHole,
     Refuse,
+    LoseAnswers,
 }
 
 /// The proxy's state every connection task watches: the mode, and how many cuts so far.
@@ -190,11 +195,16 @@ async fn connection(
     match start.mode {
         Mode::Refuse => return reset(client),
         Mode::BlackHole => return hold_until_change(client, state).await,
-        Mode::Pass => {}
+        Mode::Pass | Mode::LoseAnswers => {}
     }
     let Ok(mut server) = TcpStream::connect(&upstream).await else {
         return reset(client);
     };
+    if start.mode == Mode::LoseAnswers {
+        lose_answers_until_change(&mut client, &mut server, state).await;
+        drop(server);
+        return reset(client);
+    }
     // Taken before looking at the state again: a change made after this sees this connection.
     let epoch = forwarding.lock().unwrap().clone();
     // Biased, the state first: a connection that starts after a change forwards nothing.
@@ -215,6 +225,16 @@ async fn connection(
             hold_until_change(client, state).await;
             drop(server);
         }
+        // The same connection goes on one way: what was in flight is lost, as on a real
+        // network.
+        Some(State {
+            mode: Mode::LoseAnswers,
+            cuts,
+        }) if cuts == start.cuts => {
+            lose_answers_until_change(&mut client, &mut server, state).await;
+            drop(server);
+            reset(client);
+        }
         _ => {
             drop(server);
             reset(client);
@@ -228,6 +248,25 @@ async fn hold_until_change(client: TcpStream, mut state: watch::Receiver<State>)
     let held = *state.borrow_and_update();
     let _ = state.wait_for(|s| *s != held).await;
     reset(client);
+}
+
+/// Passes what the client sends to the server and throws away what the server answers, until
+/// the proxy's state changes or either side ends.
+async fn lose_answers_until_change(
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    mut state: watch::Receiver<State>,
+) {
+    let held = *state.borrow_and_update();
+    let (mut client_read, _client_write) = client.split();
+    let (mut server_read, mut server_write) = server.split();
+    let up = tokio::io::copy(&mut client_read, &mut server_write);
+    let mut thrown_away = tokio::io::sink();
+    let down = tokio::io::copy(&mut server_read, &mut thrown_away);
+    tokio::select! {
+        _ = state.wait_for(|s| *s != held) => {}
+        _ = async { tokio::join!(up, down) } => {}
+    }
 }
 
 /// Closes with a reset (no orderly FIN), as a dead or restarting server's host does.
@@ -318,6 +357,77 @@ mod tests {
         conn.read_exact(&mut back).await.unwrap();
         assert_eq!(back, bytes);
         started.elapsed()
+    }
+
+    /// A server that counts the bytes it reads and answers each chunk with `ok`.
+    async fn counting() -> (String, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let read = Arc::new(AtomicU64::new(0));
+        let counted = read.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                        counted.fetch_add(n as u64, Ordering::SeqCst);
+                        if conn.write_all(b"ok").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, read)
+    }
+
+    /// Waits (polling, 5 s at most) until the server has read `n` bytes in all.
+    async fn until_read(read: &AtomicU64, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while read.load(Ordering::SeqCst) < n {
+            assert!(
+                Instant::now() < deadline,
+                "the server read {read:?}, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn lose_answers_delivers_requests_and_drops_answers_on_open_and_new_connections() {
+        let (addr, read) = counting().await;
+        let proxy = FaultProxy::start(&addr).await;
+        let mut open = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+        open.write_all(b"before").await.unwrap();
+        let mut answer = [0u8; 2];
+        open.read_exact(&mut answer).await.unwrap();
+
+        proxy.set(Mode::LoseAnswers).await;
+        let mut new = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+        open.write_all(b"during").await.unwrap();
+        new.write_all(b"during").await.unwrap();
+        // Both requests reach the server...
+        until_read(&read, 6 + 6 + 6).await;
+        // ...and neither answer comes back (the server wrote them at once).
+        for conn in [&mut open, &mut new] {
+            let answered =
+                tokio::time::timeout(Duration::from_millis(300), conn.read(&mut answer)).await;
+            assert!(answered.is_err(), "an answer came through: {answered:?}");
+        }
+
+        // Back to passing: the connections that lost answers are reset; a new one works.
+        proxy.set(Mode::Pass).await;
+        for conn in [&mut open, &mut new] {
+            let ended = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut answer))
+                .await
+                .expect("a reset, not silence");
+            assert!(matches!(ended, Ok(0) | Err(_)), "{ended:?}");
+        }
+        let mut after = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+        after.write_all(b"after").await.unwrap();
+        after.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"ok");
     }
 
     #[tokio::test]
