@@ -274,6 +274,15 @@ impl Busy {
             }
             FaultKind::Pause { process, ms } => vec![(Target::Process(*process), *ms)],
             FaultKind::Reload { process, .. } => vec![(Target::Process(*process), 15_000)],
+            // Lost answers slow the sink too (the nemesis).
+            FaultKind::Partition {
+                dependency,
+                mode: Partition::LoseAnswers,
+                ms,
+            } => vec![
+                (Target::Proxy(*dependency), *ms),
+                (Target::Proxy(Dependency::Sink), *ms),
+            ],
             FaultKind::Partition { dependency, ms, .. } => vec![(Target::Proxy(*dependency), *ms)],
             FaultKind::Cut { dependency } => vec![(Target::Proxy(*dependency), 500)],
             FaultKind::Latency {

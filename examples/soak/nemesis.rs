@@ -19,12 +19,15 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::{Cluster, LAYOUT};
 use crate::history::History;
 use crate::infra::{Infra, CALL_TIMEOUT};
-use crate::plan::{consumer_processes, Fault, FaultKind, Partition, Plan};
+use crate::plan::{consumer_processes, Dependency, Fault, FaultKind, Partition, Plan};
 use crate::postgres::PgServer;
 
 /// One burst of lost answers (and the pause after it): longer than a mark's or a commit's round
 /// trip, shorter than a lease.
 const LOST_ANSWERS_MS: u64 = 400;
+
+/// The sink's added latency during lost answers: a delivery then outlasts a burst.
+const SLOW_SINK_MS: u64 = 300;
 
 /// How long a restart may keep trying (a dependency it needs may be down).
 const RESTART_DEADLINE: Duration = Duration::from_secs(120);
@@ -90,16 +93,18 @@ impl Nemesis {
                 self.cluster.resume(process);
                 String::new()
             }
-            // Answers lost in bursts ([`LOST_ANSWERS_MS`] lost, then as long passing) for `ms`:
-            // each burst catches whatever statement each process has in flight, so over the
-            // bursts some are the relays' marks and the consumers' commits, not only the claims
-            // and reads a single long outage would catch.
+            // Answers lost in bursts ([`LOST_ANSWERS_MS`] lost, then as long passing) for `ms`,
+            // while every delivery to the sink takes [`SLOW_SINK_MS`] each way longer: a relay
+            // is then mostly between its claim and its mark, so a burst catches marks (and the
+            // consumers' commits), not only the claims and reads a single outage would catch.
             FaultKind::Partition {
                 dependency,
                 mode: Partition::LoseAnswers,
                 ms,
             } => {
                 let proxy = self.infra.proxy(dependency);
+                let sink = self.infra.proxy(Dependency::Sink);
+                sink.set_latency(Duration::from_millis(SLOW_SINK_MS));
                 let until = Instant::now() + Duration::from_millis(ms);
                 while Instant::now() < until && !stop.is_cancelled() {
                     proxy.set(Mode::LoseAnswers).await;
@@ -107,6 +112,7 @@ impl Nemesis {
                     proxy.set(Mode::Pass).await;
                     hold(LOST_ANSWERS_MS).await;
                 }
+                sink.set_latency(Duration::ZERO);
                 String::new()
             }
             FaultKind::Partition {
