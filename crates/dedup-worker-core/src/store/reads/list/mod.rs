@@ -17,9 +17,9 @@
 
 use sqlx::Row;
 
-mod query;
+pub(super) mod query;
 
-use query::{generations, where_clause, Param, Query};
+use query::{direction, generations, where_clause, Param, Query};
 
 use super::Reads;
 use crate::store::dedup::RING_SLOTS;
@@ -75,12 +75,16 @@ pub struct ListFilter {
     pub until_us: Option<i64>,
     /// Rows after this one in the listing's order (the previous page's last).
     pub after: Option<ListPosition>,
+    /// Rows before this one in the listing's order (the next page's first), read nearest it
+    /// first (ascending); ignored with `after`.
+    pub before: Option<ListPosition>,
     /// The source of a queued message that names none (`consumer.source`).
     pub default_source: String,
 }
 
 impl Query {
     fn handled(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let dir = direction(filter);
         let at = self.at_us("processed_at");
         let mut branches = Vec::new();
         for slot in 0..RING_SLOTS {
@@ -94,12 +98,12 @@ impl Query {
             // Each branch ordered and limited by its own index; the outer sort merges them.
             branches.push(format!(
                 "SELECT * FROM (SELECT source, event_id, event_type, {at} AS at_us, key
-                   FROM processed_events_{slot} {} ORDER BY processed_at DESC, key DESC LIMIT {limit}) b{slot}",
+                   FROM processed_events_{slot} {} ORDER BY processed_at {dir}, key {dir} LIMIT {limit}) b{slot}",
                 where_clause(&conds)
             ));
         }
         format!(
-            "SELECT * FROM ({}) u ORDER BY at_us DESC, key DESC LIMIT {limit}",
+            "SELECT * FROM ({}) u ORDER BY at_us {dir}, key {dir} LIMIT {limit}",
             branches.join(" UNION ALL ")
         )
     }
@@ -108,6 +112,7 @@ impl Query {
     /// event looked up (a primary-key probe per generation, for the page's rows only). A
     /// duplicate whose id has left the window keeps its place, with an empty id.
     fn duplicates(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let dir = direction(filter);
         let mut conds = self.conditions(
             filter,
             ListedKind::Duplicate,
@@ -129,7 +134,7 @@ impl Query {
         };
         let page = format!(
             "SELECT key, seen_at, event_type FROM {deliveries} d {}
-              ORDER BY seen_at DESC, key DESC LIMIT {limit}",
+              ORDER BY seen_at {dir}, key {dir} LIMIT {limit}",
             where_clause(&conds)
         );
         let columns = "key, source, event_id, event_type";
@@ -150,7 +155,7 @@ impl Query {
         format!(
             "SELECT coalesce(p.source, '') AS source, coalesce(p.event_id, '') AS event_id,
                     coalesce(d.event_type, p.event_type, '') AS event_type, {at} AS at_us, d.key
-               FROM {joined} ORDER BY d.seen_at DESC, d.key DESC"
+               FROM {joined} ORDER BY d.seen_at {dir}, d.key {dir}"
         )
     }
 
@@ -162,18 +167,20 @@ impl Query {
         kind: ListedKind,
         (table, time): (&str, &str),
     ) -> String {
+        let dir = direction(filter);
         let mut conds = self.conditions(filter, kind, (time, "id", "event_type"));
         conds.extend(self.events_by_id(filter, "event_id", Some("source")));
         conds.extend(self.of_source(filter, "source"));
         let at = self.at_us(time);
         format!(
             "SELECT source, event_id, event_type, {at} AS at_us, id FROM {table}
-               {} ORDER BY {time} DESC, id DESC LIMIT {limit}",
+               {} ORDER BY {time} {dir}, id {dir} LIMIT {limit}",
             where_clause(&conds)
         )
     }
 
     fn pending(&mut self, filter: &ListFilter, limit: i64) -> String {
+        let dir = direction(filter);
         let source = self.bind(Param::Text(filter.default_source.clone()));
         let mut conds = self.conditions(
             filter,
@@ -187,7 +194,7 @@ impl Query {
         format!(
             "SELECT coalesce(source, {source}) AS source, coalesce(message_id, '') AS event_id,
                     coalesce(message_type, '') AS event_type, {at} AS at_us, id
-               FROM queue_messages {} ORDER BY enqueued_at DESC, id DESC LIMIT {limit}",
+               FROM queue_messages {} ORDER BY enqueued_at {dir}, id {dir} LIMIT {limit}",
             where_clause(&conds)
         )
     }
@@ -218,67 +225,49 @@ impl Reads<'_> {
         };
         let keyed = matches!(kind, ListedKind::Handled | ListedKind::Duplicate);
         let rows = match self.pool {
-            Pool::Postgres(pool) => {
-                // Not prepared and kept: a statement reused with a generic plan would be
-                // planned without the window's or the prefix's values, and these are few.
-                let mut q = sqlx::query(&sql).persistent(false);
-                for param in query.params {
-                    q = match param {
-                        Param::I64(v) => q.bind(v),
-                        Param::Text(v) => q.bind(v),
-                        Param::Key(v) => q.bind(uuid::Uuid::from_bytes(v)),
+            Pool::Postgres(pool) => query
+                .postgres_query(&sql)
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(|row| {
+                    let tie = if keyed {
+                        Tie::Key(*row.try_get::<uuid::Uuid, _>(4)?.as_bytes())
+                    } else {
+                        Tie::Id(row.try_get(4)?)
                     };
-                }
-                q.fetch_all(pool)
-                    .await?
-                    .into_iter()
-                    .map(|row| {
-                        let tie = if keyed {
-                            Tie::Key(*row.try_get::<uuid::Uuid, _>(4)?.as_bytes())
-                        } else {
-                            Tie::Id(row.try_get(4)?)
-                        };
-                        listed(
-                            kind,
-                            tie,
-                            row.try_get(0)?,
-                            row.try_get(1)?,
-                            row.try_get(2)?,
-                            row.try_get(3)?,
-                        )
-                    })
-                    .collect::<Result<Vec<_>, sqlx::Error>>()?
-            }
-            Pool::Sqlite(pool) => {
-                let mut q = sqlx::query(&sql);
-                for param in query.params {
-                    q = match param {
-                        Param::I64(v) => q.bind(v),
-                        Param::Text(v) => q.bind(v),
-                        Param::Key(v) => q.bind(v.to_vec()),
+                    listed(
+                        kind,
+                        tie,
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                    )
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?,
+            Pool::Sqlite(pool) => query
+                .sqlite_query(&sql)
+                .fetch_all(pool)
+                .await?
+                .into_iter()
+                .map(|row| {
+                    let tie = if keyed {
+                        let key: Vec<u8> = row.try_get(4)?;
+                        Tie::Key(key.try_into().unwrap_or([0; 16]))
+                    } else {
+                        Tie::Id(row.try_get(4)?)
                     };
-                }
-                q.fetch_all(pool)
-                    .await?
-                    .into_iter()
-                    .map(|row| {
-                        let tie = if keyed {
-                            let key: Vec<u8> = row.try_get(4)?;
-                            Tie::Key(key.try_into().unwrap_or([0; 16]))
-                        } else {
-                            Tie::Id(row.try_get(4)?)
-                        };
-                        listed(
-                            kind,
-                            tie,
-                            row.try_get(0)?,
-                            row.try_get(1)?,
-                            row.try_get(2)?,
-                            row.try_get(3)?,
-                        )
-                    })
-                    .collect::<Result<Vec<_>, sqlx::Error>>()?
-            }
+                    listed(
+                        kind,
+                        tie,
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                    )
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?,
         };
         Ok(rows)
     }
