@@ -170,6 +170,17 @@ async fn a_search_by_customer_finds_that_customers_events_with_their_bodies(back
     assert!(text.contains("id: "), "{text}");
     assert!(text.contains("at least 4 characters"), "{text}");
     assert!(browser.has("form#search").await, "{text}");
+    // Dead letters keep no search fields: a customer search of them is refused, not empty.
+    browser
+        .goto(&app.admin_url("/events?customer=cus_A&outcome=dead_letter"))
+        .await;
+    let text = browser.text().await;
+    assert!(text.contains("outcome: a search by customer"), "{text}");
+    browser
+        .goto(&app.admin_url("/events?customer=cus_A&after=junk"))
+        .await;
+    let text = browser.text().await;
+    assert!(text.contains("after: the cursor"), "{text}");
 
     browser.close().await;
     walk_the_pages_both_ways(&app.store).await;

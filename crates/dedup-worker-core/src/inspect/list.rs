@@ -167,7 +167,50 @@ pub struct EventPage {
     /// The cursor of the page of newer rows (`before`); `None` on the first.
     pub previous: Option<String>,
     /// How many match, where that is cheap to count (`search.rs`).
-    pub total: Option<super::search::Total>,
+    pub total: Option<Total>,
+}
+
+/// How many events a search matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Total {
+    /// Exactly this many.
+    Exactly(i64),
+    /// More than the cap: at least this many.
+    AtLeast(i64),
+}
+
+impl Total {
+    /// As people read it: `12`, `1,000+`.
+    pub fn shown(self) -> String {
+        match self {
+            Total::Exactly(n) => thousands(n),
+            Total::AtLeast(n) => format!("{}+", thousands(n)),
+        }
+    }
+
+    /// As `--json` prints it: `{"total": 12}` or `{"total_at_least": 1000}`.
+    pub fn to_json(self) -> Value {
+        match self {
+            Total::Exactly(n) => json!({ "total": n }),
+            Total::AtLeast(n) => json!({ "total_at_least": n }),
+        }
+    }
+}
+
+fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

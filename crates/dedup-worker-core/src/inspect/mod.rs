@@ -21,9 +21,9 @@ use serde_json::{json, Value};
 
 pub use list::{
     kind_name, list_events, EventPage, EventQuery, ListError, ListOptions, ListedEvent,
-    OutcomeFilter, MAX_PAGE,
+    OutcomeFilter, Total, MAX_PAGE,
 };
-pub use search::{search_events, IdMatch, Plan, SearchError, Total, MIN_ID_PREFIX, TOTAL_CAP};
+pub use search::{search_events, IdMatch, Plan, SearchError, MIN_ID_PREFIX, TOTAL_CAP};
 pub use story::Story;
 
 use crate::config::shown_destination;

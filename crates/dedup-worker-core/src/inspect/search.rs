@@ -7,9 +7,7 @@
 //! Found this way: events whose body is kept (handled or held back as stale, within
 //! `retention.payload_days`). Dead letters keep no search fields and are not found by them.
 
-use serde_json::{json, Value};
-
-use super::list::{kind_name, OutcomeFilter, MAX_PAGE};
+use super::list::{kind_name, OutcomeFilter, Total, MAX_PAGE};
 use super::list::{list_events, EventPage, EventQuery, ListError, ListOptions, ListedEvent};
 use super::Story;
 use crate::store::{
@@ -57,49 +55,6 @@ impl IdMatch {
             ));
         }
         Ok(Some(IdMatch::Prefix(prefix.to_owned())))
-    }
-}
-
-/// How many events a search matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Total {
-    /// Exactly this many.
-    Exactly(i64),
-    /// More than the cap: at least this many.
-    AtLeast(i64),
-}
-
-impl Total {
-    /// As people read it: `12`, `1,000+`.
-    pub fn shown(self) -> String {
-        match self {
-            Total::Exactly(n) => thousands(n),
-            Total::AtLeast(n) => format!("{}+", thousands(n)),
-        }
-    }
-
-    /// As `--json` prints it: `{"total": 12}` or `{"total_at_least": 1000}`.
-    pub fn to_json(self) -> Value {
-        match self {
-            Total::Exactly(n) => json!({ "total": n }),
-            Total::AtLeast(n) => json!({ "total_at_least": n }),
-        }
-    }
-}
-
-fn thousands(n: i64) -> String {
-    let digits = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 {
-        format!("-{out}")
-    } else {
-        out
     }
 }
 
