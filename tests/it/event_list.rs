@@ -305,9 +305,12 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
         outcome: OutcomeFilter::parse(OutcomeFilter::NAMES[search.outcome]).expect("a name"),
         cursor: None,
         limit: search.page,
+        ..EventQuery::default()
     };
     let want = expected(&model(specs), search, specs);
     let mut got = Vec::new();
+    // Each page's rows and its `previous`, to walk back through with `before`.
+    let mut pages: Vec<(Vec<ListedRow>, Option<String>)> = Vec::new();
     for page_number in 0.. {
         prop_assert!(page_number <= want.len(), "more pages than rows: {got:?}");
         let page = list_events(store, &query, &options)
@@ -321,11 +324,13 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
                 "a page that says there is more is full"
             );
         }
-        got.extend(
-            page.events
-                .into_iter()
-                .map(|e| (e.at_ms, e.outcome, e.source, e.event_id, e.event_type)),
-        );
+        let rows: Vec<ListedRow> = page
+            .events
+            .into_iter()
+            .map(|e| (e.at_ms, e.outcome, e.source, e.event_id, e.event_type))
+            .collect();
+        got.extend(rows.iter().cloned());
+        pages.push((rows, page.previous));
         match page.next {
             Some(next) => query.cursor = Some(next),
             None => break,
@@ -344,8 +349,40 @@ async fn check(store: &Store, specs: &[Spec], search: &Search) -> Result<(), Tes
         })
         .collect();
     prop_assert_eq!(got, want, "pages of {:?}", search);
+    // Back: each page's "newer" link gives the page before it, the first page gives none.
+    prop_assert!(pages[0].1.is_none(), "nothing is newer than the first page");
+    for k in 1..pages.len() {
+        let before = pages[k].1.clone();
+        prop_assert!(before.is_some(), "page {} links to newer rows", k);
+        let newer = list_events(
+            store,
+            &EventQuery {
+                cursor: None,
+                before,
+                ..query.clone()
+            },
+            &options,
+        )
+        .await
+        .map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+        let rows: Vec<ListedRow> = newer
+            .events
+            .into_iter()
+            .map(|e| (e.at_ms, e.outcome, e.source, e.event_id, e.event_type))
+            .collect();
+        prop_assert_eq!(&rows, &pages[k - 1].0, "page {} back from {}", k - 1, k);
+        prop_assert_eq!(
+            newer.previous.is_some(),
+            k > 1,
+            "page {} has newer rows",
+            k - 1
+        );
+    }
     Ok(())
 }
+
+/// A listed row as compared: time, outcome, source, id, type.
+type ListedRow = (i64, &'static str, String, String, String);
 
 fn run(backend: Backend) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -21,7 +21,10 @@
 //!   dead letter handled since;
 //! * [`layout`]: a 255-byte id and long errors fit the window at 1280 and 800 px; times in UTC
 //!   with the browser's own zone after them;
-//! * [`resend`]: a re-send asks first, then says what it did.
+//! * [`resend`]: a re-send asks first, then says what it did;
+//! * [`search`]: a customer's events found on `/events` (only theirs, each page with its kept
+//!   body), by object id and id prefix too; the search's pages walked older then newer (both
+//!   stores).
 //!
 //! With `SCREENSHOTS=1` the tests write the book's screenshots of each page to
 //! `docs/src/console/*.png`.
@@ -35,6 +38,7 @@ mod layout;
 mod refusals;
 mod resend;
 mod rough_edges;
+mod search;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -97,7 +97,9 @@ impl Handler for PoisonWhileSet {
 /// Every page that takes a filter, and each action that takes one.
 const FILTERED_PAGES: [&str; 3] = ["/events", "/dead-letters", "/outbox/failed"];
 const FILTERED_ACTIONS: [&str; 2] = ["/dead-letters/redrive", "/outbox/failed/retry"];
-const FILTER_FIELDS: [&str; 7] = ["id", "type", "source", "since", "until", "outcome", "after"];
+const FILTER_FIELDS: [&str; 10] = [
+    "id", "type", "source", "since", "until", "outcome", "customer", "object", "after", "before",
+];
 
 async fn a_nul_in_any_filter_is_a_400(backend: Backend) {
     let db = TestDb::new(backend).await;

@@ -11,13 +11,14 @@ use super::commands::{connect, store_settings};
 use crate::config::TransportKind;
 use crate::event::{check_event_field, EventField};
 use crate::inspect::{
-    self, list_events, EventQuery, ListOptions, OutcomeFilter, ShowOptions, MAX_PAGE,
+    self, search_events, EventQuery, ListOptions, OutcomeFilter, SearchError, ShowOptions, MAX_PAGE,
 };
 use crate::store::Store;
 
 #[derive(Debug, Subcommand)]
 pub(super) enum EventsCommand {
-    /// Events by type prefix, time range and outcome, newest first (the console's /events).
+    /// Events by type prefix, time range and outcome, or by customer, object or id prefix (their
+    /// kept bodies), newest first (the console's /events).
     List(ListArgs),
     /// Events the stale-event guard held back (newest first), as JSON lines with the newer
     /// event that made each stale.
@@ -113,9 +114,16 @@ pub(super) struct ListArgs {
     /// any, handled, duplicate, dead_letter, stale or pending.
     #[arg(long, default_value = "any", value_parser = parse_outcome)]
     outcome: OutcomeFilter,
-    /// Only this event id (under each source configured).
+    /// Only this event id (under each source configured), or ids starting with a prefix of at
+    /// least 4 characters ending in `*` (`evt_1ab*`: kept bodies).
     #[arg(long)]
     id: Option<String>,
+    /// Events of this customer (`search.customer_pointer`'s value in their kept bodies).
+    #[arg(long, value_name = "ID")]
+    customer: Option<String>,
+    /// Events about this object (`search.object_pointer`'s value in their kept bodies).
+    #[arg(long, value_name = "ID")]
+    object: Option<String>,
     /// Only this source's events: a `[sources.NAME]` name, `stripe`, or Standard Webhooks'
     /// `standard_webhooks.source`.
     #[arg(long, value_name = "NAME")]
@@ -124,8 +132,11 @@ pub(super) struct ListArgs {
     #[arg(long, default_value_t = 100)]
     limit: i64,
     /// The cursor printed after the previous page (`next: …`, or the `next` JSON line).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "before")]
     after: Option<String>,
+    /// The page of newer events before this cursor (`previous: …`, or the `previous` JSON line).
+    #[arg(long)]
+    before: Option<String>,
     /// One JSON object a line, then `{"next": CURSOR}` when there is more.
     #[arg(long)]
     json: bool,
@@ -138,19 +149,41 @@ fn parse_outcome(value: &str) -> Result<OutcomeFilter, String> {
 async fn list(config: Option<PathBuf>, args: ListArgs) -> anyhow::Result<()> {
     let settings = store_settings(config)?;
     let store = Store::connect(&settings).await?;
+    for (flag, value) in [
+        ("--id", &args.id),
+        ("--customer", &args.customer),
+        ("--object", &args.object),
+    ] {
+        // What no kept field can hold would only fail in the database, less clearly.
+        if let Some(value) = value {
+            check_event_field(EventField::Id, value).context(flag)?;
+        }
+    }
     let query = EventQuery {
         id: args.id,
+        customer: args.customer,
+        object: args.object,
         type_prefix: args.type_prefix,
         source: args.source,
         since_ms: args.since.map(|s| s.saturating_mul(1000)),
         until_ms: args.until.map(|s| s.saturating_mul(1000)),
         outcome: args.outcome,
         cursor: args.after,
+        before: args.before,
         limit: args.limit.clamp(1, MAX_PAGE),
     };
-    let page = list_events(&store, &query, &ListOptions::from_settings(&settings))
-        .await
-        .context("listing events")?;
+    let page = match search_events(&store, &query, &ListOptions::from_settings(&settings)).await {
+        Ok(page) => page,
+        Err(SearchError::Field { field, reason }) => anyhow::bail!("--{field}: {reason}"),
+        Err(other) => return Err(other).context("listing events"),
+    };
+    if let Some(total) = page.total {
+        if args.json {
+            println!("{}", total.to_json());
+        } else {
+            println!("found: {}", total.shown());
+        }
+    }
     for event in &page.events {
         if args.json {
             println!("{}", event.to_json());
@@ -163,6 +196,13 @@ async fn list(config: Option<PathBuf>, args: ListArgs) -> anyhow::Result<()> {
                 event.source,
                 event.event_id
             );
+        }
+    }
+    if let Some(previous) = page.previous {
+        if args.json {
+            println!("{}", serde_json::json!({ "previous": previous }));
+        } else {
+            println!("previous: --before {previous}");
         }
     }
     if let Some(next) = page.next {

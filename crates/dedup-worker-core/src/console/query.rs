@@ -26,9 +26,18 @@ pub struct FilterForm {
     pub until: String,
     #[serde(default)]
     pub outcome: String,
+    /// Events of this customer (`/events` only: the kept bodies' `customer`).
+    #[serde(default)]
+    pub customer: String,
+    /// Events about this object id (`/events` only: the kept bodies' `object_id`).
+    #[serde(default)]
+    pub object: String,
     /// The next page's cursor (events) or the last row's id (lists).
     #[serde(default)]
     pub after: String,
+    /// The cursor of a page of newer events ("← Newer" on `/events`).
+    #[serde(default)]
+    pub before: String,
     /// Set by a bulk action's confirmation.
     #[serde(default)]
     pub confirm: String,
@@ -61,7 +70,10 @@ impl FilterForm {
             ("since", &self.since),
             ("until", &self.until),
             ("outcome", &self.outcome),
+            ("customer", &self.customer),
+            ("object", &self.object),
             ("after", &self.after),
+            ("before", &self.before),
             ("confirm", &self.confirm),
             ("row", &self.row),
             ("done", &self.done),
@@ -113,8 +125,11 @@ impl FilterForm {
             source: Some(self.source.trim().to_owned()).filter(|s| !s.is_empty()),
             since_ms: self.since_ms()?,
             until_ms: self.until_ms()?,
+            customer: Some(self.customer.trim().to_owned()).filter(|c| !c.is_empty()),
+            object: Some(self.object.trim().to_owned()).filter(|o| !o.is_empty()),
             outcome,
             cursor: Some(self.after.clone()).filter(|c| !c.is_empty()),
+            before: Some(self.before.clone()).filter(|c| !c.is_empty()),
             limit: PAGE,
         })
     }
@@ -133,6 +148,8 @@ impl FilterForm {
             ("since", self.since.as_str()),
             ("until", self.until.as_str()),
             ("outcome", self.outcome.as_str()),
+            ("customer", self.customer.as_str()),
+            ("object", self.object.as_str()),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
@@ -141,12 +158,18 @@ impl FilterForm {
 
     /// The query string of this filter, then the page (`after`) and the action to report done.
     pub fn query_string(&self, after: Option<&str>, done: Option<i64>) -> String {
+        self.page_query_string(after.map(|a| ("after", a)), done)
+    }
+
+    /// The query string of this filter, then a page (`("after", cursor)` for older rows,
+    /// `("before", cursor)` for newer) and the action to report done.
+    pub fn page_query_string(&self, page: Option<(&str, &str)>, done: Option<i64>) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         for (k, v) in self.pairs() {
             query.append_pair(k, v);
         }
-        if let Some(after) = after {
-            query.append_pair("after", after);
+        if let Some((name, cursor)) = page {
+            query.append_pair(name, cursor);
         }
         if let Some(done) = done {
             query.append_pair("done", &done.to_string());
@@ -236,14 +259,17 @@ mod tests {
     #[test]
     fn a_control_character_or_an_over_long_value_in_any_field_is_refused_by_name() {
         let long = "a".repeat(MAX_EVENT_FIELD_BYTES + 1);
-        let fields: [(&str, FieldOf); 10] = [
+        let fields: [(&str, FieldOf); 13] = [
             ("id", |f| &mut f.id),
             ("type", |f| &mut f.type_prefix),
             ("source", |f| &mut f.source),
             ("since", |f| &mut f.since),
             ("until", |f| &mut f.until),
             ("outcome", |f| &mut f.outcome),
+            ("customer", |f| &mut f.customer),
+            ("object", |f| &mut f.object),
             ("after", |f| &mut f.after),
+            ("before", |f| &mut f.before),
             ("confirm", |f| &mut f.confirm),
             ("row", |f| &mut f.row),
             ("done", |f| &mut f.done),

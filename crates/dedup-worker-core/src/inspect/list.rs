@@ -75,8 +75,13 @@ fn kind_by_name(name: &str) -> Option<ListedKind> {
 /// What to list.
 #[derive(Debug, Clone, Default)]
 pub struct EventQuery {
-    /// One event id, exact (under each of `ListOptions::sources`).
+    /// One event id, exact (under each of `ListOptions::sources`), or a prefix ending in `*`
+    /// (`search.rs`: the kept bodies).
     pub id: Option<String>,
+    /// Events of this customer (`search.customer_pointer`'s value; `search.rs`).
+    pub customer: Option<String>,
+    /// Events about this object (`search.object_pointer`'s value; `search.rs`).
+    pub object: Option<String>,
     /// Types starting with this.
     pub type_prefix: Option<String>,
     /// Only this source's events (a named source's name, `stripe`, …).
@@ -88,6 +93,8 @@ pub struct EventQuery {
     pub outcome: OutcomeFilter,
     /// The previous page's `next`.
     pub cursor: Option<String>,
+    /// The next page's `previous`: the page of newer rows before it.
+    pub before: Option<String>,
     /// Rows per page.
     pub limit: i64,
 }
@@ -157,6 +164,53 @@ pub struct EventPage {
     pub events: Vec<ListedEvent>,
     /// The cursor of the next page; `None` on the last.
     pub next: Option<String>,
+    /// The cursor of the page of newer rows (`before`); `None` on the first.
+    pub previous: Option<String>,
+    /// How many match, where that is cheap to count (`search.rs`).
+    pub total: Option<Total>,
+}
+
+/// How many events a search matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Total {
+    /// Exactly this many.
+    Exactly(i64),
+    /// More than the cap: at least this many.
+    AtLeast(i64),
+}
+
+impl Total {
+    /// As people read it: `12`, `1,000+`.
+    pub fn shown(self) -> String {
+        match self {
+            Total::Exactly(n) => thousands(n),
+            Total::AtLeast(n) => format!("{}+", thousands(n)),
+        }
+    }
+
+    /// As `--json` prints it: `{"total": 12}` or `{"total_at_least": 1000}`.
+    pub fn to_json(self) -> Value {
+        match self {
+            Total::Exactly(n) => json!({ "total": n }),
+            Total::AtLeast(n) => json!({ "total_at_least": n }),
+        }
+    }
+}
+
+fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,9 +235,17 @@ pub async fn list_events(
     options: &ListOptions,
 ) -> Result<EventPage, ListError> {
     let limit = query.limit.clamp(1, MAX_PAGE);
-    let after = match query.cursor.as_deref().filter(|c| !c.is_empty()) {
-        Some(cursor) => Some(parse_cursor(cursor).ok_or_else(|| ListError::Cursor(cursor.into()))?),
-        None => None,
+    let position = |cursor: Option<&str>| match cursor.filter(|c| !c.is_empty()) {
+        Some(cursor) => parse_cursor(cursor)
+            .map(Some)
+            .ok_or_else(|| ListError::Cursor(cursor.into())),
+        None => Ok(None),
+    };
+    let after = position(query.cursor.as_deref())?;
+    // A page of newer rows: read nearest the cursor first, turned round below.
+    let before = match after {
+        Some(_) => None,
+        None => position(query.before.as_deref())?,
     };
     let events = match query
         .id
@@ -205,6 +267,7 @@ pub async fn list_events(
         since_us: query.since_ms.map(|ms| ms.saturating_mul(1000)),
         until_us: query.until_ms.map(|ms| ms.saturating_mul(1000)),
         after,
+        before,
         default_source: options.default_source.clone(),
     };
     let kinds: Vec<ListedKind> = match query.outcome {
@@ -236,12 +299,28 @@ pub async fn list_events(
         .into_iter()
         .flatten()
         .collect();
-    rows.sort_by_key(|row| std::cmp::Reverse(row.position));
     let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
-    let next = more
-        .then(|| rows.last().map(|row| cursor(&row.position)))
-        .flatten();
+    let (next, previous) = if before.is_some() {
+        rows.sort_by_key(|row| row.position);
+        rows.truncate(limit as usize);
+        rows.reverse();
+        // Older rows exist (the cursor's own); newer ones if the page was cut.
+        let next = rows.last().map(|row| cursor(&row.position));
+        let previous = more
+            .then(|| rows.first().map(|row| cursor(&row.position)))
+            .flatten();
+        (next, previous)
+    } else {
+        rows.sort_by_key(|row| std::cmp::Reverse(row.position));
+        rows.truncate(limit as usize);
+        let next = more
+            .then(|| rows.last().map(|row| cursor(&row.position)))
+            .flatten();
+        let previous = after
+            .and_then(|_| rows.first())
+            .map(|row| cursor(&row.position));
+        (next, previous)
+    };
     Ok(EventPage {
         events: rows
             .into_iter()
@@ -255,6 +334,8 @@ pub async fn list_events(
             })
             .collect(),
         next,
+        previous,
+        total: None,
     })
 }
 

@@ -11,6 +11,7 @@
 
 mod attempts;
 mod list;
+mod search;
 mod story;
 mod text;
 
@@ -20,8 +21,9 @@ use serde_json::{json, Value};
 
 pub use list::{
     kind_name, list_events, EventPage, EventQuery, ListError, ListOptions, ListedEvent,
-    OutcomeFilter, MAX_PAGE,
+    OutcomeFilter, Total, MAX_PAGE,
 };
+pub use search::{search_events, IdMatch, Plan, SearchError, MIN_ID_PREFIX, TOTAL_CAP};
 pub use story::Story;
 
 use crate::config::shown_destination;

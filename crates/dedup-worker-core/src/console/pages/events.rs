@@ -1,4 +1,5 @@
-//! `/events`: the search form and one page of results.
+//! `/events`: the search form (by id or id prefix, type, source, time, outcome, customer,
+//! object) and one page of results, with links to the newer and the older page.
 
 use axum::extract::{Query, State};
 use axum::Extension;
@@ -6,9 +7,10 @@ use maud::{html, Markup};
 
 use super::{csrf, event_path, layout, when, PageError};
 use crate::console::auth::Caller;
+use crate::console::query::BadFilter;
 use crate::console::query::FilterForm;
 use crate::console::ConsoleState;
-use crate::inspect::{list_events, ListOptions, OutcomeFilter};
+use crate::inspect::{search_events, ListOptions, OutcomeFilter, SearchError};
 
 pub fn list_options(state: &ConsoleState) -> ListOptions {
     let options = &state.options;
@@ -29,8 +31,10 @@ pub fn search_form(state: &ConsoleState, form: &FilterForm) -> Markup {
     html! {
         form #search method="get" action="/events" {
             fieldset {
-                label { "Id " input type="search" name="id" value=(form.id) placeholder="evt_…" size="28"; }
+                label { "Id " input type="search" name="id" value=(form.id) placeholder="evt_… or evt_1ab*" size="28"; }
                 label { "Type " input type="text" name="type" value=(form.type_prefix) placeholder="invoice." size="20"; }
+                label { "Customer " input type="search" name="customer" value=(form.customer) placeholder="cus_…" size="20"; }
+                label { "Object " input type="search" name="object" value=(form.object) placeholder="in_…, ch_…" size="20"; }
                 label { "Source "
                     select name="source" {
                         option value="" selected[form.source.is_empty()] { "any" }
@@ -70,11 +74,28 @@ pub async fn events(
     let query = form
         .events()
         .map_err(|e| PageError::bad_filter(e, search_form(&state, &form)))?;
-    let page = list_events(&state.store, &query, &list_options(&state))
+    let page = search_events(&state.store, &query, &list_options(&state))
         .await
-        .map_err(|e| PageError::unavailable(&e))?;
+        .map_err(|e| match e {
+            SearchError::Field { field, reason } => {
+                PageError::bad_filter(BadFilter { field, reason }, search_form(&state, &form))
+            }
+            SearchError::Cursor(_) => {
+                let field = if form.before.is_empty() {
+                    "after"
+                } else {
+                    "before"
+                };
+                let reason = e.to_string();
+                PageError::bad_filter(BadFilter { field, reason }, search_form(&state, &form))
+            }
+            other => PageError::unavailable(&other),
+        })?;
     let body = html! {
         (search_form(&state, &form))
+        @if let Some(total) = page.total {
+            p #total { (total.shown()) " found" }
+        }
         @if page.events.is_empty() {
             p.muted { "No event matches." }
         } @else {
@@ -93,8 +114,16 @@ pub async fn events(
                 }
             } }
         }
-        @if let Some(next) = &page.next {
-            p { a #next href={ "/events?" (form.query_string(Some(next), None)) } { "Older →" } }
+        @if page.previous.is_some() || page.next.is_some() {
+            p.pages {
+                @if let Some(previous) = &page.previous {
+                    a #previous href={ "/events?" (form.page_query_string(Some(("before", previous)), None)) } { "← Newer" }
+                    " "
+                }
+                @if let Some(next) = &page.next {
+                    a #next href={ "/events?" (form.page_query_string(Some(("after", next)), None)) } { "Older →" }
+                }
+            }
         }
     };
     Ok(layout("Events", &csrf(&state, &caller), body))

@@ -1,6 +1,8 @@
 //! What the operator reads across the tables, each read one bounded statement: [`Reads`],
 //! reached as `store.reads()`. One file a question:
-//! * `list.rs`: events by outcome, type and time, in keyset pages (`/events`, `events list`);
+//! * `list/`: events by outcome, type and time, in keyset pages (`/events`, `events list`;
+//!   `query.rs`: the SQL builder its queries and the bodies' search share);
+//! * `bodies.rs`: events by what their kept body is about (customer, object, id prefix);
 //! * `trail.rs`: one event's trail (`events show`): its dead letters, their redrives, the
 //!   stale guard's records, its outbox rows, its messages still queued (its dedup record and
 //!   duplicates are the ring's own: `store.dedup()`);
@@ -14,6 +16,7 @@
 mod activity;
 mod alerts;
 mod attempts;
+mod bodies;
 mod list;
 mod trail;
 
@@ -22,6 +25,7 @@ use super::Pool;
 pub use activity::MinuteCount;
 pub use alerts::AlertCounts;
 pub use attempts::AttemptRecord;
+pub use bodies::{BodyPage, BodyPosition, BodySearch, FoundBody};
 pub use list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
 
 /// The operator's reads across the tables (see the module): the console's pages, `events
