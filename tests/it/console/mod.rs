@@ -21,7 +21,12 @@
 //!   dead letter handled since;
 //! * [`layout`]: a 255-byte id and long errors fit the window at 1280 and 800 px; times in UTC
 //!   with the browser's own zone after them;
-//! * [`resend`]: a re-send asks first, then says what it did.
+//! * [`resend`]: a re-send asks first, then says what it did;
+//! * [`discard`]: junk dead letters discarded by filter after a dry run, and one from its page;
+//!   the banner, the list, the record left on its page, the action and the minute's count;
+//! * [`stories`]: a handled event's story on the list and its page tells where its delivery
+//!   stands (delivered, failing, failed for good, on its way, told by its attempts once its
+//!   row is purged, nothing to deliver), on both stores.
 //!
 //! With `SCREENSHOTS=1` the tests write the book's screenshots of each page to
 //! `docs/src/console/*.png`.
@@ -29,12 +34,14 @@
 mod attempts;
 mod browser;
 mod bulk_retry;
+mod discard;
 mod event_page;
 mod history;
 mod layout;
 mod refusals;
 mod resend;
 mod rough_edges;
+mod stories;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -133,6 +133,7 @@ impl FilterForm {
             ("since", self.since.as_str()),
             ("until", self.until.as_str()),
             ("outcome", self.outcome.as_str()),
+            ("row", self.row.as_str()),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
