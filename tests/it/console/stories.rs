@@ -143,7 +143,7 @@ async fn a_handled_events_story_tells_where_its_delivery_stands(backend: Backend
     ] {
         let want = (format!("s-{name}"), label.to_owned());
         let (list, page) = story(&app, id).await;
-        assert_eq!(list, [want.clone()], "{id} on the list");
+        assert_eq!(list, std::slice::from_ref(&want), "{id} on the list");
         assert_eq!(page, want, "{id} on its page");
     }
     // Every row of one page at once, each its own (the page's statements answer in order).
