@@ -9,7 +9,7 @@ use dedup_worker_core::store::NewDeadLetter;
 
 use super::browser::Browser;
 use super::{console_app, log_in};
-use crate::helpers::{Backend, TestDb};
+use crate::helpers::{cli_json_lines, Backend, TestDb};
 
 /// A dead letter of `event_id` (empty: none) holding `payload`.
 fn dead_letter(event_id: &str, event_type: &str, payload: &[u8]) -> NewDeadLetter {
@@ -150,6 +150,63 @@ async fn junk_dead_letters_are_discarded_after_a_dry_run_and_recorded() {
         .map(|c| c.count)
         .sum();
     assert_eq!(discarded, 3, "each discard counted in its minute");
+    app.stop().await;
+    db.remove().await;
+}
+
+/// `dlq discard` on PostgreSQL (the console's test is SQLite's): the dry run counts, the
+/// discard deletes what the filter selects, each leaving its record with the CLI as the actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_discard_from_the_command_line_after_a_dry_run_on_postgres() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = console_app(&db, &[], Service::new()).await;
+    let mut tx = app.store.begin().await.expect("begin");
+    for letter in [
+        dead_letter("", "junk", b"<b>not an event</b>"),
+        dead_letter("evt_cli_discard", "junk", br#"{"id":"evt_cli_discard"}"#),
+        dead_letter("evt_cli_keep", "invoice.paid", br#"{"id":"evt_cli_keep"}"#),
+    ] {
+        tx.insert_dead_letter(&letter).await.expect("a dead letter");
+    }
+    tx.commit().await.expect("commit");
+    let env = [("DATABASE_URL", db.url.clone())];
+    let dry = cli_json_lines(&env, &["dlq", "discard", "--type", "junk", "--dry-run"]);
+    assert_eq!(dry[0]["action"], "dlq_discard", "{dry:?}");
+    assert_eq!(
+        (dry[0]["dry_run"].as_bool(), dry[0]["count"].as_u64()),
+        (Some(true), Some(2))
+    );
+    assert_eq!(
+        app.store.dead_letters().list(10).await.expect("list").len(),
+        3
+    );
+    let done = cli_json_lines(&env, &["dlq", "discard", "--type", "junk"]);
+    assert_eq!(
+        (done[0]["dry_run"].as_bool(), done[0]["count"].as_u64()),
+        (Some(false), Some(2))
+    );
+    let left = app.store.dead_letters().list(10).await.expect("list");
+    assert_eq!(
+        left.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        ["evt_cli_keep"]
+    );
+    let records = app
+        .store
+        .reads()
+        .redrives_of("stripe", "evt_cli_discard", 10)
+        .await
+        .expect("records");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0].discarded(), "{records:?}");
+    assert!(
+        records[0]
+            .actor
+            .as_deref()
+            .is_some_and(|a| a.starts_with("cli")),
+        "{records:?}"
+    );
+    let (_, page) = super::rough_edges::get(&app, "/events/stripe/evt_cli_discard").await;
+    assert!(page.contains("dead letter, discarded"), "{page}");
     app.stop().await;
     db.remove().await;
 }
