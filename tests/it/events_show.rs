@@ -178,7 +178,11 @@ async fn handled(backend: Backend) {
     assert_eq!(r["stale"], json!([]));
 
     let t = text(&db, "evt_show_handled");
-    assert!(t.starts_with("stripe evt_show_handled: handled\n"), "{t}");
+    assert!(
+        t.starts_with("stripe evt_show_handled: handled and delivered\n"),
+        "{t}"
+    );
+    assert_eq!(r["story"], "delivered", "{r}");
     for part in [
         "invoice.paid",
         &format!(

@@ -25,6 +25,11 @@
 //! * [`search`]: a customer's events found on `/events` (only theirs, each page with its kept
 //!   body), by object id and id prefix too; the search's pages walked older then newer (both
 //!   stores).
+//! * [`discard`]: junk dead letters discarded by filter after a dry run, and one from its page;
+//!   the banner, the list, the record left on its page, the action and the minute's count;
+//! * [`stories`]: a handled event's story on the list and its page tells where its delivery
+//!   stands (delivered, failing, failed for good, on its way, told by its attempts once its
+//!   row is purged, nothing to deliver), on both stores.
 //!
 //! With `SCREENSHOTS=1` the tests write the book's screenshots of each page to
 //! `docs/src/console/*.png`.
@@ -32,6 +37,7 @@
 mod attempts;
 mod browser;
 mod bulk_retry;
+mod discard;
 mod event_page;
 mod history;
 mod layout;
@@ -39,6 +45,7 @@ mod refusals;
 mod resend;
 mod rough_edges;
 mod search;
+mod stories;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

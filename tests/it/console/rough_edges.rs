@@ -297,11 +297,12 @@ async fn labels_are_the_same_on_the_list_and_the_page() {
             .reads()
             .dead_letters_of("stripe", "evt_poison_rough", 10);
         let (handled, dead) = (handled.await.ok()?, dead.await.ok()?);
-        (handled.is_some() && !dead.is_empty()).then_some(())
+        let delivered = app.store.outbox().counts().await.ok()?.dispatched == 1;
+        (handled.is_some() && !dead.is_empty() && delivered).then_some(())
     })
     .await;
     for (id, label) in [
-        ("evt_rough_fine", "handled"),
+        ("evt_rough_fine", "handled and delivered"),
         ("evt_poison_rough", "dead letter"),
     ] {
         let (list, page) = stories(&app, id).await;

@@ -189,9 +189,9 @@ async fn list(config: Option<PathBuf>, args: ListArgs) -> anyhow::Result<()> {
             println!("{}", event.to_json());
         } else {
             println!(
-                "{}  {:<11}  {:<40}  {}/{}",
+                "{}  {:<28}  {:<40}  {}/{}",
                 crate::inspect::time(event.at_ms),
-                event.outcome,
+                event.story.label(),
                 event.event_type,
                 event.source,
                 event.event_id

@@ -78,6 +78,28 @@ pub(super) enum DlqCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delete dead letters for good (junk: no event id, not JSON, not wanted), each leaving a
+    /// record of what it was and who discarded it (`events show` and the console's page of the
+    /// dead letter show it); nothing is published. Which: IDS, --all, or a filter.
+    #[command(group(
+        ArgGroup::new("selection")
+            .required(true)
+            .multiple(true)
+            .args(["ids", "all", "type_prefix", "since", "until"])
+    ))]
+    Discard {
+        /// Dead letter ids.
+        #[arg(conflicts_with = "all")]
+        ids: Vec<i64>,
+        /// Discard every dead letter (that the filter selects, if one is given).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Print how many would be discarded; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -185,7 +207,31 @@ pub(super) async fn dlq(config: Option<PathBuf>, command: DlqCommand) -> anyhow:
             queue,
             dry_run,
         } => redrive(config, filter.filter(ids), queue.as_deref(), dry_run).await,
+        DlqCommand::Discard {
+            ids,
+            all: _,
+            filter,
+            dry_run,
+        } => discard(config, filter.filter(ids), dry_run).await,
     }
+}
+
+/// `dlq discard`: the summary (also when it stopped part-way, before the error).
+async fn discard(config: Option<PathBuf>, filter: RowFilter, dry_run: bool) -> anyhow::Result<()> {
+    let store = connect(config).await?;
+    if dry_run {
+        let count = operator::count_dead_letters(&store, &filter).await?;
+        print_summary(Action::DlqDiscard, true, count, &filter);
+        return Ok(());
+    }
+    let result = operator::discard_dead_letters(&store, &filter, &Actor::cli()).await;
+    let discarded = match &result {
+        Ok(done) => done.count,
+        Err(error) => error.discarded,
+    };
+    print_summary(Action::DlqDiscard, false, discarded, &filter);
+    result?;
+    Ok(())
 }
 
 /// `dlq redrive`: the summary, then `redriven: N` (the line scripts read before the summary

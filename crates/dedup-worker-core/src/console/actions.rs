@@ -71,14 +71,14 @@ pub async fn logout(State(state): State<ConsoleState>, headers: HeaderMap) -> Re
     response
 }
 
-fn actor(caller: &Caller) -> Actor {
+pub(super) fn actor(caller: &Caller) -> Actor {
     match caller {
         Caller::Bearer => Actor::console("bearer token"),
         Caller::Session { name, .. } => Actor::console(name),
     }
 }
 
-fn unavailable(error: impl std::error::Error) -> Response {
+pub(super) fn unavailable(error: impl std::error::Error) -> Response {
     PageError::unavailable(&error).into_response()
 }
 
@@ -181,7 +181,7 @@ pub async fn retry_by_filter(
 /// it is cut off (`http.request_timeout`, a closed connection, a second click); an action
 /// dropped between two rows would be left half done and unrecorded. Detached, it finishes and
 /// records what it did even when nobody waits for the answer any more.
-async fn detached<T: Send + 'static>(
+pub(super) async fn detached<T: Send + 'static>(
     action: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<T, PageError> {
     tokio::spawn(action)

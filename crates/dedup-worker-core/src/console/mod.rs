@@ -22,6 +22,7 @@
 mod actions;
 mod assets;
 pub mod auth;
+mod discard;
 mod login;
 mod pages;
 mod query;
@@ -80,6 +81,7 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/events/{source}/{id}/resend", post(actions::resend_one))
         .route("/dead-letters", get(pages::dead_letters))
         .route("/dead-letters/redrive", post(actions::redrive_by_filter))
+        .route("/dead-letters/discard", post(discard::discard_by_filter))
         .route("/dead-letters/{id}", get(pages::dead_letter))
         .route(
             "/dead-letters/{id}/redrive",

@@ -150,6 +150,7 @@ impl FilterForm {
             ("outcome", self.outcome.as_str()),
             ("customer", self.customer.as_str()),
             ("object", self.object.as_str()),
+            ("row", self.row.as_str()),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())

@@ -18,7 +18,8 @@ label{margin-right:1em}input,select{font:inherit;padding:.15em .3em}
 button{font:inherit;padding:.2em .8em;cursor:pointer}
 .handled,.dispatched{color:#1a7f37}.dead_letter,.dead_lettered,.failed{color:#cf222e}
 .duplicate,.stale,.pending,.queued,.redriven{color:#9a6700}
-.s-handled{color:#1a7f37}.s-dead_letter{color:#cf222e}.s-not_seen{color:#6e7781}
+.s-delivered{color:#1a7f37}.s-handled,.s-delivering{color:#0969da}.s-not_seen,.s-dead_letter_superseded,.s-discarded{color:#6e7781}
+.s-delivery_failed,.s-dead_letter{color:#cf222e;font-weight:600}.s-delivery_failing{color:#bc4c00}
 .s-stale,.s-queued,.s-redriven,.s-duplicate,.s-duplicate_only{color:#9a6700}
 .error{color:#cf222e;font-weight:600}.banner{background:#dafbe1;border:1px solid #aceebb;padding:.5em .8em}
 span.local{color:#6e7781}.muted{color:#6e7781}
@@ -31,3 +32,22 @@ header{flex-wrap:wrap}
 .cards{display:flex;gap:1em;flex-wrap:wrap}.card{background:#fff;border:1px solid #e3e6ea;padding:.6em 1em;min-width:10em}
 .card b{display:block;font-size:1.5em}
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::STYLE;
+    use crate::inspect::Story;
+
+    #[test]
+    fn every_story_has_its_colour() {
+        for story in Story::ALL {
+            let class = format!(".{}", story.class());
+            let found = STYLE.match_indices(&class).any(|(at, _)| {
+                // `.s-handled` is not `.s-handled_x`: the class name ends there.
+                let next = STYLE[at + class.len()..].chars().next();
+                matches!(next, Some('{' | ','))
+            });
+            assert!(found, "{class} has no colour");
+        }
+    }
+}

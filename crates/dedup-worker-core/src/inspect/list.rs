@@ -145,7 +145,7 @@ pub struct ListedEvent {
     pub at_ms: i64,
     /// The kind's name, as `--outcome` takes it and `--json` prints it (scripts read it).
     pub outcome: &'static str,
-    /// What the row shows people.
+    /// What the row shows people (a handled row's from its deliveries; `--json`'s `"story"`).
     pub story: Story,
 }
 
@@ -153,7 +153,7 @@ impl ListedEvent {
     pub fn to_json(&self) -> Value {
         json!({
             "source": self.source, "event_id": self.event_id, "event_type": self.event_type,
-            "at": time(self.at_ms), "outcome": self.outcome,
+            "at": time(self.at_ms), "outcome": self.outcome, "story": self.story.name(),
         })
     }
 }
@@ -321,16 +321,18 @@ pub async fn list_events(
             .map(|row| cursor(&row.position));
         (next, previous)
     };
+    let stories = super::story::stories_of_rows(store, &rows, options.statement_timeout).await?;
     Ok(EventPage {
         events: rows
             .into_iter()
-            .map(|row| ListedEvent {
+            .zip(stories)
+            .map(|(row, story)| ListedEvent {
                 source: row.source,
                 event_id: row.event_id,
                 event_type: row.event_type,
                 at_ms: row.position.at_us.div_euclid(1000),
                 outcome: kind_name(row.kind),
-                story: Story::of_listed(row.kind),
+                story,
             })
             .collect(),
         next,

@@ -68,6 +68,8 @@ pub enum Outcome {
     DeadLettered,
     /// Dead-lettered and redriven to a queue the store cannot see into, not processed yet.
     Redriven,
+    /// Dead-lettered, then discarded by an operator: never processed, on purpose.
+    Discarded,
     /// Only deliveries recognised as duplicates are recorded: its own processed id is past the
     /// dedup window, or the one delivery it duplicated is still being retried.
     DuplicatesOnly,
@@ -83,6 +85,7 @@ impl Outcome {
             Outcome::Queued => "queued",
             Outcome::DeadLettered => "dead_lettered",
             Outcome::Redriven => "redriven",
+            Outcome::Discarded => "discarded",
             Outcome::DuplicatesOnly => "duplicates_only",
             Outcome::NotSeen => "not_seen",
         }
@@ -194,16 +197,25 @@ impl EventReport {
             Some(_) => Outcome::Handled,
             None if queued => Outcome::Queued,
             None if !self.dead_letters.is_empty() => Outcome::DeadLettered,
-            None if !self.redrives.is_empty() => Outcome::Redriven,
-            None if self.duplicates.count > 0 => Outcome::DuplicatesOnly,
-            None if !self.stale.is_empty() => Outcome::Stale,
-            None => Outcome::NotSeen,
+            // The latest record tells: redriven after an earlier discard is on its way again.
+            None => match self.redrives.last() {
+                Some(r) if r.discarded() => Outcome::Discarded,
+                Some(_) => Outcome::Redriven,
+                None if self.duplicates.count > 0 => Outcome::DuplicatesOnly,
+                None if !self.stale.is_empty() => Outcome::Stale,
+                None => Outcome::NotSeen,
+            },
         }
     }
 
     /// The story the console and `events show` tell of it.
     pub fn story(&self) -> Story {
-        Story::of_outcome(self.outcome())
+        match self.outcome() {
+            Outcome::Handled => {
+                Story::of_deliveries(&Story::delivery_state(&self.outbox, &self.attempts))
+            }
+            outcome => Story::of_outcome(outcome),
+        }
     }
 
     /// Whether anything of the event is recorded.
@@ -256,6 +268,7 @@ impl EventReport {
             "dead_letter_id": r.dead_letter_id, "dead_lettered_at": time(r.dead_lettered_at),
             "queue": r.queue, "attempts": r.attempts, "error": r.error,
             "redriven_at": time(r.redriven_at), "redriven_to": r.redriven_to,
+            "outcome": r.outcome, "actor": r.actor,
         })).collect();
         let outbox: Vec<Value> = self
             .outbox
@@ -281,7 +294,8 @@ impl EventReport {
         });
         json!({
             "source": self.source, "event_id": self.event_id,
-            "outcome": self.outcome().as_str(), "found": self.found(),
+            "outcome": self.outcome().as_str(), "story": self.story().name(),
+            "found": self.found(),
             "event_type": self.event_type(),
             "processed": processed,
             "duplicates": {

@@ -21,6 +21,7 @@ pub(super) fn render(report: &EventReport) -> String {
         Outcome::Queued => " (the database queue), not processed yet",
         Outcome::DeadLettered => ", not processed",
         Outcome::Redriven => ", not processed yet",
+        Outcome::Discarded => " by an operator, not processed",
         Outcome::DuplicatesOnly => " (duplicate deliveries recorded, its own record is gone)",
         Outcome::NotSeen => "",
     };
@@ -46,7 +47,23 @@ pub(super) fn render(report: &EventReport) -> String {
     if let Some(event_type) = report.event_type() {
         field(&mut out, "type", event_type.to_owned());
     }
-    for dead in &report.redrives {
+    for dead in report.redrives.iter().filter(|r| r.discarded()) {
+        field(
+            &mut out,
+            "discarded",
+            format!(
+                "dead letter #{} (dead-lettered {} on {} after {}: {}) discarded by {} at {}",
+                dead.dead_letter_id,
+                time(dead.dead_lettered_at),
+                dead.queue,
+                attempts(dead.attempts),
+                printable(&dead.error, MAX_ERROR_CHARS),
+                dead.actor.as_deref().unwrap_or("an operator"),
+                time(dead.redriven_at)
+            ),
+        );
+    }
+    for dead in report.redrives.iter().filter(|r| !r.discarded()) {
         field(
             &mut out,
             "redriven",

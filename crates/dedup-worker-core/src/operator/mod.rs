@@ -1,5 +1,5 @@
-//! The operator's bulk actions, by filter: redrive dead letters, retry failed outbox deliveries,
-//! re-send dispatched ones. Each has a count (the dry run) and the action, and each action is
+//! The operator's bulk actions, by filter: redrive or discard dead letters, retry failed outbox
+//! deliveries, re-send dispatched ones. Each has a count (the dry run) and the action, and each action is
 //! recorded in `admin_actions` (who, when, what filter, how many). The CLI (`dlq redrive`,
 //! `outbox retry`, `outbox resend`) and the console run the same functions.
 //!
@@ -18,7 +18,8 @@ mod sinks;
 
 pub use crate::store::{AdminAction, DeadLetterListing, DeliveryListing, RowFilter};
 pub use dead_letters::{
-    count_dead_letters, list_dead_letters, redrive_dead_letters, redrive_dead_letters_recorded,
+    count_dead_letters, discard_dead_letters, list_dead_letters, redrive_dead_letters,
+    redrive_dead_letters_recorded, DiscardError,
 };
 pub use deliveries::{
     count_dispatched_deliveries, count_failed_deliveries, list_failed_deliveries,
@@ -58,6 +59,7 @@ impl Actor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     DlqRedrive,
+    DlqDiscard,
     OutboxRetry,
     OutboxResend,
     SinkPause,
@@ -69,6 +71,7 @@ impl Action {
     pub fn name(self) -> &'static str {
         match self {
             Action::DlqRedrive => "dlq_redrive",
+            Action::DlqDiscard => "dlq_discard",
             Action::OutboxRetry => "outbox_retry",
             Action::OutboxResend => "outbox_resend",
             Action::SinkPause => "sink_pause",

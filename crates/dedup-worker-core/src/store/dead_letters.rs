@@ -7,7 +7,10 @@
 use super::activity::{self, count_cte_from};
 use super::postgres::DEAD_LETTER_LOCK_CLASS;
 use super::sqlite::begin_immediate;
-use super::{now_ms, Counts, DeadLetter, NewDeadLetter, Pool, Series, Shard, StoreError, StoreTx};
+use super::{
+    now_ms, Counts, DeadLetter, NewDeadLetter, Pool, RedriveRecord, Series, Shard, StoreError,
+    StoreTx,
+};
 
 /// The events not handled: dead letters written in the batch transaction, listed, selected for
 /// a redrive, deleted after it (`redrive` records where each went).
@@ -187,28 +190,46 @@ impl DeadLetters<'_> {
     /// counting it in the minute's `redriven` (`activity_minutes`). Returns the rows deleted
     /// (0: it was gone already, and nothing is recorded or counted).
     pub async fn redrive(self, id: i64, to_queue: &str) -> Result<u64, StoreError> {
+        self.leave(id, Leaving::Redriven { to_queue }).await
+    }
+
+    /// Deletes the dead letter `id` for good, an operator's decision: recorded as `discarded`
+    /// with who decided (its page and `events show` still say what it was), counted in the
+    /// minute's `discarded`. Returns the rows deleted (0: gone already; nothing recorded).
+    pub async fn discard(self, id: i64, actor: &str) -> Result<u64, StoreError> {
+        self.leave(id, Leaving::Discarded { actor }).await
+    }
+
+    /// A dead letter's way out: deleted, its record kept, counted, in one transaction.
+    async fn leave(self, id: i64, leaving: Leaving<'_>) -> Result<u64, StoreError> {
         const COLUMNS: &str = "dead_letter_id, source, event_id, event_type, queue, redriven_to,
-                               error, attempts, dead_lettered_at, redriven_at";
+                               error, attempts, dead_lettered_at, redriven_at, outcome, actor";
         // An operator's act, not a worker loop: a shard of its own each time.
         let shard = Shard::random();
-        let redriven = Series::Redriven.name();
+        let (to_queue, outcome, actor, series) = match leaving {
+            Leaving::Redriven { to_queue } => (to_queue, "redriven", None, Series::Redriven),
+            Leaving::Discarded { actor } => ("", "discarded", Some(actor), Series::Discarded),
+        };
+        let series_name = series.name();
         Ok(match self.pool {
             Pool::Postgres(pool) => sqlx::query(&format!(
                 "WITH gone AS (DELETE FROM dead_letters WHERE id = $1 RETURNING *),
                       {}
                  INSERT INTO dead_letter_redrives ({COLUMNS})
                  SELECT id, source, event_id, event_type, queue, $2, error, attempts,
-                        created_at, now()
+                        created_at, now(), $4, $5
                    FROM gone",
                 count_cte_from(
                     "counted",
-                    &format!("SELECT '{redriven}', count(*) FROM gone"),
+                    &format!("SELECT '{series_name}', count(*) FROM gone"),
                     3
                 )
             ))
             .bind(id)
             .bind(to_queue)
             .bind(shard.number())
+            .bind(outcome)
+            .bind(actor)
             .execute(pool)
             .await?
             .rows_affected(),
@@ -218,12 +239,14 @@ impl DeadLetters<'_> {
                 sqlx::query(&format!(
                     "INSERT INTO dead_letter_redrives ({COLUMNS})
                      SELECT id, source, event_id, event_type, queue, $2, error, attempts,
-                            created_at, $3
+                            created_at, $3, $4, $5
                        FROM dead_letters WHERE id = $1"
                 ))
                 .bind(id)
                 .bind(to_queue)
                 .bind(began)
+                .bind(outcome)
+                .bind(actor)
                 .execute(&mut *tx)
                 .await?;
                 let deleted = sqlx::query("DELETE FROM dead_letters WHERE id = $1")
@@ -231,11 +254,41 @@ impl DeadLetters<'_> {
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
-                let counts = Counts::of(Series::Redriven, deleted as usize);
+                let counts = Counts::of(series, deleted as usize);
                 activity::add_sqlite(&mut tx, began, &counts, shard).await?;
                 tx.commit().await?;
                 deleted
             }
         })
     }
+
+    /// The record a dead letter left when it was redriven or discarded; `None`: none (it is
+    /// still there, was never written, or its record is past retention).
+    pub async fn record_of(self, id: i64) -> Result<Option<RedriveRecord>, StoreError> {
+        let ms = |column: &str| match self.pool {
+            Pool::Postgres(_) => {
+                format!("floor(extract(epoch FROM {column}) * 1000)::int8 AS {column}")
+            }
+            Pool::Sqlite(_) => column.to_owned(),
+        };
+        let sql = format!(
+            "SELECT dead_letter_id, event_type, queue, redriven_to, error, attempts, {}, {},
+                    outcome, actor
+               FROM dead_letter_redrives WHERE dead_letter_id = $1 ORDER BY id DESC LIMIT 1",
+            ms("dead_lettered_at"),
+            ms("redriven_at")
+        );
+        Ok(match self.pool {
+            Pool::Postgres(pool) => sqlx::query_as(&sql).bind(id).fetch_optional(pool).await?,
+            Pool::Sqlite(pool) => sqlx::query_as(&sql).bind(id).fetch_optional(pool).await?,
+        })
+    }
+}
+
+/// How a dead letter leaves the table.
+enum Leaving<'a> {
+    /// Published again to `to_queue`.
+    Redriven { to_queue: &'a str },
+    /// Deleted for good by `actor`.
+    Discarded { actor: &'a str },
 }

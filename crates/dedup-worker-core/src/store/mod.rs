@@ -78,8 +78,8 @@ pub use outbox::{AttemptKind, AttemptLane, AttemptMark, FailedMark, Outbox};
 pub use partitions::{Dropped, Partitions, DROP_STATEMENT_TIMEOUT, PARTITIONED};
 pub use queue::Queue;
 pub use reads::{
-    AlertCounts, AttemptRecord, BodyPage, BodyPosition, BodySearch, FoundBody, ListFilter,
-    ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
+    AlertCounts, AttemptRecord, BodyPage, BodyPosition, BodySearch, DeliveryState, FoundBody,
+    HandledEvent, ListFilter, ListPosition, ListedKind, ListedRow, MinuteCount, Reads, Tie,
 };
 pub use retention::Retention;
 pub use sink_rate::Tokens;

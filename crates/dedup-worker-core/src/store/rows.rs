@@ -199,12 +199,24 @@ pub struct RedriveRecord {
     pub event_type: String,
     /// The queue it was dead-lettered from.
     pub queue: String,
-    /// The queue it was published to.
+    /// The queue it was published to (empty when discarded).
     pub redriven_to: String,
     pub error: String,
     pub attempts: i32,
     pub dead_lettered_at: i64,
+    /// When it left the dead letters (redriven or discarded).
     pub redriven_at: i64,
+    /// `redriven`, or `discarded` by an operator (then nothing was published).
+    pub outcome: String,
+    /// Who discarded it; `None` for a redrive.
+    pub actor: Option<String>,
+}
+
+impl RedriveRecord {
+    /// Whether an operator discarded it (rather than redriving it).
+    pub fn discarded(&self) -> bool {
+        self.outcome == "discarded"
+    }
 }
 
 /// The stale-event guard's record of holding an event back.
@@ -233,6 +245,9 @@ pub struct OutboxRecord {
     /// When a pending row is next due (or its lease ends, while a relay delivers it).
     pub next_attempt_at: i64,
     pub dispatched_at: Option<i64>,
+    /// A failed row an operator skipped (its ordering key's later rows went on): not a
+    /// delivery failure the event's story reports.
+    pub skipped: bool,
 }
 
 /// A message of an event still in the database queue.

@@ -1,6 +1,8 @@
 //! `/dead-letters/{id}`: one dead letter, whatever it holds: a message without an event id (a
 //! foreign producer's, not JSON) has no event page, and this is where its error and payload
-//! are. Redrive from here unless the event was handled since.
+//! are. Redrive from here unless the event was handled since; Discard (offered first for junk:
+//! no event id, or a payload that is not JSON). Once it left, the page shows the record it left
+//! (where it was redriven to, or who discarded it, and when).
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -8,11 +10,11 @@ use axum::Extension;
 use maud::{html, Markup};
 
 use super::event::pretty;
-use super::{csrf, done_banner, event_path, layout, PageError};
+use super::{csrf, done_banner, event_path, layout, when, PageError};
 use crate::console::auth::Caller;
 use crate::console::query::FilterForm;
 use crate::console::ConsoleState;
-use crate::store::{bounded, DeadLetter};
+use crate::store::{bounded, DeadLetter, RedriveRecord};
 
 /// `GET /dead-letters/{id}`.
 pub async fn dead_letter(
@@ -26,6 +28,13 @@ pub async fn dead_letter(
     let ids = [id];
     let read = state.store.dead_letters().selected(&ids, 0, 1);
     let Some(dead) = bounded(within, read).await.map_err(unavailable)?.pop() else {
+        let record = state.store.dead_letters().record_of(id);
+        if let Some(record) = bounded(within, record).await.map_err(unavailable)? {
+            let done = done_banner(&state, &form.done).await;
+            let csrf = csrf(&state, &caller);
+            let body = html! { (done) (left(&record)) p { a href="/dead-letters" { "All dead letters" } } };
+            return Ok(layout(&format!("Dead letter {id}"), &csrf, body));
+        }
         return Err(PageError::Page {
             status: StatusCode::NOT_FOUND,
             title: format!("Dead letter {id}"),
@@ -45,9 +54,24 @@ pub async fn dead_letter(
     };
     let done = done_banner(&state, &form.done).await;
     let csrf = csrf(&state, &caller);
+    // Junk cannot be handled by a redrive: no event id to dedup by, or not JSON to decode.
+    let junk = dead.event_id.is_empty()
+        || serde_json::from_slice::<serde::de::IgnoredAny>(&dead.payload).is_err();
+    let discard = html! {
+        form.discard method="post" action="/dead-letters/discard" {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="row" value=(id);
+            button type="submit" { "Discard…" }
+            " " span.muted { "(deleted for good, with a record; asks first)" }
+        }
+    };
     let body = html! {
         (done)
         (facts(&dead))
+        @if junk {
+            p.muted { "Without an event id or a JSON payload, a redrive cannot be handled: discard it." }
+            (discard)
+        }
         @if handled_since {
             p.superseded.muted { "The event was handled since: nothing to redrive." }
         } @else {
@@ -56,6 +80,7 @@ pub async fn dead_letter(
                 button type="submit" { "Redrive" }
             }
         }
+        @if !junk { (discard) }
         h2 { "Payload" }
         @if state.options.show_payloads {
             pre #payload { (pretty(&dead.payload)) }
@@ -64,6 +89,26 @@ pub async fn dead_letter(
         }
     };
     Ok(layout(&format!("Dead letter {id}"), &csrf, body))
+}
+
+/// The record a dead letter left: where it was redriven to, or who discarded it.
+fn left(record: &RedriveRecord) -> Markup {
+    html! {
+        p #left {
+            @if record.discarded() {
+                "Discarded by " (record.actor.as_deref().unwrap_or("an operator")) " at " (when(record.redriven_at)) "."
+            } @else {
+                "Redriven to " code { (record.redriven_to) } " at " (when(record.redriven_at)) "."
+            }
+        }
+        div.scroll { table #facts { tbody {
+            tr { th { "Type" } td { (record.event_type) } }
+            tr { th { "Queue" } td { code { (record.queue) } } }
+            tr { th { "Attempts" } td { (record.attempts) } }
+            tr { th { "Dead-lettered" } td { (when(record.dead_lettered_at)) } }
+            tr { th { "Error" } td #error { (record.error) } }
+        } } }
+    }
 }
 
 /// What is recorded of it, in a table.

@@ -44,6 +44,7 @@ fn said(action: &AdminAction) -> String {
     };
     let what = match action.action.as_str() {
         "dlq_redrive" => format!("Redrove {n} {}", plural("dead letter", "dead letters")),
+        "dlq_discard" => format!("Discarded {n} {}", plural("dead letter", "dead letters")),
         "outbox_retry" => format!("Retried {n} {}", plural("delivery", "deliveries")),
         "outbox_resend" => format!("Re-sent {n} {}", plural("delivery", "deliveries")),
         other => format!("{other}: {n} {}", plural("row", "rows")),

@@ -189,7 +189,11 @@ fn timeline(
     }
     for r in &report.redrives {
         entries.push((r.redriven_at, html! {
-            li.redrive { (when(r.redriven_at)) " redriven to " code { (r.redriven_to) } " (dead letter " (r.dead_letter_id) ": " (r.error) ")" }
+            @if r.discarded() {
+                li.discarded { (when(r.redriven_at)) " discarded by " (r.actor.as_deref().unwrap_or("an operator")) " (dead letter " a href={ "/dead-letters/" (r.dead_letter_id) } { (r.dead_letter_id) } ": " (r.error) ")" }
+            } @else {
+                li.redrive { (when(r.redriven_at)) " redriven to " code { (r.redriven_to) } " (dead letter " (r.dead_letter_id) ": " (r.error) ")" }
+            }
         }));
     }
     for o in &report.outbox {

@@ -37,6 +37,8 @@ pub fn hidden_filter(form: &FilterForm, csrf: &str) -> Markup {
         input type="hidden" name="type" value=(form.type_prefix);
         input type="hidden" name="since" value=(form.since);
         input type="hidden" name="until" value=(form.until);
+        // One row's action (a dead letter's page): the confirmation acts on that row alone.
+        @if !form.row.is_empty() { input type="hidden" name="row" value=(form.row); }
     }
 }
 
@@ -102,6 +104,11 @@ pub async fn dead_letters(
         (filter_form("/dead-letters", &form))
         @if rows.is_empty() { p.muted { "No dead letter matches." } } @else {
             (bulk_form("/dead-letters/redrive", "Redrive", &form, &csrf))
+            form #bulk-discard method="post" action="/dead-letters/discard" {
+                (hidden_filter(&form, &csrf))
+                button #dry-run-discard type="submit" { "Discard everything this filter selects…" }
+                " " span.muted { "(deleted for good, each with a record; shows how many first)" }
+            }
             div.scroll { table #dead-letters {
                 thead { tr { th { "Dead letter" } th { "When" } th { "Event" } th { "Type" } th { "Queue" } th { "Attempts" } th { "Error" } } }
                 tbody { @for d in &rows { tr {

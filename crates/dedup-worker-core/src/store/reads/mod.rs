@@ -8,7 +8,8 @@
 //!   duplicates are the ring's own: `store.dedup()`);
 //! * `activity.rs`: what happened per minute lately (the console's front page);
 //! * `alerts.rs`: the rows an operator is paged for (the gauges of `/metrics`);
-//! * `attempts.rs`: one event's delivery attempts and operator acts (its timeline).
+//! * `attempts.rs`: one event's delivery attempts and operator acts (its timeline);
+//! * `delivery_state.rs`: where the deliveries of a page of handled events stand (their story).
 //!
 //! Each statement is written once where both stores take it, or its two forms side by side in
 //! one `match` where they keep times differently.
@@ -17,6 +18,7 @@ mod activity;
 mod alerts;
 mod attempts;
 mod bodies;
+mod delivery_state;
 mod list;
 mod trail;
 
@@ -26,6 +28,7 @@ pub use activity::MinuteCount;
 pub use alerts::AlertCounts;
 pub use attempts::AttemptRecord;
 pub use bodies::{BodyPage, BodyPosition, BodySearch, FoundBody};
+pub use delivery_state::{DeliveryState, HandledEvent};
 pub use list::{ListFilter, ListPosition, ListedKind, ListedRow, Tie};
 
 /// The operator's reads across the tables (see the module): the console's pages, `events

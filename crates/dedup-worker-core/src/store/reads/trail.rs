@@ -67,7 +67,8 @@ impl Reads<'_> {
         limit: i64,
     ) -> Result<Vec<RedriveRecord>, StoreError> {
         let sql = format!(
-            "SELECT dead_letter_id, event_type, queue, redriven_to, error, attempts, {}, {}
+            "SELECT dead_letter_id, event_type, queue, redriven_to, error, attempts, {}, {},
+                    outcome, actor
                FROM dead_letter_redrives WHERE source = $1 AND event_id = $2
               ORDER BY id LIMIT $3",
             self.ms("dead_lettered_at"),
@@ -134,7 +135,8 @@ impl Reads<'_> {
         limit: i64,
     ) -> Result<Vec<OutboxRecord>, StoreError> {
         let columns = format!(
-            "id, destination, event_type, status, attempts, last_error, {}, {}, {}",
+            "id, destination, event_type, status, attempts, last_error, {}, {}, {},
+             skipped_at IS NOT NULL AS skipped",
             self.ms("created_at"),
             self.ms("next_attempt_at"),
             self.ms("dispatched_at")
