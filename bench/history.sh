@@ -21,7 +21,7 @@
 # Needs: psql, pgbench, flock, curl, python3, cargo; PostgreSQL at $PG (trust).
 # Usage: [DB=dedup_bench_history] [DAYS=10] [PER_DAY=1000000] [N=200] [WARMUP=20] [ROUNDS=3]
 #        [CONNECTIONS=64] [BACKLOG_SECONDS=20] [LOAD_SECONDS=40] [DROP_AT=20] [SKIP_DROP=]
-#        bench/history.sh
+#        [PREBUILT=target/release] bench/history.sh
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -38,7 +38,14 @@ BACKLOG_SECONDS=${BACKLOG_SECONDS:-20}
 LOCK=/tmp/bench.lock
 URL_DB=$PG/$DB
 export PGOPTIONS='-c client_min_messages=warning'
-bench_bin --example loadgen --example bench_fill_bodies --example bench_history_reads
+if [ -n "${PREBUILT:-}" ]; then
+  # A build directory as it is (no build): the fill and reads fall back to their Python
+  # stand-ins (bench/history/*.py) where its examples lack them.
+  OUT=$(bench_caller_path "$PREBUILT")
+  BIN=$OUT/dedup-worker
+else
+  bench_bin --example loadgen --example bench_fill_bodies --example bench_history_reads
+fi
 q() { psql -X -At -v ON_ERROR_STOP=1 -c "SET search_path = dedup_worker, public" -c "$1" "$URL_DB" | tail -n +2; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
@@ -67,7 +74,15 @@ if [ "$missing" != 0 ]; then
   fi
   echo "filling $missing day(s) ($free_gb GB free, load $(load))"
   start=$(date +%s.%N)
-  "$OUT/examples/bench_fill_bodies" --url "$URL_DB" --days "$DAYS" --per-day "$PER_DAY"
+  if [ -x "$OUT/examples/bench_fill_bodies" ]; then
+    "$OUT/examples/bench_fill_bodies" --url "$URL_DB" --days "$DAYS" --per-day "$PER_DAY"
+  else
+    q "CREATE TABLE IF NOT EXISTS public.bench_history_meta (day DATE PRIMARY KEY,
+         bodies BIGINT NOT NULL, customers INT NOT NULL, seconds DOUBLE PRECISION NOT NULL)" >/dev/null
+    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 0 2 &
+    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 1 2
+    wait
+  fi
   q "ANALYZE event_bodies" >/dev/null # the parent's own statistics: autovacuum never gathers them
   q "CHECKPOINT" >/dev/null
   printf 'fill %.0f s (all days, indexes, ANALYZE, CHECKPOINT)\n' "$(bench_since "$start")"
@@ -87,7 +102,11 @@ for r in $(seq 1 "$ROUNDS"); do
   explain=
   [ "$r" != "$ROUNDS" ] || explain=--explain
   echo "== reads, round $r of $ROUNDS: $N timed after $WARMUP per shape, one connection ($(date -u +%H:%M:%S), load $(load))"
-  flock "$LOCK" "$OUT/examples/bench_history_reads" --url "$URL_DB" --n "$N" --warmup "$WARMUP" $explain
+  if [ -x "$OUT/examples/bench_history_reads" ]; then
+    flock "$LOCK" "$OUT/examples/bench_history_reads" --url "$URL_DB" --n "$N" --warmup "$WARMUP" $explain
+  else
+    flock "$LOCK" python3 bench/history/measure_psql.py "$URL_DB" "$N" "$WARMUP" $explain
+  fi
 done
 
 [ -z "${SKIP_DROP:-}" ] || exit 0
