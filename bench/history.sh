@@ -16,12 +16,15 @@
 #    retention run` with payload_days = DAYS - 1, so the oldest day expires. Prints the pass's
 #    JSON (detach and drop times), the consumer's handled events/s in the 10 s before, during
 #    and the 10 s after, and dedup_consumer_step_failures_total before and after.
+# PREBUILT=DIR runs DIR's binaries as they are (no build); where DIR has not the two examples,
+# bench/history/fill_libzstd.py (POOL=N: bodies drawn from N made once, ids and search columns
+# per row) and bench/history/measure_psql.py stand in for them.
 # Every timed step holds /tmp/bench.lock (flock), so two benchmarks on this shared machine never
 # measure at once; the fill does not (it is not measured, and is long).
 # Needs: psql, pgbench, flock, curl, python3, cargo; PostgreSQL at $PG (trust).
 # Usage: [DB=dedup_bench_history] [DAYS=10] [PER_DAY=1000000] [N=200] [WARMUP=20] [ROUNDS=3]
 #        [CONNECTIONS=64] [BACKLOG_SECONDS=20] [LOAD_SECONDS=40] [DROP_AT=20] [SKIP_DROP=]
-#        [PREBUILT=target/release] bench/history.sh
+#        [PREBUILT=target/release] [POOL=0] bench/history.sh
 set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -79,8 +82,8 @@ if [ "$missing" != 0 ]; then
   else
     q "CREATE TABLE IF NOT EXISTS public.bench_history_meta (day DATE PRIMARY KEY,
          bodies BIGINT NOT NULL, customers INT NOT NULL, seconds DOUBLE PRECISION NOT NULL)" >/dev/null
-    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 0 2 &
-    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 1 2
+    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 0 2 "${POOL:-0}" &
+    python3 bench/history/fill_libzstd.py "$URL_DB" "$DAYS" "$PER_DAY" 1 2 "${POOL:-0}"
     wait
   fi
   q "ANALYZE event_bodies" >/dev/null # the parent's own statistics: autovacuum never gathers them

@@ -60,7 +60,7 @@ const ROWS_PER_SEND: u64 = 1_000;
 /// The schema the library's tables live in.
 const SEARCH_PATH: &str = "SET search_path = dedup_worker, public";
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let pool = PgPoolOptions::new()
@@ -102,42 +102,58 @@ async fn main() -> anyhow::Result<()> {
         args.days,
         args.per_day
     );
-    let zipf = std::sync::Arc::new(Zipf::new(args.customers));
-    let todo = std::sync::Arc::new(std::sync::Mutex::new(todo));
-    let mut workers = Vec::new();
-    for _ in 0..args.threads {
-        let (pool, zipf, todo, url) = (pool.clone(), zipf.clone(), todo.clone(), args.url.clone());
-        let (per_day, days, customers) = (args.per_day, args.days, args.customers);
-        workers.push(tokio::spawn(async move {
-            loop {
-                let next = todo.lock().expect("todo").pop();
-                let Some((n, day)) = next else { break };
-                let started = Instant::now();
-                let mut conn = PgConnection::connect(&url).await?;
-                sqlx::query(SEARCH_PATH).execute(&mut conn).await?;
-                let ids = u64::from(n) * per_day;
-                let timings = fill_day(&mut conn, day, ids, per_day, &zipf).await?;
-                let seconds = started.elapsed().as_secs_f64();
-                sqlx::query(
-                    "INSERT INTO public.bench_history_meta VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (day) DO UPDATE SET bodies = $2, customers = $3, seconds = $4",
-                )
-                .bind(day)
-                .bind(per_day as i64)
-                .bind(customers as i32)
-                .bind(seconds)
-                .execute(&pool)
-                .await?;
-                println!(
-                    "{day} (day {} of {days}): {timings}, {seconds:.0} s in all",
-                    n + 1
-                );
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for worker in workers {
-        worker.await??;
+    pool.close().await;
+    let zipf = Zipf::new(args.customers);
+    let todo = std::sync::Mutex::new(todo);
+    // A thread per worker, each with a runtime of its own: the rows are made on the thread that
+    // sends them (CPU-bound), and a connection's future need not be Send.
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..args.threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?
+                        .block_on(fill_days(&args, &zipf, &todo))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|worker| worker.join().expect("a fill thread panicked"))
+    })
+}
+
+/// Takes days from `todo` and fills each, until none is left.
+async fn fill_days(
+    args: &Args,
+    zipf: &Zipf,
+    todo: &std::sync::Mutex<Vec<(u32, NaiveDate)>>,
+) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(&args.url).await?;
+    sqlx::query(SEARCH_PATH).execute(&mut conn).await?;
+    loop {
+        let next = todo.lock().expect("todo").pop();
+        let Some((n, day)) = next else { break };
+        let started = Instant::now();
+        let ids = u64::from(n) * args.per_day;
+        let timings = fill_day(&mut conn, day, ids, args.per_day, zipf).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        sqlx::query(
+            "INSERT INTO public.bench_history_meta VALUES ($1, $2, $3, $4)
+             ON CONFLICT (day) DO UPDATE SET bodies = $2, customers = $3, seconds = $4",
+        )
+        .bind(day)
+        .bind(args.per_day as i64)
+        .bind(args.customers as i32)
+        .bind(seconds)
+        .execute(&mut conn)
+        .await?;
+        println!(
+            "{day} (day {} of {}): {timings}, {seconds:.0} s in all",
+            n + 1,
+            args.days
+        );
     }
     Ok(())
 }

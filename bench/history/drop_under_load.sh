@@ -88,5 +88,9 @@ print("per second around the pass:", " ".join(f"{rate(x, x + 1):.0f}" for x in [
 print(f"dedup_consumer_step_failures_total: {fails[0]} at start, {round(at(s, fails))} before the pass, {fails[-1]} at end")
 print(f"dedup_history_not_kept_total{{table=event_bodies}}: {not_kept[0]} at start, {not_kept[-1]} at end")
 PY
-echo "queue backlog: $queued_before before, $queued_after after (growing: the consumer ran at its full rate)"
+if ((queued_after > 0)); then
+  echo "queue backlog: $queued_before before, $queued_after after: never empty, the consumer ran at its full rate"
+else
+  echo "queue backlog: $queued_before before, 0 after: it ran dry at some point (raise BACKLOG_SECONDS); read the per-second rates"
+fi
 grep -iE 'warn|error' "$WORK/serve.log" | head -5 || true
