@@ -68,7 +68,9 @@ if ! psql -X -At -c "SELECT 1" "$URL_DB" >/dev/null 2>&1; then
   DATABASE_URL=$URL_DB RUST_LOG=warn "$BIN" migrate
 fi
 missing=$(psql -X -At -c "SELECT $DAYS - count(*) FROM public.bench_history_meta
-            WHERE day >= current_date - $DAYS AND bodies = $PER_DAY" "$URL_DB" 2>/dev/null || echo "$DAYS")
+            WHERE day >= current_date - $DAYS AND bodies = $PER_DAY
+              AND to_regclass('dedup_worker.event_bodies_p' || to_char(day, 'YYYYMMDD')) IS NOT NULL" \
+            "$URL_DB" 2>/dev/null || echo "$DAYS")
 if [ "$missing" != 0 ]; then
   free_gb=$(df -BG --output=avail "$(psql -X -At -c 'SHOW data_directory' "$PG/postgres" 2>/dev/null || echo /)" | tail -1 | tr -dc 0-9)
   if ((free_gb < 25)); then

@@ -87,7 +87,8 @@ async fn main() -> anyhow::Result<()> {
     for n in 0..args.days {
         let day = first + Days::new(u64::from(n));
         let done: Option<(i64, i32)> = sqlx::query_as(
-            "SELECT bodies, customers FROM public.bench_history_meta WHERE day = $1",
+            "SELECT bodies, customers FROM public.bench_history_meta
+              WHERE day = $1 AND to_regclass('event_bodies_p' || to_char(day, 'YYYYMMDD')) IS NOT NULL",
         )
         .bind(day)
         .fetch_optional(&pool)

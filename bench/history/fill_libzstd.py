@@ -188,7 +188,9 @@ psql("CREATE TABLE IF NOT EXISTS public.bench_history_meta (day DATE PRIMARY KEY
      "customers INT NOT NULL, seconds DOUBLE PRECISION NOT NULL)")
 today = datetime.datetime.now(datetime.timezone.utc).date()
 first = today - datetime.timedelta(days=DAYS)
-done = set(psql(f"SELECT day FROM public.bench_history_meta WHERE bodies = {PER_DAY}").split())
+# A day is done when its row says so and its partition is still there (a drop removes it).
+done = set(psql(f"SELECT day FROM public.bench_history_meta WHERE bodies = {PER_DAY} AND "
+                "to_regclass('dedup_worker.event_bodies_p' || to_char(day, 'YYYYMMDD')) IS NOT NULL").split())
 # Newest days first: a fill stopped early still leaves the days a search reads first.
 for n in reversed(range(DAYS)):
     day = first + datetime.timedelta(days=n)
