@@ -75,7 +75,7 @@ pub use dedup::{dedup_key, DedupRing, ProcessedEvent, RingMaintenance};
 pub use migrate::{migrate_postgres, LayoutError, SCHEMA};
 pub use ordering::HeldKey;
 pub use outbox::{AttemptKind, AttemptLane, AttemptMark, FailedMark, Outbox};
-pub use partitions::{Dropped, Partitions, DROP_STATEMENT_TIMEOUT, PARTITIONED};
+pub use partitions::{DropTiming, Dropped, Partitions, DROP_STATEMENT_TIMEOUT, PARTITIONED};
 pub use queue::Queue;
 pub use reads::{
     AlertCounts, AttemptRecord, BodyPage, BodyPosition, BodySearch, DeliveryState, FoundBody,

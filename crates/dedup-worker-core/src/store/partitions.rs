@@ -62,8 +62,21 @@ pub struct Dropped {
     pub finalized: Vec<String>,
     /// Partitions detached and dropped (tables of days past the window).
     pub dropped: Vec<String>,
+    /// What each of `dropped` took, in its order: the figure an operator (and the benchmark)
+    /// compares with the consumer's lock waits.
+    pub timings: Vec<DropTiming>,
     /// Another process held the lock: nothing was done.
     pub busy: bool,
+}
+
+/// How long one partition's removal took, in microseconds: `DETACH … CONCURRENTLY` (which waits
+/// for the transactions older than it) and `DROP TABLE` (its files).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DropTiming {
+    /// `ALTER TABLE … DETACH PARTITION … CONCURRENTLY` (nothing when it was detached already).
+    pub detach_micros: u64,
+    /// `DROP TABLE` of the detached table.
+    pub drop_micros: u64,
 }
 
 /// One partition of a parent, as the catalog lists it.
@@ -329,8 +342,13 @@ async fn drop_on(
             let sql = format!("ALTER TABLE {p} DETACH PARTITION {name} CONCURRENTLY");
             simple(conn, &sql).await?;
         }
+        let detached = started.elapsed();
         simple(conn, &format!("DROP TABLE {name}")).await?;
         let seconds = started.elapsed().as_secs_f64();
+        done.timings.push(DropTiming {
+            detach_micros: detached.as_micros() as u64,
+            drop_micros: (started.elapsed() - detached).as_micros() as u64,
+        });
         metrics::histogram!("dedup_retention_partition_seconds", "table" => parent.to_owned())
             .record(seconds);
         tracing::info!(table = parent, partition = %part.name, seconds, "expired history partition dropped");
