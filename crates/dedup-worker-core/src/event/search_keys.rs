@@ -46,7 +46,7 @@ impl SearchKeys {
     /// `customer.*` events (`/data/object/object` is `"customer"`) the customer is the object
     /// itself, whose id is the customer's.
     ///
-    /// Only what the pointers name is built (see [`Wanted`]); the rest is checked as JSON and
+    /// Only what the pointers name is built (see `Wanted`); the rest is checked as JSON and
     /// skipped (its syntax only: a number beyond `f64` or a lone surrogate escape in a field
     /// no pointer reads no longer makes a body keyless). A body that is not UTF-8, or not
     /// JSON, has none.
