@@ -3,6 +3,10 @@
 //! before its transaction's statements: both stores then hold the same bytes and the same
 //! `encoding`, and the database's CPU (the pipeline's bottleneck) does none of it.
 
+use std::cell::RefCell;
+
+use zstd::bulk::Compressor;
+
 /// The `encoding` column: how [`decode`] reads `body`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
@@ -40,12 +44,34 @@ const LEVEL: i32 = 3;
 /// corrupt or hostile frame cannot make a page reader allocate without bound.
 pub const MAX_DECODED_BYTES: usize = 64 * 1024 * 1024;
 
+thread_local! {
+    /// This thread's zstd context, made once and reused for every body it compresses:
+    /// `zstd::bulk::compress` makes and frees one per call, which for a webhook-sized body
+    /// costs more than the compression itself (`bench/criterion/kept_body.rs`). It keeps the
+    /// tables of the largest body it compressed (about 1 MB for a 1 MiB body at level 3), one
+    /// per runtime thread. `None` until first used, and if zstd could not make one.
+    static COMPRESSOR: RefCell<Option<Compressor<'static>>> = const { RefCell::new(None) };
+}
+
 /// `body` as stored: compressed when that makes it smaller, else as it is.
 pub fn encode(body: &[u8]) -> (Encoding, Vec<u8>) {
-    match zstd::bulk::compress(body, LEVEL) {
-        Ok(compressed) if compressed.len() < body.len() => (Encoding::Zstd, compressed),
+    match compress(body) {
+        Some(compressed) if compressed.len() < body.len() => (Encoding::Zstd, compressed),
         _ => (Encoding::Raw, body.to_vec()),
     }
+}
+
+/// `body` as one zstd frame, by this thread's context; `None` if zstd failed (the body is
+/// then kept raw).
+fn compress(body: &[u8]) -> Option<Vec<u8>> {
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let compressor = match &mut *cell {
+            Some(compressor) => compressor,
+            None => cell.insert(Compressor::new(LEVEL).ok()?),
+        };
+        compressor.compress(body).ok()
+    })
 }
 
 /// Why a stored body cannot be read back.
@@ -111,5 +137,33 @@ mod tests {
             Err(DecodeError::UnknownEncoding(7))
         ));
         assert!(matches!(decode(1, b"not zstd"), Err(DecodeError::Zstd(_))));
+    }
+
+    #[test]
+    fn the_reused_context_gives_each_body_the_frame_a_fresh_one_gives() {
+        // Bodies of growing and shrinking sizes through the one context: none may carry
+        // anything over from the one before (tables sized for another body, a dictionary).
+        let bodies: Vec<Vec<u8>> = [600, 20_000, 900, 3_000, 1_000_000, 700]
+            .iter()
+            .enumerate()
+            .map(|(n, &size)| {
+                // Varied, as bodies are: a run of one string compresses alike at any level.
+                let items: Vec<String> = (0..size / 12)
+                    .map(|i| format!("{{\"a\":{}}}", (i * 7_919 + n * 104_729) % 100_003))
+                    .collect();
+                format!("{{\"id\":\"evt_{n}\",\"lines\":[{}]}}", items.join(",")).into_bytes()
+            })
+            .collect();
+        for body in &bodies {
+            let (encoding, stored) = encode(body);
+            assert_eq!(encoding, Encoding::Zstd);
+            let fresh = zstd::bulk::compress(body, LEVEL).unwrap().len();
+            assert!(
+                stored.len() <= fresh + fresh / 50,
+                "{} vs {fresh}",
+                stored.len()
+            );
+            assert_eq!(&decode(encoding.code(), &stored).unwrap(), body);
+        }
     }
 }
