@@ -9,7 +9,8 @@
 //!   its body and has no effect row);
 //! * **counts**: the per-minute `handled` count adds up to the effect rows, and each delivery
 //!   series (`delivered`, `delivery_failed`, `gave_up`, `throttled`) to the attempts of its kind
-//!   (the relay's mark writes both in one statement);
+//!   (`delivery_failed`: `failed` and a circuit's `probe_failed`; the relay's mark writes both
+//!   in one statement);
 //! * **attempts once**: no outbox row has two `delivered` attempts under one attempt number (a
 //!   mark retried after an outage whose commit went through records nothing again; a delivery
 //!   whose lease was lost is another claim, another number), and every dispatched row has a
@@ -190,10 +191,11 @@ pub fn check(tables: &HistoryTables, effects: &[EffectRow]) -> HistoryFindings {
     };
     mismatch("handled", count("handled"), effects.len() as i64);
     mismatch("delivered", count("delivered"), attempts("delivered"));
+    // A circuit's failed probe is counted as a failed delivery (`probe_failed` attempts).
     mismatch(
         "delivery_failed",
         count("delivery_failed"),
-        attempts("failed"),
+        attempts("failed") + attempts("probe_failed"),
     );
     mismatch("gave_up", count("gave_up"), attempts("gave_up"));
     mismatch("throttled", count("throttled"), attempts("throttled"));

@@ -65,6 +65,15 @@ fn a_body_beyond_handlings_and_stale_events_is_named() {
 }
 
 #[test]
+fn a_failed_probe_is_a_failed_delivery() {
+    let (mut tables, effects) = consistent();
+    tables.counts.insert("delivery_failed".into(), 3);
+    tables.attempts_by_kind.insert("probe_failed".into(), 2);
+    let found = check(&tables, &effects);
+    assert_eq!(found.reasons(), Vec::<String>::new(), "{found:?}");
+}
+
+#[test]
 fn a_count_that_is_not_its_rows_is_named() {
     let (mut tables, effects) = consistent();
     tables.counts.insert("delivered".into(), 4);
