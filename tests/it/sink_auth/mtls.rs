@@ -259,9 +259,23 @@ async fn a_receiver_asking_for_a_client_certificate_accepts_the_sinks_that_have_
         "{refused:?}"
     );
     // Refused for the certificate it lacks, not for anything else (the receiver's own
-    // certificate is trusted through `ca`).
-    let error = refused[0].2.as_deref().unwrap_or_default();
-    assert!(error.contains("CertificateRequired"), "{error}");
+    // certificate is trusted through `ca`). A request that waited for the refused connection
+    // rather than opening its own ends "connection was not ready" (hyper's pool), as one CI
+    // run saw for the first row; at least one row names the certificate.
+    let errors: Vec<&str> = refused
+        .iter()
+        .map(|(_, _, error)| error.as_deref().unwrap_or_default())
+        .collect();
+    assert!(
+        errors.iter().any(|e| e.contains("CertificateRequired")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("CertificateRequired") || e.contains("connection was not ready")),
+        "{errors:?}"
+    );
     assert!(receiver.refused_handshakes.load(Ordering::SeqCst) >= 1);
     assert_eq!(
         receiver.keys().len(),
