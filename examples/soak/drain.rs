@@ -277,7 +277,7 @@ fn write_jsonl<T: serde::Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<(
 }
 
 /// `call`, given up after six times [`CALL_TIMEOUT`] (these read whole tables).
-async fn bounded<T, E>(
+pub(crate) async fn bounded<T, E>(
     what: &'static str,
     call: impl std::future::Future<Output = Result<T, E>>,
 ) -> anyhow::Result<T>

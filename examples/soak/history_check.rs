@@ -23,7 +23,7 @@ use dedup_worker_core::store::{Store, SCHEMA};
 use serde::{Deserialize, Serialize};
 
 use crate::checker::EffectRow;
-use crate::infra::CALL_TIMEOUT;
+use crate::drain::bounded;
 
 /// The history tables as the run left them (`history_tables.json`).
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -43,46 +43,41 @@ pub struct HistoryTables {
 /// Reads the history tables (after the processes stopped).
 pub async fn read(store: &Store) -> anyhow::Result<HistoryTables> {
     let pool = store.postgres_pool().context("a PostgreSQL store")?;
-    let limit = CALL_TIMEOUT * 6;
-    let bodies: Vec<(String, i64)> = tokio::time::timeout(
-        limit,
+    let bodies: Vec<(String, i64)> = bounded(
+        "reading event_bodies",
         sqlx::query_as(&format!(
             "SELECT event_id, count(*) FROM {SCHEMA}.event_bodies GROUP BY event_id"
         ))
         .fetch_all(pool),
     )
-    .await
-    .context("reading event_bodies: no answer")??;
-    let counts: Vec<(String, i64)> = tokio::time::timeout(
-        limit,
+    .await?;
+    let counts: Vec<(String, i64)> = bounded(
+        "reading activity_minutes",
         sqlx::query_as(&format!(
             "SELECT series, sum(n)::int8 FROM {SCHEMA}.activity_minutes GROUP BY series"
         ))
         .fetch_all(pool),
     )
-    .await
-    .context("reading activity_minutes: no answer")??;
-    let attempts: Vec<(String, i64)> = tokio::time::timeout(
-        limit,
+    .await?;
+    let attempts: Vec<(String, i64)> = bounded(
+        "reading outbox_attempts",
         sqlx::query_as(&format!(
             "SELECT kind, count(*) FROM {SCHEMA}.outbox_attempts GROUP BY kind"
         ))
         .fetch_all(pool),
     )
-    .await
-    .context("reading outbox_attempts: no answer")??;
-    let delivered_twice: Vec<(i64, i32)> = tokio::time::timeout(
-        limit,
+    .await?;
+    let delivered_twice: Vec<(i64, i32)> = bounded(
+        "reading outbox_attempts twice",
         sqlx::query_as(&format!(
             "SELECT outbox_id, attempt FROM {SCHEMA}.outbox_attempts WHERE kind = 'delivered' \
              GROUP BY outbox_id, attempt HAVING count(*) > 1 ORDER BY 1, 2"
         ))
         .fetch_all(pool),
     )
-    .await
-    .context("reading outbox_attempts twice: no answer")??;
-    let dispatched_unrecorded: Vec<i64> = tokio::time::timeout(
-        limit,
+    .await?;
+    let dispatched_unrecorded: Vec<i64> = bounded(
+        "reading unrecorded deliveries",
         sqlx::query_scalar(&format!(
             "SELECT o.id FROM {SCHEMA}.outbox o WHERE o.status = 'dispatched' AND NOT EXISTS \
              (SELECT 1 FROM {SCHEMA}.outbox_attempts a \
@@ -90,8 +85,7 @@ pub async fn read(store: &Store) -> anyhow::Result<HistoryTables> {
         ))
         .fetch_all(pool),
     )
-    .await
-    .context("reading unrecorded deliveries: no answer")??;
+    .await?;
     Ok(HistoryTables {
         bodies_by_event: bodies.into_iter().collect(),
         counts: counts.into_iter().collect(),
